@@ -1,0 +1,48 @@
+#include "devices/buffer.hpp"
+
+#include "devices/buffer_state.hpp"
+#include "devices/check.hpp"
+#include "devices/engine.hpp"
+#include "devices/errors.hpp"
+
+namespace nodeemu {
+
+namespace detail {
+
+BufferGuard::~BufferGuard() {
+  // The virtual account must change at a deterministic host time, so the last handle has to be
+  // dropped by a host program, never inside a kernel body on a worker thread.
+  if (state_->kind != MemoryKind::Device) return;
+  auto engine = engine_.lock();
+  if (!engine) return;
+  NE_CHECK(engine->on_host_thread(),
+           "a device Buffer's last handle was dropped off the host threads (inside a kernel "
+           "body?): capture buffer.data() in bodies and list the Buffer in Kernel::uses");
+  engine->account_free(state_->device, state_->bytes, state_->last_use);
+}
+
+}  // namespace detail
+
+namespace {
+const detail::BufferState& st(const std::shared_ptr<detail::BufferGuard>& g) {
+  if (!g) throw UsageError("buffer: use of an empty Buffer handle; allocate it first");
+  return *g->state();
+}
+}  // namespace
+
+std::size_t Buffer::bytes() const { return st(guard_).bytes; }
+MemoryKind Buffer::kind() const { return st(guard_).kind; }
+int Buffer::device() const { return st(guard_).device; }
+int Buffer::numa() const { return st(guard_).numa; }
+int Buffer::real_numa() const { return st(guard_).placement.actual_node; }
+bool Buffer::is_meta() const { return st(guard_).meta; }
+const std::vector<std::int64_t>& Buffer::shape() const { return st(guard_).shape; }
+void* Buffer::data() const {
+  const auto& s = st(guard_);
+  if (s.meta)
+    throw UsageError("buffer: data() on a meta buffer; meta mode has shapes only, no data");
+  return s.placement.ptr;
+}
+detail::BufferState* Buffer::state() const { return guard_ ? guard_->state().get() : nullptr; }
+
+}  // namespace nodeemu

@@ -1,0 +1,47 @@
+// Emulated memory: device memory on an emulated GPU, or pinned/pageable host memory on an
+// emulated NUMA node. A Buffer is a shared handle. Its memory is returned to the device's
+// account (virtual time) when the last handle is dropped *and* the last operation that used it
+// has completed, and the real bytes are freed once that operation has also run for real —
+// CUDA's caching-allocator-with-record_stream behaviour.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace nodeemu {
+
+namespace detail {
+struct BufferState;
+class BufferGuard;
+}  // namespace detail
+
+enum class MemoryKind { Device, PinnedHost, PageableHost };
+
+class Buffer {
+ public:
+  Buffer() = default;
+  explicit Buffer(std::shared_ptr<detail::BufferGuard> guard) : guard_(std::move(guard)) {}
+
+  explicit operator bool() const { return guard_ != nullptr; }
+  std::size_t bytes() const;
+  MemoryKind kind() const;
+  int device() const;                       // -1 for host memory
+  int numa() const;                         // emulated NUMA node (host memory, or device's local)
+  int real_numa() const;                    // where the bytes really are; -1 if unknown or meta
+  bool is_meta() const;                     // shape only, no data
+  const std::vector<std::int64_t>& shape() const;
+  // Throws UsageError for a meta buffer: meta mode has no data to read.
+  void* data() const;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(data());
+  }
+  detail::BufferState* state() const;
+
+ private:
+  std::shared_ptr<detail::BufferGuard> guard_;
+};
+
+}  // namespace nodeemu

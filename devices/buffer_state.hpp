@@ -1,0 +1,49 @@
+// Internal state behind a Buffer handle.
+//
+// Two lifetimes meet here. BufferGuard is the user's side: when the last user handle goes, the
+// device's virtual account releases the bytes once the last operation that used them completes.
+// BufferState is shared with the operations themselves: the real bytes are freed when the last
+// functional task that used them has run.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "devices/buffer.hpp"
+#include "devices/numa_memory.hpp"
+
+namespace nodeemu::detail {
+
+class Engine;
+using OpId = std::uint32_t;
+
+struct BufferState : std::enable_shared_from_this<BufferState> {
+  MemoryKind kind = MemoryKind::Device;
+  int device = -1;
+  int numa = -1;
+  std::size_t bytes = 0;
+  bool meta = false;
+  std::vector<std::int64_t> shape;
+  numa::Placement placement;  // ptr is null for meta buffers
+  OpId last_use = UINT32_MAX;
+  ~BufferState() {
+    if (placement.ptr) numa::release(placement);
+  }
+};
+
+class BufferGuard {
+ public:
+  BufferGuard(std::shared_ptr<BufferState> s, std::weak_ptr<Engine> engine)
+      : state_(std::move(s)), engine_(std::move(engine)) {}
+  ~BufferGuard();
+  BufferGuard(const BufferGuard&) = delete;
+  BufferGuard& operator=(const BufferGuard&) = delete;
+  const std::shared_ptr<BufferState>& state() const { return state_; }
+
+ private:
+  std::shared_ptr<BufferState> state_;
+  std::weak_ptr<Engine> engine_;  // a Buffer may outlive its Node
+};
+
+}  // namespace nodeemu::detail

@@ -1,0 +1,60 @@
+// One emulated GPU: its spec, streams, memory and worker pool.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "devices/buffer.hpp"
+#include "devices/gpu_spec.hpp"
+#include "devices/placement.hpp"
+#include "devices/stream.hpp"
+
+namespace nodeemu {
+
+class Node;
+class WorkerPool;
+
+struct MemoryStats {
+  std::uint64_t in_use = 0;    // now, in virtual time as far as the engine has got
+  std::uint64_t peak = 0;      // over the virtual timeline so far
+  std::uint64_t capacity = 0;
+};
+
+class Device {
+ public:
+  int id() const { return placement_.device; }
+  int node_index() const { return placement_.node; }
+  int local_index() const { return placement_.local; }
+  const GpuSpec& spec() const { return *spec_; }
+  const DevicePlacement& placement() const { return placement_; }
+  std::string name() const;
+
+  Stream default_stream() { return streams_.front(); }
+  Stream create_stream(Priority p = Priority::Normal, std::string name = "");
+  const std::vector<Stream>& streams() const { return streams_; }
+
+  // Device memory, accounted against the emulated HBM in both modes and placed on the real NUMA
+  // node that stands for the GPU's socket in functional mode. Throws OutOfMemory naming the
+  // device, the size asked for, the size in use and the capacity. Zero-filled.
+  Buffer allocate(std::size_t bytes, std::vector<std::int64_t> shape = {});
+  MemoryStats memory() const;
+
+  void synchronize();
+  WorkerPool& pool() const { return *pool_; }
+  Node& node() const { return *node_; }
+
+  // Internal: built by Node.
+  Device(Node* node, DevicePlacement placement, const GpuSpec* spec, WorkerPool* pool);
+
+ private:
+  Node* node_;
+  DevicePlacement placement_;
+  const GpuSpec* spec_;
+  WorkerPool* pool_;
+  std::vector<Stream> streams_;
+};
+
+}  // namespace nodeemu

@@ -1,0 +1,572 @@
+#include "devices/engine.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "devices/buffer_state.hpp"
+#include "devices/check.hpp"
+#include "devices/errors.hpp"
+#include "devices/worker_pool.hpp"
+
+namespace nodeemu::detail {
+namespace {
+
+// The actor the calling thread runs, per engine: several Nodes may live in one process.
+thread_local Actor* tls_actor = nullptr;
+thread_local const Engine* tls_engine = nullptr;
+
+}  // namespace
+
+Engine::Engine(Mode mode, int max_connections)
+    : mode_(mode), max_connections_(max_connections), main_thread_(std::this_thread::get_id()) {
+  NE_CHECK(max_connections >= 1, "cuda_device_max_connections must be validated by the caller");
+  Actor& main = actors_.emplace_back();
+  main.id = 0;
+  main.name = "main";
+  main.device = -1;
+  main.state = Actor::State::Running;
+  current_ = &main;
+  layout_.host_names.push_back("main");
+  layout_.host_device.push_back(-1);
+}
+
+Engine::~Engine() {
+  // Kernels still queued hold pointers into buffers and pools: let them finish first.
+  exec_.drain();
+}
+
+int Engine::add_device(const GpuSpec* spec, const PcieSpec* pcie, int local_numa_socket,
+                       WorkerPool* pool, std::string name) {
+  DeviceState& d = devices_.emplace_back();
+  d.id = static_cast<int>(devices_.size()) - 1;
+  d.spec = spec;
+  d.pcie = pcie;
+  d.local_numa_socket = local_numa_socket;
+  d.pool = pool;
+  d.queue_last.assign(static_cast<size_t>(max_connections_), kNoOp);
+  d.sm = {ResourceKind::Sm, spec->sms, {}, {}};
+  d.h2d = {ResourceKind::H2D, std::max(1, spec->h2d_copy_engines), {}, {}};
+  d.d2h = {ResourceKind::D2H, std::max(1, spec->d2h_copy_engines), {}, {}};
+  d.d2d = {ResourceKind::D2D, 1, {}, {}};
+  d.mem.capacity = spec->hbm_bytes;
+  layout_.device_names.push_back(std::move(name));
+  // Copy-engine tracks come first so that their ids do not move as streams are created.
+  d.h2d_track = add_track(d.id, "copy engine H2D");
+  d.d2h_track = add_track(d.id, "copy engine D2H");
+  d.d2d_track = add_track(d.id, "copy engine D2D");
+  return d.id;
+}
+
+int Engine::add_track(int device, std::string name) {
+  DeviceState& d = devices_[static_cast<size_t>(device)];
+  int t = d.next_track++;
+  layout_.tracks.push_back({device, t, std::move(name)});
+  return t;
+}
+
+StreamState* Engine::create_stream(int device, Priority p, std::string name) {
+  DeviceState& d = devices_[static_cast<size_t>(device)];
+  StreamState& s = streams_.emplace_back();
+  s.device = device;
+  s.index = static_cast<int>(d.streams.size());
+  s.global = static_cast<int>(streams_.size()) - 1;
+  s.priority = p;
+  // CUDA maps streams onto its hardware work queues round-robin; with one queue every stream
+  // shares it and work is dispatched in host launch order.
+  s.queue = s.index % max_connections_;
+  s.name = name.empty() ? "stream " + std::to_string(s.index) : std::move(name);
+  s.track = add_track(device, s.name);
+  d.streams.push_back(&s);
+  return &s;
+}
+
+Actor& Engine::current() {
+  if (tls_engine == this && tls_actor) return *tls_actor;
+  if (std::this_thread::get_id() == main_thread_) return actors_.front();
+  throw UsageError(
+      "a NodeEmu call came from a thread that is not a host of this node; issue work from the "
+      "main thread or from the per-rank host programs given to Node::run");
+}
+
+bool Engine::on_host_thread() const {
+  return (tls_engine == this && tls_actor) || std::this_thread::get_id() == main_thread_;
+}
+
+void Engine::emit_host(int host, std::string name, VTime start, VTime end) {
+  HostRecord r{host, &name, start, end};
+  hasher_.add(r);
+  for (auto* o : observers_) o->on_host(r);
+}
+
+void Engine::host_charge(double seconds, const std::string& what) {
+  Actor& a = current();
+  VTime t0 = a.clock;
+  a.clock += seconds_to_vtime(seconds);
+  emit_host(a.id, what, t0, a.clock);
+}
+
+void Engine::push(VTime t, CalendarEntry::What w, std::uint32_t target, std::uint32_t version) {
+  calendar_.push({t, calendar_seq_++, w, target, version});
+}
+
+OpId Engine::new_op(StreamState& s, OpKind kind, std::string name, ResourceKind res) {
+  NE_CHECK(ops_.size() < kNoOp, "too many operations for 32-bit op ids");
+  OpId id = static_cast<OpId>(ops_.size());
+  Op& op = ops_.emplace_back();
+  op.kind = kind;
+  op.res = res;
+  op.priority = static_cast<int>(s.priority);
+  op.device = s.device;
+  op.stream = s.global;
+  op.track = s.track;
+  op.host = current().id;
+  op.sms = 0;
+  op.name = std::move(name);
+  // In-stream order: an operation starts after its predecessor on the stream completed.
+  add_dependency_on_completion(id, s.last);
+  return id;
+}
+
+void Engine::add_dependency_on_completion(OpId op, OpId dep) {
+  if (dep == kNoOp || ops_[dep].complete()) return;
+  ops_[dep].on_complete.push_back(op);
+  ++ops_[op].unmet;
+}
+
+void Engine::link_queue(DeviceState& d, StreamState& s, OpId id) {
+  // A hardware queue dispatches in launch order: an operation cannot start before the one
+  // launched ahead of it into the same queue has started. With one queue this is the false
+  // dependency that serialises streams in host launch order.
+  OpId& last = d.queue_last[static_cast<size_t>(s.queue)];
+  if (last != kNoOp && ops_[last].start < 0) {
+    ops_[last].queue_next = id;
+    ++ops_[id].unmet;
+  }
+  last = id;
+}
+
+void Engine::finish_issue(OpId id) {
+  Op& op = ops_[id];
+  NE_CHECK(op.ready_at >= now_, "an operation was issued in the virtual past");
+  ++op.unmet;  // the time gate
+  push(op.ready_at, CalendarEntry::What::Gate, id);
+}
+
+OpId Engine::launch(StreamState& s, OpKind kind, ResourceKind res, double duration_s, int sms,
+                    std::string name, std::function<void()> body,
+                    const std::vector<std::shared_ptr<BufferState>>& uses, double host_cost_s,
+                    double latency_s) {
+  Actor& a = current();
+  DeviceState& d = devices_[static_cast<size_t>(s.device)];
+  VTime issued = a.clock;
+  a.clock += seconds_to_vtime(host_cost_s);
+  emit_host(a.id, name, issued, a.clock);
+  OpId id = new_op(s, kind, std::move(name), res);
+  Op& op = ops_[id];
+  op.sms = sms;
+  op.remaining = static_cast<double>(seconds_to_vtime(duration_s));
+  op.ready_at = a.clock + seconds_to_vtime(latency_s);
+  if (res == ResourceKind::Sm) op.track = s.track;
+  if (res == ResourceKind::H2D) op.track = d.h2d_track;
+  if (res == ResourceKind::D2H) op.track = d.d2h_track;
+  if (res == ResourceKind::D2D) op.track = d.d2d_track;
+  link_queue(d, s, id);
+  for (auto& b : uses) {
+    if (b->kind == MemoryKind::Device) b->last_use = id;
+  }
+  if (mode_ == Mode::Functional) {
+    auto t = exec_.make(id, s.device, s.name, op.name, std::move(body), d.pool);
+    for (auto& b : uses) t->keep.push_back(b);
+    exec_.depend(t, s.last_task);
+    op.task = t;
+    s.last_task = t;
+    exec_.arm(t);
+  }
+  s.last = id;
+  finish_issue(id);
+  return id;
+}
+
+void Engine::record(StreamState& s, EventState& e) {
+  Actor& a = current();
+  DeviceState& d = devices_[static_cast<size_t>(s.device)];
+  VTime issued = a.clock;
+  a.clock += seconds_to_vtime(d.spec->event_host_s);
+  std::string name = "record";
+  emit_host(a.id, name, issued, a.clock);
+  OpId id = new_op(s, OpKind::Record, std::move(name), ResourceKind::None);
+  ops_[id].ready_at = a.clock;
+  link_queue(d, s, id);
+  if (mode_ == Mode::Functional) {
+    auto t = exec_.make(id, s.device, s.name, "record", nullptr, nullptr);
+    exec_.depend(t, s.last_task);
+    ops_[id].task = t;
+    s.last_task = t;
+    exec_.arm(t);
+  }
+  s.last = id;
+  e.engine = this;
+  e.op = id;
+  e.task = ops_[id].task;
+  finish_issue(id);
+}
+
+void Engine::wait(StreamState& s, const EventState& e) {
+  // Waiting on an event that was never recorded is a no-op, as in CUDA.
+  if (e.op == kNoOp) return;
+  Actor& a = current();
+  DeviceState& d = devices_[static_cast<size_t>(s.device)];
+  VTime issued = a.clock;
+  a.clock += seconds_to_vtime(d.spec->event_host_s);
+  std::string name = "wait";
+  emit_host(a.id, name, issued, a.clock);
+  OpId id = new_op(s, OpKind::Wait, std::move(name), ResourceKind::None);
+  ops_[id].ready_at = a.clock;
+  ops_[id].waits_for = e.op;
+  add_dependency_on_completion(id, e.op);
+  link_queue(d, s, id);
+  if (mode_ == Mode::Functional) {
+    auto t = exec_.make(id, s.device, s.name, "wait", nullptr, nullptr);
+    exec_.depend(t, s.last_task);
+    exec_.depend(t, e.task);
+    ops_[id].task = t;
+    s.last_task = t;
+    exec_.arm(t);
+  }
+  s.last = id;
+  finish_issue(id);
+}
+
+// ---------------------------------------------------------------- the event loop
+
+void Engine::satisfy(OpId id) {
+  if (--ops_[id].unmet == 0) start_list_.push_back(id);
+}
+
+void Engine::drain_starts() {
+  // Iterative, not recursive: a chain of markers completes at one instant.
+  for (size_t i = 0; i < start_list_.size(); ++i) start(start_list_[i]);
+  start_list_.clear();
+}
+
+Resource& Engine::resource(const Op& op) {
+  DeviceState& d = devices_[static_cast<size_t>(op.device)];
+  switch (op.res) {
+    case ResourceKind::Sm: return d.sm;
+    case ResourceKind::H2D: return d.h2d;
+    case ResourceKind::D2H: return d.d2h;
+    case ResourceKind::D2D: return d.d2d;
+    case ResourceKind::None: break;
+  }
+  NE_CHECK(false, "operation without a resource");
+  return d.sm;
+}
+
+void Engine::start(OpId id) {
+  Op& op = ops_[id];
+  op.start = now_;
+  if (op.queue_next != kNoOp) satisfy(op.queue_next);
+  if (op.res == ResourceKind::None || op.remaining <= 0) {
+    if (op.res != ResourceKind::None) op.last_update = now_;
+    finish(id);
+    return;
+  }
+  admit(resource(op), id);
+}
+
+void Engine::admit(Resource& r, OpId id) {
+  if (r.kind != ResourceKind::Sm && static_cast<int>(r.active.size()) >= r.capacity) {
+    r.waiting.push_back(id);
+    return;
+  }
+  ops_[id].last_update = now_;
+  ops_[id].rate = 0;
+  r.active.push_back(id);
+  rerate(r, ops_[id].device);
+}
+
+void Engine::rerate(Resource& r, int /*device*/) {
+  // Settle the work done at the old rates, then hand out the new ones.
+  for (OpId id : r.active) {
+    Op& op = ops_[id];
+    op.remaining -= static_cast<double>(now_ - op.last_update) * op.rate;
+    if (op.remaining < 0) op.remaining = 0;
+    op.last_update = now_;
+  }
+  std::vector<double> rates(r.active.size(), 0.0);
+  if (r.kind == ResourceKind::Sm) {
+    // Communication kernels hold their SMs first (in start order); compute kernels of the
+    // highest priority present split what is left; lower priorities wait for SMs.
+    int free_sms = r.capacity;
+    int top = INT32_MIN;
+    int sharers = 0;
+    for (size_t i = 0; i < r.active.size(); ++i) {
+      const Op& op = ops_[r.active[i]];
+      if (op.sms > 0) {
+        int got = std::min(op.sms, free_sms);
+        free_sms -= got;
+        rates[i] = static_cast<double>(got) / op.sms;
+      } else if (op.priority > top) {
+        top = op.priority;
+        sharers = 1;
+      } else if (op.priority == top) {
+        ++sharers;
+      }
+    }
+    for (size_t i = 0; i < r.active.size(); ++i) {
+      const Op& op = ops_[r.active[i]];
+      if (op.sms == 0 && op.priority == top)
+        rates[i] = static_cast<double>(free_sms) / sharers / r.capacity;
+    }
+  } else {
+    for (auto& x : rates) x = 1.0 / static_cast<double>(r.active.size());
+  }
+  for (size_t i = 0; i < r.active.size(); ++i) {
+    Op& op = ops_[r.active[i]];
+    op.rate = rates[i];
+    ++op.version;
+    if (op.rate <= 0) continue;
+    double left = std::ceil(op.remaining / op.rate);
+    push(now_ + static_cast<VTime>(left), CalendarEntry::What::Complete, r.active[i], op.version);
+  }
+}
+
+void Engine::finish(OpId id) {
+  Op& op = ops_[id];
+  op.end = now_;
+  op.remaining = 0;
+  if (op.res != ResourceKind::None && op.start >= 0) {
+    Resource& r = resource(op);
+    auto it = std::find(r.active.begin(), r.active.end(), id);
+    if (it != r.active.end()) {
+      r.active.erase(it);
+      while (!r.waiting.empty() && static_cast<int>(r.active.size()) < r.capacity) {
+        OpId w = r.waiting.front();
+        r.waiting.pop_front();
+        ops_[w].last_update = now_;
+        ops_[w].rate = 0;
+        r.active.push_back(w);
+      }
+      if (!r.active.empty()) rerate(r, op.device);
+    }
+  }
+  OpRecord rec{id,       op.device, op.track, op.kind,
+               &op.name, op.start,  op.end,   op.host,
+               op.waits_for == kNoOp ? -1 : static_cast<std::int64_t>(op.waits_for)};
+  hasher_.add(rec);
+  for (auto* o : observers_) o->on_op(rec);
+  for (OpId n : op.on_complete) satisfy(n);
+  op.on_complete.clear();
+  op.on_complete.shrink_to_fit();
+  for (int h : op.waiting_hosts) wake(actors_[static_cast<size_t>(h)], now_);
+  op.waiting_hosts.clear();
+  for (auto& r : op.releases) release_memory(r, std::max(now_, r.not_before));
+  op.releases.clear();
+}
+
+void Engine::wake(Actor& a, VTime t) {
+  if (a.state != Actor::State::Blocked) return;
+  a.state = Actor::State::Runnable;
+  a.clock = std::max(a.clock, t);
+  ++wakes_;
+}
+
+bool Engine::advance() {
+  std::uint64_t before = wakes_;
+  while (!calendar_.empty()) {
+    CalendarEntry e = calendar_.top();
+    // Once somebody woke, finish the current instant and hand control back: anything the woken
+    // actors issue lies at or after this instant.
+    if (wakes_ != before && e.time > now_) return true;
+    calendar_.pop();
+    NE_CHECK(e.time >= now_, "the calendar went back in time");
+    now_ = e.time;
+    switch (e.what) {
+      case CalendarEntry::What::Gate:
+        satisfy(e.target);
+        break;
+      case CalendarEntry::What::Complete:
+        if (ops_[e.target].version == e.version && !ops_[e.target].complete()) finish(e.target);
+        break;
+      case CalendarEntry::What::Wake:
+        wake(actors_[e.target], e.time);
+        break;
+    }
+    drain_starts();
+  }
+  return wakes_ != before;
+}
+
+// ---------------------------------------------------------------- actors and blocking
+
+void Engine::schedule(Actor& self) {
+  for (;;) {
+    Actor* next = nullptr;
+    for (auto& a : actors_)
+      if (a.state == Actor::State::Runnable &&
+          (!next || a.clock < next->clock || (a.clock == next->clock && a.id < next->id)))
+        next = &a;
+    if (next) {
+      next->state = Actor::State::Running;
+      current_ = next;
+      if (next == &self) return;
+      next->sem.release();
+      if (self.state == Actor::State::Done) return;
+      self.sem.acquire();
+      return;
+    }
+    if (!advance()) {
+      // Nothing left on the calendar and nobody can run: whoever is blocked waits forever.
+      bool any = false;
+      for (auto& a : actors_) {
+        if (a.state != Actor::State::Blocked) continue;
+        any = true;
+        a.deadlock = "host '" + a.name +
+                     "' waits for work that can never complete (every host is blocked and no "
+                     "device work is left)";
+        wake(a, now_);
+      }
+      if (!any) return;  // everyone is done
+    }
+  }
+}
+
+void Engine::block_current() {
+  Actor& a = current();
+  a.state = Actor::State::Blocked;
+  schedule(a);
+  if (!a.deadlock.empty()) {
+    std::string msg = std::move(a.deadlock);
+    a.deadlock.clear();
+    throw DeadlockError(msg);
+  }
+}
+
+void Engine::wait_real(const std::shared_ptr<FuncTask>& task) {
+  if (!task) return;
+  FunctionalExecutor::wait(*task);
+  std::shared_ptr<const KernelFailure> f;
+  {
+    std::lock_guard lk(task->mu);
+    f = task->failure;
+  }
+  if (f) throw KernelError(f->device, f->stream, f->kernel, f->cause);
+}
+
+void Engine::host_wait(OpId id, const std::shared_ptr<FuncTask>& task) {
+  if (id == kNoOp) return;
+  Actor& a = current();
+  if (!ops_[id].complete()) {
+    ops_[id].waiting_hosts.push_back(a.id);
+    block_current();
+  }
+  a.clock = std::max(a.clock, ops_[id].end);
+  wait_real(task);
+}
+
+bool Engine::host_query(OpId id, const std::shared_ptr<FuncTask>& task) {
+  if (id == kNoOp) return true;
+  Actor& a = current();
+  if (!ops_[id].complete() && now_ <= a.clock) {
+    // Let the engine catch up with this host's clock, so that the answer depends on virtual
+    // time only.
+    push(a.clock, CalendarEntry::What::Wake, static_cast<std::uint32_t>(a.id));
+    block_current();
+  }
+  bool done = ops_[id].complete() && ops_[id].end <= a.clock;
+  if (done) wait_real(task);
+  return done;
+}
+
+void Engine::run_actors(const std::vector<std::function<void()>>& bodies,
+                        const std::vector<std::string>& names, const std::vector<int>& devices) {
+  Actor& parent = current();
+  NE_CHECK(bodies.size() == names.size() && names.size() == devices.size(), "actor lists");
+  std::vector<Actor*> kids;
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    Actor& a = actors_.emplace_back();
+    a.id = static_cast<int>(actors_.size()) - 1;
+    a.name = names[i];
+    a.device = devices[i];
+    a.clock = parent.clock;
+    a.parent = parent.id;
+    a.state = Actor::State::Runnable;
+    layout_.host_names.push_back(a.name);
+    layout_.host_device.push_back(a.device);
+    kids.push_back(&a);
+  }
+  parent.live_children = static_cast<int>(kids.size());
+  std::vector<std::thread> threads;
+  threads.reserve(kids.size());
+  for (size_t i = 0; i < kids.size(); ++i) {
+    threads.emplace_back([this, a = kids[i], &body = bodies[i]] {
+      a->sem.acquire();  // wait for the baton
+      tls_actor = a;
+      tls_engine = this;
+      try {
+        body();
+      } catch (...) {
+        a->error = std::current_exception();
+      }
+      a->state = Actor::State::Done;
+      Actor& p = actors_[static_cast<size_t>(a->parent)];
+      p.clock = std::max(p.clock, a->clock);
+      if (--p.live_children == 0) wake(p, p.clock);
+      schedule(*a);
+      tls_actor = nullptr;
+      tls_engine = nullptr;
+    });
+  }
+  parent.state = Actor::State::Blocked;
+  schedule(parent);
+  for (auto& t : threads) t.join();
+  for (Actor* a : kids)
+    if (a->error) std::rethrow_exception(a->error);
+}
+
+// ---------------------------------------------------------------- memory accounting
+
+void Engine::account_alloc(int device, std::uint64_t bytes) {
+  DeviceState& d = devices_[static_cast<size_t>(device)];
+  Actor& a = current();
+  if (d.mem.live + bytes > d.mem.capacity && d.mem.deferred > 0 && now_ <= a.clock) {
+    // Buffers the host already dropped may be free by now in virtual time; find out exactly.
+    push(a.clock, CalendarEntry::What::Wake, static_cast<std::uint32_t>(a.id));
+    block_current();
+  }
+  if (d.mem.live + bytes > d.mem.capacity)
+    throw OutOfMemory(device, bytes, d.mem.live, d.mem.capacity);
+  d.mem.live += bytes;
+  d.mem.deltas.emplace_back(a.clock, static_cast<std::int64_t>(bytes));
+}
+
+void Engine::account_free(int device, std::uint64_t bytes, OpId last_use) {
+  PendingRelease r{device, bytes, current().clock, false};
+  if (last_use != kNoOp && !ops_[last_use].complete()) {
+    r.deferred = true;
+    devices_[static_cast<size_t>(device)].mem.deferred += bytes;
+    ops_[last_use].releases.push_back(r);
+    return;
+  }
+  release_memory(r, r.not_before);
+}
+
+void Engine::release_memory(const PendingRelease& r, VTime t) {
+  DeviceState& d = devices_[static_cast<size_t>(r.device)];
+  d.mem.live -= r.bytes;
+  if (r.deferred) d.mem.deferred -= r.bytes;
+  d.mem.deltas.emplace_back(t, -static_cast<std::int64_t>(r.bytes));
+}
+
+std::uint64_t Engine::peak_memory(int device) const {
+  auto deltas = devices_[static_cast<size_t>(device)].mem.deltas;
+  // At one instant, frees count before allocations: a buffer handed back at t can be reused at t.
+  std::stable_sort(deltas.begin(), deltas.end(), [](const auto& x, const auto& y) {
+    return x.first != y.first ? x.first < y.first : x.second < y.second;
+  });
+  std::int64_t cur = 0, peak = 0;
+  for (auto& [t, v] : deltas) peak = std::max(peak, cur += v);
+  return static_cast<std::uint64_t>(peak);
+}
+
+}  // namespace nodeemu::detail

@@ -1,0 +1,258 @@
+// The kernel that owns virtual time (in SimGrid's sense). Internal: users meet it through Node,
+// Device, Stream, Event and Host.
+//
+// How the timeline stays deterministic (DESIGN.md's "SimGrid way"):
+//  - Each host program (one per rank, plus the main thread) is an actor: a real thread, but only
+//    one actor runs at a time. The running one holds the baton until it blocks (a synchronize, a
+//    query, an allocation that must know what is free) or finishes.
+//  - Launches never block: they charge the actor's host clock and append operations, with their
+//    dependencies, to the engine.
+//  - Virtual time advances only when no actor can run. The engine then processes its calendar in
+//    (time, sequence) order until some blocked actor's condition holds, wakes every actor whose
+//    condition holds at that instant, and the runnable actor with the smallest (clock, id) runs.
+//  - So every decision is a function of the program and the cost model; real thread timing only
+//    decides how fast we get there. The functional plane (real kernel bodies on worker pools)
+//    runs alongside and is joined at each synchronize.
+//
+// Resources are fluid: kernels share a device's SMs (communication kernels hold theirs, compute
+// kernels of the highest priority present share the rest equally), copies share their PCIe
+// direction among up to `copy_engines` active copies, and a rate change re-times the affected
+// operations exactly.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <queue>
+#include <semaphore>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "devices/functional.hpp"
+#include "devices/gpu_spec.hpp"
+#include "devices/topology.hpp"
+#include "devices/trace.hpp"
+#include "devices/units.hpp"
+#include "devices/work.hpp"
+
+namespace nodeemu {
+class WorkerPool;
+}
+
+namespace nodeemu::detail {
+
+using OpId = std::uint32_t;
+inline constexpr OpId kNoOp = UINT32_MAX;
+
+enum class ResourceKind : std::uint8_t { None, Sm, H2D, D2H, D2D };
+
+struct PendingRelease {
+  int device;
+  std::uint64_t bytes;
+  VTime not_before;  // the host dropped its last handle at this time
+  bool deferred;     // waited for an operation to complete
+};
+
+struct Op {
+  OpKind kind;
+  ResourceKind res;
+  int priority;
+  int device;
+  int stream;           // engine-wide stream index
+  int track;
+  int host;
+  int sms;              // > 0: a communication kernel holding this many SMs
+  std::string name;
+  VTime ready_at = 0;
+  VTime start = -1, end = -1;
+  double remaining = 0;  // picoseconds of work at full rate
+  double rate = 0;
+  VTime last_update = 0;
+  std::uint32_t version = 0;
+  int unmet = 0;
+  std::vector<OpId> on_complete;
+  OpId queue_next = kNoOp;
+  OpId waits_for = kNoOp;
+  std::vector<int> waiting_hosts;
+  std::vector<PendingRelease> releases;
+  std::shared_ptr<FuncTask> task;
+  bool complete() const { return end >= 0; }
+};
+
+struct StreamState {
+  int device;
+  int index;            // creation order on its device; 0 is the default stream
+  int global;
+  Priority priority;
+  int queue;            // hardware queue (index % cuda_device_max_connections)
+  int track;
+  std::string name;
+  OpId last = kNoOp;
+  std::shared_ptr<FuncTask> last_task;
+};
+
+class Engine;
+struct EventState {
+  Engine* engine = nullptr;  // set by the first record
+  OpId op = kNoOp;
+  std::shared_ptr<FuncTask> task;
+};
+
+struct Resource {
+  ResourceKind kind = ResourceKind::None;
+  int capacity = 1;     // SMs for Sm; concurrent copies otherwise
+  std::vector<OpId> active;
+  std::deque<OpId> waiting;
+};
+
+struct MemoryAccount {
+  std::uint64_t capacity = 0;
+  std::uint64_t live = 0;      // allocated and not yet released in virtual time
+  std::uint64_t deferred = 0;  // of `live`: dropped by the host, waiting for the last use
+  std::vector<std::pair<VTime, std::int64_t>> deltas;  // for the peak, in virtual time
+};
+
+struct DeviceState {
+  int id;
+  const GpuSpec* spec;
+  const PcieSpec* pcie;
+  int local_numa_socket;
+  WorkerPool* pool;
+  std::vector<StreamState*> streams;
+  std::vector<OpId> queue_last;
+  Resource sm, h2d, d2h, d2d;
+  int h2d_track, d2h_track, d2d_track;
+  int next_track = 0;
+  MemoryAccount mem;
+};
+
+struct Actor {
+  int id;
+  std::string name;
+  int device;           // the device this host drives (trace placement), -1 for main
+  VTime clock = 0;
+  enum class State { Runnable, Running, Blocked, Done } state = State::Runnable;
+  std::binary_semaphore sem{0};
+  int parent = -1;
+  int live_children = 0;
+  std::string deadlock;  // set when the actor was woken because nothing could ever wake it
+  std::exception_ptr error;
+};
+
+struct CopyRequest {
+  ResourceKind direction;
+  std::size_t bytes;
+  bool pageable;
+  bool remote_numa;
+};
+
+class Engine {
+ public:
+  Engine(Mode mode, int max_connections);
+  ~Engine();
+
+  Mode mode() const { return mode_; }
+  int max_connections() const { return max_connections_; }
+
+  // --- set-up (main thread, before run) ---
+  int add_device(const GpuSpec* spec, const PcieSpec* pcie, int local_numa_socket,
+                 WorkerPool* pool, std::string name);
+  StreamState* create_stream(int device, Priority p, std::string name);
+  DeviceState& device(int d) { return devices_[static_cast<size_t>(d)]; }
+  int device_count() const { return static_cast<int>(devices_.size()); }
+
+  // --- host API, called by the running actor ---
+  Actor& current();
+  bool on_host_thread() const;
+  void drain_functional() { exec_.drain(); }
+  VTime host_clock() { return current().clock; }
+  void host_charge(double seconds, const std::string& what);
+  OpId launch(StreamState& s, OpKind kind, ResourceKind res, double duration_s, int sms,
+              std::string name, std::function<void()> body,
+              const std::vector<std::shared_ptr<BufferState>>& uses, double host_cost_s,
+              double latency_s);
+  void record(StreamState& s, EventState& e);
+  void wait(StreamState& s, const EventState& e);
+  // Blocks the running actor until `op` has completed in virtual time and for real; the clock
+  // becomes max(clock, completion). Throws KernelError for a poisoned op, DeadlockError if the
+  // op can never complete.
+  void host_wait(OpId op, const std::shared_ptr<FuncTask>& task);
+  // Has `op` completed by the running actor's clock? Advances the engine that far first.
+  bool host_query(OpId op, const std::shared_ptr<FuncTask>& task);
+  VTime completion_time(OpId op) const { return ops_[op].end; }
+
+  // --- memory ---
+  void account_alloc(int device, std::uint64_t bytes);
+  void account_free(int device, std::uint64_t bytes, OpId last_use);
+  std::uint64_t peak_memory(int device) const;
+  std::uint64_t memory_in_use(int device) const { return devices_[size_t(device)].mem.live; }
+
+  // --- actors ---
+  // Runs bodies[i] as actor named names[i] driving devices[i]; the calling actor blocks until
+  // all have finished. Rethrows the first failure by actor order.
+  void run_actors(const std::vector<std::function<void()>>& bodies,
+                  const std::vector<std::string>& names, const std::vector<int>& devices);
+  int add_track(int device, std::string name);
+
+  // --- timeline ---
+  void add_observer(TimelineObserver* o) { observers_.push_back(o); }
+  const TimelineHasher& hasher() const { return hasher_; }
+  const TimelineLayout& layout() const { return layout_; }
+  VTime now() const { return now_; }
+  std::uint64_t ops_issued() const { return ops_.size(); }
+
+ private:
+  struct CalendarEntry {
+    VTime time;
+    std::uint64_t seq;
+    enum class What : std::uint8_t { Gate, Complete, Wake } what;
+    std::uint32_t target;
+    std::uint32_t version;
+    bool operator>(const CalendarEntry& o) const {
+      return time != o.time ? time > o.time : seq > o.seq;
+    }
+  };
+
+  OpId new_op(StreamState& s, OpKind kind, std::string name, ResourceKind res);
+  void add_dependency_on_completion(OpId op, OpId dep);
+  void link_queue(DeviceState& d, StreamState& s, OpId id);
+  void finish_issue(OpId id);
+  void push(VTime t, CalendarEntry::What w, std::uint32_t target, std::uint32_t version = 0);
+  void satisfy(OpId id);
+  void drain_starts();
+  void start(OpId id);
+  void finish(OpId id);
+  Resource& resource(const Op& op);
+  void admit(Resource& r, OpId id);
+  void rerate(Resource& r, int device);
+  void wake(Actor& a, VTime t);
+  void block_current();
+  void schedule(Actor& self);
+  bool advance();
+  void release_memory(const PendingRelease& r, VTime t);
+  void emit_host(int host, std::string name, VTime start, VTime end);
+  void wait_real(const std::shared_ptr<FuncTask>& task);
+
+  Mode mode_;
+  int max_connections_;
+  std::deque<Op> ops_;
+  std::deque<DeviceState> devices_;
+  std::deque<StreamState> streams_;
+  std::deque<Actor> actors_;
+  Actor* current_ = nullptr;
+  std::thread::id main_thread_;
+  std::priority_queue<CalendarEntry, std::vector<CalendarEntry>, std::greater<>> calendar_;
+  std::uint64_t calendar_seq_ = 0;
+  std::vector<OpId> start_list_;
+  VTime now_ = 0;
+  std::uint64_t wakes_ = 0;
+  FunctionalExecutor exec_;
+  std::vector<TimelineObserver*> observers_;
+  TimelineHasher hasher_;
+  TimelineLayout layout_;
+};
+
+}  // namespace nodeemu::detail

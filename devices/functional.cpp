@@ -1,0 +1,110 @@
+#include "devices/functional.hpp"
+
+#include <exception>
+
+#include "devices/worker_pool.hpp"
+
+namespace nodeemu::detail {
+
+std::shared_ptr<FuncTask> FunctionalExecutor::make(std::uint64_t seq, int device,
+                                                   std::string stream, std::string name,
+                                                   std::function<void()> body,
+                                                   WorkerPool* pool) {
+  auto t = std::make_shared<FuncTask>();
+  t->seq = seq;
+  t->device = device;
+  t->stream = std::move(stream);
+  t->name = std::move(name);
+  t->body = std::move(body);
+  t->pool = t->body ? pool : nullptr;
+  t->exec = this;
+  outstanding_.fetch_add(1, std::memory_order_relaxed);
+  return t;
+}
+
+void FunctionalExecutor::depend(const std::shared_ptr<FuncTask>& task,
+                                const std::shared_ptr<FuncTask>& dep) {
+  if (!dep) return;
+  std::lock_guard lk(dep->mu);
+  if (dep->done) {
+    if (dep->failure) {
+      std::lock_guard lk2(task->mu);
+      if (!task->failure || dep->failure->seq < task->failure->seq) task->failure = dep->failure;
+    }
+    return;
+  }
+  task->pending.fetch_add(1, std::memory_order_relaxed);
+  dep->dependents.push_back(task);
+}
+
+void FunctionalExecutor::arm(const std::shared_ptr<FuncTask>& task) {
+  if (task->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) dispatch(task);
+}
+
+void FunctionalExecutor::dispatch(std::shared_ptr<FuncTask> task) {
+  if (task->pool) {
+    WorkerPool* pool = task->pool;
+    pool->submit([this, t = std::move(task)] { run(t); });
+  } else {
+    run(task);
+  }
+}
+
+void FunctionalExecutor::run(const std::shared_ptr<FuncTask>& task) {
+  bool poisoned;
+  {
+    std::lock_guard lk(task->mu);
+    poisoned = task->failure != nullptr;
+  }
+  // A poisoned stream skips its work, as CUDA does after a sticky error.
+  if (task->body && !poisoned) {
+    try {
+      task->body();
+    } catch (const std::exception& e) {
+      std::lock_guard lk(task->mu);
+      task->failure = std::make_shared<KernelFailure>(
+          KernelFailure{task->seq, task->device, task->stream, task->name, e.what()});
+    } catch (...) {
+      std::lock_guard lk(task->mu);
+      task->failure = std::make_shared<KernelFailure>(
+          KernelFailure{task->seq, task->device, task->stream, task->name, "unknown exception"});
+    }
+  }
+  complete(task);
+}
+
+void FunctionalExecutor::complete(const std::shared_ptr<FuncTask>& task) {
+  std::vector<std::shared_ptr<FuncTask>> next;
+  std::shared_ptr<const KernelFailure> failure;
+  {
+    std::lock_guard lk(task->mu);
+    task->done = true;
+    next.swap(task->dependents);
+    failure = task->failure;
+  }
+  // Free captures and buffers now: a finished task may stay referenced (stream tail, events).
+  task->body = nullptr;
+  task->keep.clear();
+  task->finished.store(1, std::memory_order_release);
+  task->finished.notify_all();
+  for (auto& d : next) {
+    if (failure) {
+      std::lock_guard lk(d->mu);
+      if (!d->failure || failure->seq < d->failure->seq) d->failure = failure;
+    }
+    arm(d);
+  }
+  if (outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1) outstanding_.notify_all();
+}
+
+void FunctionalExecutor::wait(const FuncTask& task) {
+  spin_then_wait(task.finished, 0);
+  while (task.finished.load(std::memory_order_acquire) == 0) task.finished.wait(0);
+}
+
+void FunctionalExecutor::drain() {
+  for (std::uint32_t n; (n = outstanding_.load(std::memory_order_acquire)) != 0;)
+    outstanding_.wait(n);
+}
+
+}  // namespace nodeemu::detail

@@ -1,0 +1,100 @@
+// The emulated node (or several of one topology): the public entry point of the runtime.
+//
+//   Node node({.topology_path = "configs/topologies/dgx_h100.yaml"});
+//   node.run([&](Host& host) {
+//     Device& gpu = host.device();
+//     Stream comp = gpu.default_stream(), comm = gpu.create_stream(Priority::High);
+//     Event ev;
+//     comp.launch({"gemm", Work{.flops = 2e12}, [=] { /* real math */ }});
+//     comp.record(ev);
+//     comm.wait(ev);
+//     host.synchronize(comm);
+//   });
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "devices/blas_kernel.hpp"
+#include "devices/buffer.hpp"
+#include "devices/device.hpp"
+#include "devices/host.hpp"
+#include "devices/host_topology.hpp"
+#include "devices/topology.hpp"
+#include "devices/trace.hpp"
+#include "devices/work.hpp"
+
+namespace nodeemu {
+
+class ExecutionBudget;
+
+namespace detail {
+class Engine;
+struct NodeImpl;
+}  // namespace detail
+
+struct NodeOptions {
+  std::string topology_path;            // used when `topology` is not given
+  std::shared_ptr<const NodeTopology> topology;
+  int nodes = 1;                        // emulated nodes of this topology
+  Mode mode = Mode::Functional;
+  int cuda_device_max_connections = 8;  // CUDA's default; 1..32
+  int thread_budget = 0;                // workers running at once; 0 = hardware threads
+  int workers_per_device = 0;           // 0 = share each NUMA node's cores among its devices
+  std::string synthetic_host;           // hwloc synthetic description; empty = this machine
+  bool record_trace = true;             // keep records for write_chrome_trace
+};
+
+class Node {
+ public:
+  // Throws ConfigError for a bad topology file or option (key "nodes", ...), HostError for a bad
+  // synthetic host.
+  explicit Node(NodeOptions options);
+  static Node from_file(const std::string& topology_path) {
+    return Node(NodeOptions{.topology_path = topology_path});
+  }
+  ~Node();
+  Node(Node&&) noexcept;
+  Node& operator=(Node&&) noexcept;
+
+  const NodeOptions& options() const;
+  const NodeTopology& topology() const;
+  const HostTopology& host_topology() const;
+  const blas::KernelChoice& blas_kernel() const;
+  Mode mode() const;
+  int device_count() const;
+  Device& device(int id);
+  ExecutionBudget& budget();
+
+  // The host program that the calling thread is (main, or a rank inside run()).
+  Host host() { return Host(*this); }
+  // Runs `program` once per device as that device's host program (an actor), and returns when
+  // all have finished. Rethrows the first failure by rank.
+  void run(const std::function<void(Host&)>& program);
+  // The same, for a subset of ranks.
+  void run(const std::vector<int>& ranks, const std::function<void(Host&)>& program);
+
+  // Host memory on an emulated NUMA node of emulated node `node`.
+  Buffer allocate_host(std::size_t bytes, int numa, bool pinned = true, int node = 0);
+
+  // The virtual timeline.
+  void add_observer(TimelineObserver* o);
+  std::uint64_t timeline_hash() const;
+  std::uint64_t timeline_records() const;
+  const TraceRecorder& trace() const;
+  void write_chrome_trace(std::ostream& os) const;
+  // Writes to a temporary file, then renames: a failed run never leaves half a trace.
+  void write_chrome_trace(const std::string& path) const;
+
+  detail::Engine& engine();
+  std::shared_ptr<detail::Engine> engine_ptr();
+
+ private:
+  std::unique_ptr<detail::NodeImpl> impl_;
+};
+
+}  // namespace nodeemu

@@ -1,0 +1,33 @@
+// Internal: what a Node owns. Members are declared in the order they must be built; they are
+// destroyed in reverse, so the engine (and the kernels it still has queued) goes before the
+// worker pools those kernels run on.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "devices/device.hpp"
+#include "devices/engine.hpp"
+#include "devices/node.hpp"
+#include "devices/worker_pool.hpp"
+
+namespace nodeemu::detail {
+
+struct NodeImpl {
+  NodeOptions options;
+  std::shared_ptr<const NodeTopology> topology;
+  HostTopology host;
+  std::vector<DevicePlacement> placements;
+  std::unique_ptr<ExecutionBudget> budget;
+  std::deque<WorkerPool> pools;
+  std::shared_ptr<Engine> engine;
+  std::deque<Device> devices;
+  TraceRecorder recorder;
+
+  ~NodeImpl() {
+    if (engine) engine->drain_functional();
+  }
+};
+
+}  // namespace nodeemu::detail

@@ -1,0 +1,118 @@
+#include "devices/stream.hpp"
+
+#include <cstring>
+
+#include "devices/buffer_state.hpp"
+#include "devices/cost_model.hpp"
+#include "devices/device.hpp"
+#include "devices/engine.hpp"
+#include "devices/errors.hpp"
+#include "devices/node.hpp"
+
+namespace nodeemu {
+
+namespace {
+
+std::vector<std::shared_ptr<detail::BufferState>> states_of(const std::vector<Buffer>& bufs) {
+  std::vector<std::shared_ptr<detail::BufferState>> out;
+  out.reserve(bufs.size());
+  for (const auto& b : bufs) {
+    if (!b) throw UsageError("launch: Kernel::uses holds an empty Buffer");
+    out.push_back(b.state()->shared_from_this());
+  }
+  return out;
+}
+
+}  // namespace
+
+void Stream::launch(Kernel k) {
+  if (!state_) throw UsageError("launch: the Stream handle is empty; get one from a Device");
+  detail::Engine& e = device_->node().engine();
+  const GpuSpec& g = device_->spec();
+  double t = kernel_seconds(g, k.work);
+  auto uses = states_of(k.uses);
+  e.launch(*state_, OpKind::Kernel, detail::ResourceKind::Sm, t, k.work.sms, std::move(k.name),
+           e.mode() == Mode::Functional ? std::move(k.body) : nullptr, uses,
+           g.kernel_launch_host_s, g.launch_latency_s);
+}
+
+void Stream::copy(const Buffer& dst, const Buffer& src, std::size_t bytes, std::string name) {
+  if (!state_) throw UsageError("copy: the Stream handle is empty; get one from a Device");
+  if (!dst || !src) throw UsageError("copy: empty Buffer handle");
+  if (bytes == SIZE_MAX) bytes = src.bytes();
+  if (bytes > src.bytes() || bytes > dst.bytes())
+    throw UsageError("copy: " + std::to_string(bytes) + " bytes do not fit (source " +
+                     std::to_string(src.bytes()) + ", destination " +
+                     std::to_string(dst.bytes()) + " bytes)");
+  const int me = device_->id();
+  auto on_me = [&](const Buffer& b) { return b.kind() == MemoryKind::Device && b.device() == me; };
+  auto is_host = [](const Buffer& b) { return b.kind() != MemoryKind::Device; };
+  CopyDirection dir;
+  detail::ResourceKind res;
+  const Buffer* host = nullptr;
+  if (is_host(src) && on_me(dst)) {
+    dir = CopyDirection::HostToDevice, res = detail::ResourceKind::H2D, host = &src;
+  } else if (on_me(src) && is_host(dst)) {
+    dir = CopyDirection::DeviceToHost, res = detail::ResourceKind::D2H, host = &dst;
+  } else if (on_me(src) && on_me(dst)) {
+    dir = CopyDirection::DeviceToDevice, res = detail::ResourceKind::D2D;
+  } else {
+    throw UsageError("copy: on " + device_->name() +
+                     " a copy must have this device's memory on one side and host or this "
+                     "device's memory on the other; copies between GPUs go through comm/");
+  }
+  bool pageable = host && host->kind() == MemoryKind::PageableHost;
+  bool remote = false;
+  if (host) {
+    const auto& topo = device_->node().topology();
+    int host_socket = topo.host.numa_socket[static_cast<size_t>(host->numa())];
+    remote = host_socket != device_->placement().emulated_socket;
+  }
+  const auto& topo = device_->node().topology();
+  double t = copy_seconds(device_->spec(), topo.pcie, dir, static_cast<double>(bytes), pageable,
+                          remote);
+  detail::Engine& e = device_->node().engine();
+  std::function<void()> body;
+  if (e.mode() == Mode::Functional && bytes > 0) {
+    void* d = dst.data();
+    const void* s = src.data();
+    body = [d, s, bytes] { std::memcpy(d, s, bytes); };
+  }
+  if (name.empty()) {
+    name = dir == CopyDirection::HostToDevice   ? "memcpy H2D"
+           : dir == CopyDirection::DeviceToHost ? "memcpy D2H"
+                                                : "memcpy D2D";
+  }
+  e.launch(*state_, OpKind::Copy, res, t, 0, std::move(name), std::move(body),
+           states_of({dst, src}), device_->spec().memcpy_launch_host_s, 0.0);
+}
+
+void Stream::record(Event& ev) {
+  if (!state_) throw UsageError("record: the Stream handle is empty; get one from a Device");
+  device_->node().engine().record(*state_, ev.state());
+}
+
+void Stream::wait(const Event& ev) {
+  if (!state_) throw UsageError("wait: the Stream handle is empty; get one from a Device");
+  device_->node().engine().wait(*state_, ev.state());
+}
+
+void Stream::synchronize() {
+  if (!state_) throw UsageError("synchronize: the Stream handle is empty");
+  detail::Engine& e = device_->node().engine();
+  e.host_wait(state_->last, state_->last_task);
+  e.host_charge(device_->spec().sync_host_s, "synchronize " + state_->name);
+}
+
+bool Stream::query() {
+  if (!state_) throw UsageError("query: the Stream handle is empty");
+  detail::Engine& e = device_->node().engine();
+  e.host_charge(device_->spec().event_host_s, "query " + state_->name);
+  return e.host_query(state_->last, state_->last_task);
+}
+
+Priority Stream::priority() const { return state_->priority; }
+const std::string& Stream::name() const { return state_->name; }
+int Stream::index() const { return state_->index; }
+
+}  // namespace nodeemu

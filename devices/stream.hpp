@@ -1,0 +1,49 @@
+// A CUDA-like stream: in order on its own, ordered against others only by events. A Stream is a
+// small handle; the device owns the stream itself.
+#pragma once
+
+#include <string>
+
+#include "devices/buffer.hpp"
+#include "devices/event.hpp"
+#include "devices/work.hpp"
+
+namespace nodeemu {
+
+class Device;
+namespace detail {
+struct StreamState;
+}
+
+class Stream {
+ public:
+  Stream() = default;
+  Stream(Device* device, detail::StreamState* state) : device_(device), state_(state) {}
+
+  // Enqueues a kernel. The host pays the launch cost on its virtual clock; the kernel starts
+  // after the launch latency, its predecessor on the stream, and its hardware queue allow.
+  void launch(Kernel k);
+  // Copies `bytes` (default: all of src) from src to dst through the copy engine the direction
+  // needs: host->device (H2D), device->host (D2H), or within one device (D2D). Throws UsageError
+  // for sizes that do not fit or buffers on another device.
+  void copy(const Buffer& dst, const Buffer& src, std::size_t bytes = SIZE_MAX,
+            std::string name = "");
+  void record(Event& e);
+  void wait(const Event& e);
+  // Blocks the calling host until everything enqueued so far has completed.
+  void synchronize();
+  bool query();
+
+  Device& device() const { return *device_; }
+  Priority priority() const;
+  const std::string& name() const;
+  int index() const;  // creation order on the device; 0 is the default stream
+  detail::StreamState* state() const { return state_; }
+  bool operator==(const Stream& o) const { return state_ == o.state_; }
+
+ private:
+  Device* device_ = nullptr;
+  detail::StreamState* state_ = nullptr;
+};
+
+}  // namespace nodeemu

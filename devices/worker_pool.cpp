@@ -1,0 +1,213 @@
+#include "devices/worker_pool.hpp"
+
+#include <chrono>
+
+#include "devices/check.hpp"
+#include "devices/host_topology.hpp"
+
+namespace nodeemu {
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// How long an idle thread keeps polling before it sleeps. Short enough that an idle emulated
+// GPU costs nothing measurable, long enough to cover the gap between back-to-back launches.
+constexpr auto kSpinFor = std::chrono::microseconds(50);
+
+thread_local WorkerPool* tls_pool = nullptr;
+
+}  // namespace
+
+ExecutionBudget::ExecutionBudget(int tokens) : tokens_(tokens < 1 ? 1 : tokens), free_(tokens_) {}
+
+bool ExecutionBudget::try_acquire() {
+  int f = free_.load(std::memory_order_relaxed);
+  while (f > 0)
+    if (free_.compare_exchange_weak(f, f - 1, std::memory_order_acquire)) return true;
+  return false;
+}
+
+void ExecutionBudget::acquire() {
+  for (;;) {
+    if (try_acquire()) return;
+    int seen = free_.load(std::memory_order_relaxed);
+    if (seen <= 0) {
+      auto deadline = std::chrono::steady_clock::now() + kSpinFor;
+      while (free_.load(std::memory_order_relaxed) <= 0 &&
+             std::chrono::steady_clock::now() < deadline)
+        cpu_relax();
+      if (free_.load(std::memory_order_relaxed) <= 0) free_.wait(seen, std::memory_order_relaxed);
+    }
+  }
+}
+
+void ExecutionBudget::release() {
+  free_.fetch_add(1, std::memory_order_release);
+  free_.notify_one();
+}
+
+void spin_then_wait(const std::atomic<std::uint32_t>& word, std::uint32_t seen) {
+  auto deadline = std::chrono::steady_clock::now() + kSpinFor;
+  int n = 0;
+  while (word.load(std::memory_order_acquire) == seen) {
+    cpu_relax();
+    if ((++n & 63) == 0 && std::chrono::steady_clock::now() >= deadline) {
+      word.wait(seen, std::memory_order_acquire);
+      return;
+    }
+  }
+}
+
+// A parallel_for in flight: chunks are claimed through `next`, so any number of threads can
+// help and the partition stays fixed.
+struct WorkerPool::ParallelJob {
+  const std::function<void(std::size_t)>* fn;
+  std::size_t chunks;
+  std::atomic<std::size_t> next{0};
+  std::atomic<std::size_t> done{0};
+  std::atomic<int> helpers{0};
+};
+
+WorkerPool::WorkerPool(std::string name, int workers, std::vector<int> real_pus,
+                       ExecutionBudget& budget)
+    : name_(std::move(name)), real_pus_(std::move(real_pus)), budget_(budget) {
+  NE_CHECK(workers >= 1, "a worker pool needs at least one worker");
+  bindings_.resize(static_cast<size_t>(workers));
+  threads_.reserve(static_cast<size_t>(workers));
+  for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] { worker_main(i); });
+  // Wait until every worker has pinned itself, so that bindings are observable at once.
+  for (;;) {
+    std::lock_guard lk(mu_);
+    bool all = true;
+    for (auto& b : bindings_) all = all && (!b.empty() || real_pus_.empty());
+    if (all) break;
+  }
+}
+
+WorkerPool::~WorkerPool() {
+  stop_.store(true);
+  epoch_.fetch_add(1, std::memory_order_release);
+  epoch_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+std::vector<std::vector<int>> WorkerPool::worker_bindings() const {
+  std::lock_guard lk(mu_);
+  return bindings_;
+}
+
+void WorkerPool::submit(Task t) {
+  {
+    std::lock_guard lk(mu_);
+    queue_.push_back(std::move(t));
+  }
+  epoch_.fetch_add(1, std::memory_order_release);
+  epoch_.notify_one();
+}
+
+bool WorkerPool::run_one_task() {
+  Task t;
+  {
+    std::lock_guard lk(mu_);
+    if (queue_.empty()) return false;
+    t = std::move(queue_.front());
+    queue_.pop_front();
+  }
+  budget_.acquire();
+  t();
+  t = nullptr;  // destroy captures while the token is held, before the next task
+  budget_.release();
+  return true;
+}
+
+bool WorkerPool::help_parallel() {
+  ParallelJob* job;
+  {
+    std::lock_guard lk(mu_);
+    job = job_;
+    if (!job) return false;
+    job->helpers.fetch_add(1);
+  }
+  bool helped = false;
+  if (budget_.try_acquire()) {
+    for (std::size_t i; (i = job->next.fetch_add(1)) < job->chunks;) {
+      (*job->fn)(i);
+      job->done.fetch_add(1, std::memory_order_release);
+      helped = true;
+    }
+    budget_.release();
+  }
+  job->helpers.fetch_sub(1, std::memory_order_release);
+  return helped;
+}
+
+void WorkerPool::worker_main(int index) {
+  tls_pool = this;
+  std::vector<int> bound;
+  if (!real_pus_.empty()) {
+    try {
+      HostTopology::bind_current_thread(real_pus_);
+      bound = HostTopology::current_thread_binding();
+    } catch (const std::exception&) {
+      bound = {-1};  // binding refused by the host: recorded, visible in `nodeemu info`
+    }
+  }
+  {
+    std::lock_guard lk(mu_);
+    bindings_[static_cast<size_t>(index)] = bound.empty() && !real_pus_.empty() ? std::vector{-1}
+                                                                                 : bound;
+  }
+  while (!stop_.load(std::memory_order_acquire)) {
+    std::uint32_t seen = epoch_.load(std::memory_order_acquire);
+    if (run_one_task()) continue;
+    if (help_parallel()) continue;
+    spin_then_wait(epoch_, seen);
+  }
+  // Drain: work submitted before destruction still runs.
+  while (run_one_task()) {
+  }
+}
+
+void WorkerPool::parallel_for(std::size_t chunks, const std::function<void(std::size_t)>& fn) {
+  WorkerPool* pool = tls_pool;
+  if (!pool || pool->workers() == 1 || chunks <= 1) {
+    for (std::size_t i = 0; i < chunks; ++i) fn(i);
+    return;
+  }
+  ParallelJob job;
+  job.fn = &fn;
+  job.chunks = chunks;
+  {
+    std::lock_guard lk(pool->mu_);
+    if (pool->job_ != nullptr) {
+      // Another kernel of this device is already fanning out (two streams at once): run this
+      // one on the caller alone. The partition, and so the result, is the same.
+      pool = nullptr;
+    } else {
+      pool->job_ = &job;
+    }
+  }
+  if (!pool) {
+    for (std::size_t i = 0; i < chunks; ++i) fn(i);
+    return;
+  }
+  pool->epoch_.fetch_add(1, std::memory_order_release);
+  pool->epoch_.notify_all();
+  // The caller already holds a budget token (it is running a task).
+  for (std::size_t i; (i = job.next.fetch_add(1)) < chunks;) {
+    fn(i);
+    job.done.fetch_add(1, std::memory_order_release);
+  }
+  {
+    std::lock_guard lk(pool->mu_);
+    pool->job_ = nullptr;
+  }
+  // Helpers that picked up the job may still be finishing a chunk; `job` lives on this stack.
+  while (job.done.load(std::memory_order_acquire) < chunks || job.helpers.load() != 0) cpu_relax();
+}
+
+}  // namespace nodeemu

@@ -1,0 +1,81 @@
+// The real threads behind one emulated GPU: a small pool pinned to the cores of the real NUMA
+// node that stands for the GPU's socket.
+//
+// Two rules keep 8 or 16 emulated GPUs from thrashing 2 real cores:
+//  - A node-wide ExecutionBudget of tokens (default: the hardware threads) bounds how many
+//    workers run kernels at once. A worker holds a token only while it runs a task.
+//  - Nobody spins without bound. Idle workers spin for a short, fixed time (so back-to-back
+//    kernels start in well under 2 us), then sleep in an atomic wait (a futex on Linux).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace nodeemu {
+
+class ExecutionBudget {
+ public:
+  explicit ExecutionBudget(int tokens);
+  int tokens() const { return tokens_; }
+  void acquire();
+  bool try_acquire();
+  void release();
+
+ private:
+  int tokens_;
+  std::atomic<int> free_;
+};
+
+// Spins for a short bounded time, then sleeps on `word` until it differs from `seen`.
+// The spin keeps the wake-up latency of a busy pipeline in the sub-microsecond range.
+void spin_then_wait(const std::atomic<std::uint32_t>& word, std::uint32_t seen);
+
+class WorkerPool {
+ public:
+  using Task = std::function<void()>;
+
+  // `real_pus` are the real OS processing units the workers are pinned to (empty: unpinned).
+  WorkerPool(std::string name, int workers, std::vector<int> real_pus, ExecutionBudget& budget);
+  ~WorkerPool();
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  void submit(Task t);
+  int workers() const { return static_cast<int>(threads_.size()); }
+  const std::vector<int>& real_pus() const { return real_pus_; }
+  const std::string& name() const { return name_; }
+  // The real binding each worker reported after pinning itself (for `nodeemu info` and tests).
+  std::vector<std::vector<int>> worker_bindings() const;
+
+  // Splits [0, chunks) among the calling worker and any idle workers of the same pool that can
+  // get a budget token. Which thread runs a chunk never changes what the chunk computes, so a
+  // kernel that partitions its work by problem size gives the same bits with 1 or 8 workers.
+  // Called outside a worker (or with one worker) it runs every chunk on the caller.
+  static void parallel_for(std::size_t chunks, const std::function<void(std::size_t)>& fn);
+
+ private:
+  struct ParallelJob;
+  void worker_main(int index);
+  bool run_one_task();
+  bool help_parallel();
+
+  std::string name_;
+  std::vector<int> real_pus_;
+  ExecutionBudget& budget_;
+  std::vector<std::thread> threads_;
+  mutable std::mutex mu_;
+  std::deque<Task> queue_;
+  ParallelJob* job_ = nullptr;  // guarded by mu_
+  std::vector<std::vector<int>> bindings_;
+  std::atomic<std::uint32_t> epoch_{0};
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace nodeemu

@@ -1,0 +1,118 @@
+#include <algorithm>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+
+#include "devices/node.hpp"
+#include "devices/numa_memory.hpp"
+#include "devices/worker_pool.hpp"
+#include "emu/cli.hpp"
+#include "emu/node_flags.hpp"
+
+namespace nodeemu::emu {
+
+namespace {
+
+std::string ranges(const std::vector<int>& xs) {
+  if (xs.empty()) return "-";
+  std::string s;
+  for (size_t i = 0; i < xs.size();) {
+    size_t j = i;
+    while (j + 1 < xs.size() && xs[j + 1] == xs[j] + 1) ++j;
+    if (!s.empty()) s += ",";
+    s += std::to_string(xs[i]);
+    if (j > i) s += "-" + std::to_string(xs[j]);
+    i = j + 1;
+  }
+  return s;
+}
+
+std::string fixed(double v, int prec) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(prec) << v;
+  return o.str();
+}
+
+}  // namespace
+
+NodeOptions node_options_from(const Flags& f) {
+  NodeOptions o;
+  if (f.has("topology")) {
+    o.topology_path = f.get("topology", "");
+  } else {
+    o.topology = std::make_shared<const NodeTopology>(
+        NodeTopology::from_yaml(embedded_default_topology(), "<built-in dgx_h100.yaml>"));
+  }
+  o.nodes = f.get_int("nodes", 1);
+  o.synthetic_host = f.get("synthetic-host", "");
+  o.thread_budget = f.get_int("thread-budget", 0);
+  o.workers_per_device = f.get_int("workers", 0);
+  o.cuda_device_max_connections = f.get_int("max-connections", 8);
+  return o;
+}
+
+int info_command(const std::vector<std::string>& args, std::ostream& out, std::ostream&) {
+  Flags flags("info", args, {"topology", "nodes", "synthetic-host", "thread-budget", "workers"});
+  Node node(node_options_from(flags));
+  const NodeTopology& t = node.topology();
+  const GpuSpec& g = t.gpu;
+
+  out << "Emulated node: " << t.name << " (" << t.file << ") x " << node.options().nodes
+      << (node.options().nodes == 1 ? " node" : " nodes") << ", " << node.device_count()
+      << " GPUs\n";
+  out << "  GPU      " << g.name << ": " << g.sms << " SMs, bf16 " << fixed(g.bf16_flops / 1e12, 0)
+      << " TFLOP/s, fp8 " << fixed(g.fp8_flops / 1e12, 0) << " TFLOP/s, HBM "
+      << format_bytes(g.hbm_bytes) << " at " << fixed(g.hbm_bytes_per_s / 1e12, 2)
+      << " TB/s, compute capability " << g.cc_major << "." << g.cc_minor << "\n";
+  out << "  launch   " << fixed(g.kernel_launch_host_s * 1e6, 1) << " us host per kernel, "
+      << fixed(g.launch_latency_s * 1e6, 1) << " us to start\n";
+  out << "  host     " << t.host.sockets << " sockets x " << t.host.cores_per_socket
+      << " cores; NUMA";
+  for (int i = 0; i < t.host.numa_count(); ++i)
+    out << " " << i << "(socket " << t.host.numa_socket[static_cast<size_t>(i)] << ")";
+  out << "\n  NVLink   " << t.nvlink.links << " links, " << fixed(t.nvlink.bytes_per_s / 1e9, 0)
+      << " GB/s per direction x " << fixed(t.nvlink.efficiency, 2) << ", "
+      << fixed(t.nvlink.latency_s * 1e6, 1) << " us\n";
+  out << "  PCIe     gen" << t.pcie.generation << ": H2D " << fixed(t.pcie.h2d_bytes_per_s / 1e9, 1)
+      << " GB/s, D2H " << fixed(t.pcie.d2h_bytes_per_s / 1e9, 1) << " GB/s, far socket x "
+      << fixed(t.pcie.remote_numa_factor, 2) << ", pageable x "
+      << fixed(t.pcie.pageable_factor, 2) << "\n";
+  out << "  NIC      " << t.nic.per_node << " x " << fixed(t.nic.bytes_per_s / 1e9, 1)
+      << " GB/s per direction, " << fixed(t.nic.latency_s * 1e6, 1) << " us\n";
+
+  const HostTopology& h = node.host_topology();
+  out << "\nThis host: " << (h.is_synthetic() ? "synthetic '" + h.description() + "'" : "real")
+      << ", " << h.numa_count() << " NUMA node(s), " << h.pu_count() << " PUs; real "
+      << numa::node_count() << " NUMA node(s), " << h.real_pu_count() << " PUs"
+      << (numa::available() ? "" : " (libnuma unavailable: memory is not placed)") << "\n";
+  out << "Thread budget: " << node.budget().tokens() << " workers running at once\n";
+  out << "\n  GPU  emulated-NUMA  host-NUMA  host-PUs   real-NUMA  real-PUs   workers  bound-to\n";
+  for (int d = 0; d < node.device_count(); ++d) {
+    Device& dev = node.device(d);
+    const DevicePlacement& p = dev.placement();
+    std::string bound;
+    for (auto& b : dev.pool().worker_bindings()) bound += (bound.empty() ? "" : " ") + ranges(b);
+    out << "  " << std::left << std::setw(5) << d << std::setw(15) << p.emulated_numa
+        << std::setw(11) << p.host_numa << std::setw(11) << ranges(p.host_pus) << std::setw(11)
+        << p.real_numa << std::setw(11) << ranges(p.real_pus) << std::setw(9) << p.workers
+        << bound << std::right << "\n";
+  }
+  // Where device memory really lands, read back from the kernel rather than trusted.
+  out << "\nDevice memory placement check:\n";
+  std::vector<int> seen;
+  for (int d = 0; d < node.device_count(); ++d) {
+    int want = node.device(d).placement().real_numa;
+    if (std::find(seen.begin(), seen.end(), want) != seen.end()) continue;
+    seen.push_back(want);
+    Buffer b = node.device(d).allocate(1 << 20);
+    int got = b.real_numa();
+    out << "  real NUMA node " << want << ": 1 MiB landed on node "
+        << (got >= 0 ? std::to_string(got) : std::string("unknown"))
+        << (got == want ? " (ok)" : got < 0 ? "" : " (MISPLACED)") << "\n";
+  }
+  out << "\nGEMM: " << node.blas_kernel().describe() << "\n";
+  out << "      " << node.blas_kernel().config << "\n";
+  return 0;
+}
+
+}  // namespace nodeemu::emu
