@@ -14,6 +14,7 @@ void openblas_set_num_threads(int);
 int openblas_get_num_threads(void);
 void gotoblas_dynamic_init(void);
 void gotoblas_dynamic_quit(void);
+int blas_thread_shutdown_(void);
 }
 
 namespace nodeemu::blas {
@@ -119,6 +120,10 @@ KernelChoice reselect(bool ignore_env) {
   }
   k.kernel = current_corename();
   openblas_set_num_threads(1);
+  // OpenBLAS starts a server thread per core at load time, and they busy-wait for work for a
+  // while (about 75 ms of CPU measured here) before sleeping. With one thread per call they are
+  // never used, so stop them: on 2 cores they would steal a core from the emulated GPUs.
+  blas_thread_shutdown_();
   k.threads = openblas_get_num_threads();
   const char* cfg = openblas_get_config();
   k.config = cfg ? cfg : "";

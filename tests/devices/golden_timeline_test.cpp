@@ -1,0 +1,144 @@
+// Golden virtual timelines: a fixed two-stream program whose every start and end is worked out
+// by hand in the comments, with 8 hardware queues and with 1.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "devices/node.hpp"
+#include "tests/support/test_node.hpp"
+
+namespace nodeemu {
+namespace {
+
+using testing::us;
+
+struct Span {
+  VTime start, end;
+};
+
+// Host clock (1 us per launch, free events):
+//   A.launch k1 (100 us compute)          host 0->1, ready 2
+//   A.launch k2 (50 us compute)           host 1->2, ready 3
+//   A.record e1                           host 2
+//   B.launch k3 (20 us comm, 50 SMs)      host 2->3, ready 4
+//   B.wait e1                             host 3
+//   B.launch k4 (10 us compute)           host 3->4, ready 5
+//   A.launch k5 (10 us compute)           host 4->5, ready 6
+std::map<std::string, Span> run_program(int max_connections, std::uint64_t* hash = nullptr) {
+  Node node(testing::options(testing::round_h100(), max_connections));
+  Device& gpu = node.device(0);
+  Stream a = gpu.default_stream();
+  Stream b = gpu.create_stream(Priority::Normal, "B");
+  Event e1;
+  a.launch({"k1", Work{.fixed_s = 100e-6}});
+  a.launch({"k2", Work{.fixed_s = 50e-6}});
+  a.record(e1);
+  b.launch({"k3", Work{.sms = 50, .fixed_s = 20e-6}});
+  b.wait(e1);
+  b.launch({"k4", Work{.fixed_s = 10e-6}});
+  a.launch({"k5", Work{.fixed_s = 10e-6}});
+  b.synchronize();
+  a.synchronize();
+  std::map<std::string, Span> out;
+  for (auto& r : node.trace().ops()) out[r.name] = {r.start, r.end};
+  if (hash) *hash = node.timeline_hash();
+  return out;
+}
+
+TEST(GoldenTimeline, EightQueuesOverlapIndependentStreams) {
+  auto t = run_program(8);
+  // k1 runs alone from 2 us; k3 takes 50 of 100 SMs from 4 to 24 us, so k1 runs at half rate
+  // there: 2 us done by 4, 10 more by 24, 88 left -> ends at 112.
+  EXPECT_EQ(t["k1"].start, us(2));
+  EXPECT_EQ(t["k1"].end, us(112));
+  EXPECT_EQ(t["k3"].start, us(4));
+  EXPECT_EQ(t["k3"].end, us(24));
+  EXPECT_EQ(t["k2"].start, us(112));
+  EXPECT_EQ(t["k2"].end, us(162));
+  EXPECT_EQ(t["record"].start, us(162));
+  EXPECT_EQ(t["wait"].start, us(162));
+  EXPECT_EQ(t["wait"].end, us(162));
+  // k4 (after the wait) and k5 (after the record) share the SMs equally: 10 us each at half rate.
+  EXPECT_EQ(t["k4"].start, us(162));
+  EXPECT_EQ(t["k4"].end, us(182));
+  EXPECT_EQ(t["k5"].start, us(162));
+  EXPECT_EQ(t["k5"].end, us(182));
+}
+
+TEST(GoldenTimeline, OneQueueSerialisesInLaunchOrder) {
+  auto t = run_program(1);
+  // One hardware queue: k1, k2, record, k3, wait, k4, k5 in launch order. k3 does not depend on
+  // stream A at all, yet it cannot be dispatched before the record ahead of it, which waits for
+  // k2: the false dependency of CUDA_DEVICE_MAX_CONNECTIONS=1.
+  EXPECT_EQ(t["k1"].start, us(2));
+  EXPECT_EQ(t["k1"].end, us(102));
+  EXPECT_EQ(t["k2"].start, us(102));
+  EXPECT_EQ(t["k2"].end, us(152));
+  EXPECT_EQ(t["record"].end, us(152));
+  EXPECT_EQ(t["k3"].start, us(152));
+  EXPECT_EQ(t["k3"].end, us(172));
+  EXPECT_EQ(t["wait"].start, us(172));
+  EXPECT_EQ(t["k4"].start, us(172));
+  EXPECT_EQ(t["k4"].end, us(192));
+  EXPECT_EQ(t["k5"].start, us(172));
+  EXPECT_EQ(t["k5"].end, us(192));
+}
+
+TEST(GoldenTimeline, HashIsStableAndDiffersBetweenQueueCounts) {
+  std::uint64_t h8a, h8b, h1;
+  run_program(8, &h8a);
+  run_program(8, &h8b);
+  run_program(1, &h1);
+  EXPECT_EQ(h8a, h8b);
+  EXPECT_NE(h8a, h1);
+}
+
+TEST(GoldenTimeline, HostClockAdvancesBySynchronize) {
+  Node node(testing::options(testing::round_h100()));
+  Stream s = node.device(0).default_stream();
+  Host host = node.host();
+  s.launch({"k", Work{.fixed_s = 30e-6}});
+  EXPECT_EQ(host.now(), us(1));  // launch cost only: the host does not wait for the device
+  host.synchronize(s);
+  EXPECT_EQ(host.now(), us(32));  // ready at 2, runs 30
+  host.compute(5e-6);
+  EXPECT_EQ(host.now(), us(37));
+}
+
+TEST(GoldenTimeline, HighPriorityComputeRunsFirst) {
+  Node node(testing::options(testing::round_h100()));
+  Device& gpu = node.device(0);
+  Stream lo = gpu.create_stream(Priority::Low, "lo");
+  Stream hi = gpu.create_stream(Priority::High, "hi");
+  lo.launch({"low", Work{.fixed_s = 20e-6}});   // ready 2
+  hi.launch({"high", Work{.fixed_s = 10e-6}});  // ready 3
+  gpu.synchronize();
+  std::map<std::string, Span> t;
+  for (auto& r : node.trace().ops()) t[r.name] = {r.start, r.end};
+  // low runs alone 2..3 (1 us done), gets no SMs while high runs 3..13, then needs 19 more us.
+  EXPECT_EQ(t["high"].start, us(3));
+  EXPECT_EQ(t["high"].end, us(13));
+  EXPECT_EQ(t["low"].end, us(32));
+}
+
+TEST(GoldenTimeline, CopiesUsePcieRatesAndTheFarSocketFactor) {
+  auto topo = testing::round_h100();
+  Node node(testing::options(topo));
+  const double bytes = 54.8e6;  // 1 ms at the H2D rate
+  Buffer near = node.allocate_host(static_cast<size_t>(bytes), 0);
+  Buffer far = node.allocate_host(static_cast<size_t>(bytes), 1);
+  Buffer d0 = node.device(0).allocate(static_cast<size_t>(bytes));
+  Stream s = node.device(0).default_stream();
+  s.copy(d0, near, SIZE_MAX, "near");  // GPU 0 is on socket 0
+  s.copy(d0, far, SIZE_MAX, "far");
+  s.synchronize();
+  std::map<std::string, Span> t;
+  for (auto& r : node.trace().ops()) t[r.name] = {r.start, r.end};
+  const double lat = topo->pcie.latency_s;
+  EXPECT_NEAR(vtime_to_seconds(t["near"].end - t["near"].start), lat + 1e-3, 1e-9);
+  EXPECT_NEAR(vtime_to_seconds(t["far"].end - t["far"].start),
+              lat + 1e-3 / topo->pcie.remote_numa_factor, 1e-9);
+}
+
+}  // namespace
+}  // namespace nodeemu

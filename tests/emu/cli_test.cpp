@@ -1,0 +1,144 @@
+// End-to-end: the nodeemu binary as a user runs it.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#ifndef NODEEMU_BINARY_DIR
+#define NODEEMU_BINARY_DIR "build"
+#endif
+#ifndef NODEEMU_SOURCE_DIR
+#define NODEEMU_SOURCE_DIR "."
+#endif
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+Result run(const std::string& args) {
+  const std::string err_file = ::testing::TempDir() + "nodeemu_cli_err.txt";
+  std::string cmd = std::string(NODEEMU_BINARY_DIR) + "/bin/nodeemu " + args + " 2>" + err_file;
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream f(err_file);
+  r.err.assign(std::istreambuf_iterator<char>(f), {});
+  return r;
+}
+
+std::string write_file(const std::string& name, const std::string& text) {
+  std::string path = ::testing::TempDir() + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::string shipped(const std::string& name) {
+  return std::string(NODEEMU_SOURCE_DIR) + "/configs/topologies/" + name;
+}
+
+int lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+TEST(Cli, InfoShowsTheNodeTheMappingAndTheGemmKernel) {
+  Result r = run("info");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("dgx_h100"), std::string::npos);
+  EXPECT_NE(r.out.find("H100-SXM5-80GB"), std::string::npos);
+  EXPECT_NE(r.out.find("OpenBLAS kernel"), std::string::npos);
+  EXPECT_NE(r.out.find("real-NUMA"), std::string::npos);
+  EXPECT_NE(r.out.find("landed on node"), std::string::npos);
+  // One row per GPU in the mapping table.
+  for (int g = 0; g < 8; ++g) EXPECT_NE(r.out.find("\n  " + std::to_string(g) + "    "), std::string::npos);
+}
+
+TEST(Cli, InfoReadsEveryShippedTopology) {
+  for (const char* t : {"dgx_h100.yaml", "dgx_h200.yaml", "hgx_a100.yaml", "dgx_b200.yaml"}) {
+    Result r = run("info --topology " + shipped(t));
+    EXPECT_EQ(r.code, 0) << t << ": " << r.err;
+  }
+}
+
+TEST(Cli, InfoOnASyntheticHostFoldsOntoThisMachine) {
+  Result r = run("info --synthetic-host 'package:2 numa:1 core:4 pu:1'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("synthetic"), std::string::npos);
+}
+
+TEST(Cli, MissingTopologyFileIsOneLineNamingTheFile) {
+  Result r = run("info --topology /nonexistent/topo.yaml");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("/nonexistent/topo.yaml"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty());
+}
+
+TEST(Cli, UnknownKeyInTopologyIsNamedWithASuggestion) {
+  std::ifstream in(shipped("dgx_h100.yaml"));
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  auto pos = text.find("hbm_tb_s");
+  ASSERT_NE(pos, std::string::npos);
+  text.replace(pos, 8, "hbm_tbs");
+  Result r = run("info --topology " + write_file("typo.yaml", text));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("gpu.hbm_tbs"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("hbm_tb_s"), std::string::npos) << r.err;
+}
+
+TEST(Cli, BadValueNamesTheKey) {
+  std::ifstream in(shipped("dgx_h100.yaml"));
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  auto pos = text.find("sms: 132");
+  text.replace(pos, 8, "sms: many");
+  Result r = run("info --topology " + write_file("badval.yaml", text));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("gpu.sms"), std::string::npos) << r.err;
+}
+
+TEST(Cli, UnknownOptionAndCommandAreErrors) {
+  Result r = run("info --topologyy x");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--topologyy"), std::string::npos) << r.err;
+  r = run("frobnicate");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("frobnicate"), std::string::npos);
+  r = run("demo --max-connections 0");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("cuda_device_max_connections"), std::string::npos) << r.err;
+}
+
+TEST(Cli, DemoPrintsItsVirtualTimelineAndWritesATrace) {
+  std::string trace = ::testing::TempDir() + "demo_trace.json";
+  Result a = run("demo --trace " + trace);
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_NE(a.out.find("f.dispatch"), std::string::npos);
+  EXPECT_NE(a.out.find("timeline hash"), std::string::npos);
+  std::ifstream f(trace);
+  std::string json((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_NE(json.find("\"traceEvents\""), std::string::npos);
+  EXPECT_NE(json.find("copy engine H2D"), std::string::npos);
+  EXPECT_NE(json.find("\"ph\":\"s\""), std::string::npos);  // flow arrows for event waits
+  // Deterministic: the same output twice.
+  Result b = run("demo --trace " + trace);
+  EXPECT_EQ(a.out, b.out);
+}
+
+TEST(Cli, TraceToAnUnwritablePathFailsCleanly) {
+  Result r = run("demo --trace /nonexistent/dir/t.json");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("/nonexistent/dir/t.json"), std::string::npos) << r.err;
+}
+
+}  // namespace

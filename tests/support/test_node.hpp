@@ -1,0 +1,44 @@
+// Shared set-up for tests: shipped topologies, and a DGX H100 with round numbers so that golden
+// timelines can be worked out by hand.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "devices/node.hpp"
+
+#ifndef NODEEMU_SOURCE_DIR
+#define NODEEMU_SOURCE_DIR "."
+#endif
+
+namespace nodeemu::testing {
+
+inline std::string topology_path(const std::string& name) {
+  return std::string(NODEEMU_SOURCE_DIR) + "/configs/topologies/" + name + ".yaml";
+}
+
+// DGX H100 with 100 SMs, 1 us launches, 1 us launch latency and free event/sync calls.
+inline std::shared_ptr<const NodeTopology> round_h100() {
+  auto t = std::make_shared<NodeTopology>(NodeTopology::from_file(topology_path("dgx_h100")));
+  t->gpu.sms = 100;
+  t->gpu.kernel_launch_host_s = 1e-6;
+  t->gpu.memcpy_launch_host_s = 1e-6;
+  t->gpu.launch_latency_s = 1e-6;
+  t->gpu.event_host_s = 0;
+  t->gpu.sync_host_s = 0;
+  return t;
+}
+
+inline NodeOptions options(std::shared_ptr<const NodeTopology> t, int max_connections = 8,
+                           int workers = 1, Mode mode = Mode::Functional) {
+  NodeOptions o;
+  o.topology = std::move(t);
+  o.cuda_device_max_connections = max_connections;
+  o.workers_per_device = workers;
+  o.mode = mode;
+  return o;
+}
+
+inline constexpr VTime us(double x) { return static_cast<VTime>(x * 1e6); }
+
+}  // namespace nodeemu::testing
