@@ -92,7 +92,7 @@ bool Engine::on_host_thread() const {
   return (tls_engine == this && tls_actor) || std::this_thread::get_id() == main_thread_;
 }
 
-void Engine::emit_host(int host, std::string name, VTime start, VTime end) {
+void Engine::emit_host(int host, const std::string& name, VTime start, VTime end) {
   HostRecord r{host, &name, start, end};
   hasher_.add(r);
   for (auto* o : observers_) o->on_host(r);
@@ -293,19 +293,21 @@ void Engine::rerate(Resource& r, int /*device*/) {
     if (op.remaining < 0) op.remaining = 0;
     op.last_update = now_;
   }
-  std::vector<double> rates(r.active.size(), 0.0);
+  // Rates are written straight into the operations: this runs at every start and finish, so it
+  // allocates nothing.
   if (r.kind == ResourceKind::Sm) {
     // Communication kernels hold their SMs first (in start order); compute kernels of the
     // highest priority present split what is left; lower priorities wait for SMs.
     int free_sms = r.capacity;
     int top = INT32_MIN;
     int sharers = 0;
-    for (size_t i = 0; i < r.active.size(); ++i) {
-      const Op& op = ops_[r.active[i]];
+    for (OpId id : r.active) {
+      Op& op = ops_[id];
+      op.rate = 0;
       if (op.sms > 0) {
         int got = std::min(op.sms, free_sms);
         free_sms -= got;
-        rates[i] = static_cast<double>(got) / op.sms;
+        op.rate = static_cast<double>(got) / op.sms;
       } else if (op.priority > top) {
         top = op.priority;
         sharers = 1;
@@ -313,21 +315,20 @@ void Engine::rerate(Resource& r, int /*device*/) {
         ++sharers;
       }
     }
-    for (size_t i = 0; i < r.active.size(); ++i) {
-      const Op& op = ops_[r.active[i]];
+    for (OpId id : r.active) {
+      Op& op = ops_[id];
       if (op.sms == 0 && op.priority == top)
-        rates[i] = static_cast<double>(free_sms) / sharers / r.capacity;
+        op.rate = static_cast<double>(free_sms) / sharers / r.capacity;
     }
   } else {
-    for (auto& x : rates) x = 1.0 / static_cast<double>(r.active.size());
+    for (OpId id : r.active) ops_[id].rate = 1.0 / static_cast<double>(r.active.size());
   }
-  for (size_t i = 0; i < r.active.size(); ++i) {
-    Op& op = ops_[r.active[i]];
-    op.rate = rates[i];
+  for (OpId id : r.active) {
+    Op& op = ops_[id];
     ++op.version;
     if (op.rate <= 0) continue;
     double left = std::ceil(op.remaining / op.rate);
-    push(now_ + static_cast<VTime>(left), CalendarEntry::What::Complete, r.active[i], op.version);
+    push(now_ + static_cast<VTime>(left), CalendarEntry::What::Complete, id, op.version);
   }
 }
 

@@ -233,7 +233,7 @@ class Engine {
   void schedule(Actor& self);
   bool advance();
   void release_memory(const PendingRelease& r, VTime t);
-  void emit_host(int host, std::string name, VTime start, VTime end);
+  void emit_host(int host, const std::string& name, VTime start, VTime end);
   void wait_real(const std::shared_ptr<FuncTask>& task);
 
   Mode mode_;

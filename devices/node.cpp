@@ -127,6 +127,7 @@ void Node::add_observer(TimelineObserver* o) { impl_->engine->add_observer(o); }
 std::uint64_t Node::timeline_hash() const { return impl_->engine->hasher().value(); }
 std::uint64_t Node::timeline_records() const { return impl_->engine->hasher().count(); }
 const TraceRecorder& Node::trace() const { return impl_->recorder; }
+std::uint64_t Node::engine_ops() const { return impl_->engine->ops_issued(); }
 
 void Node::write_chrome_trace(std::ostream& os) const {
   impl_->recorder.write_chrome_json(os, impl_->engine->layout());

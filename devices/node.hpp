@@ -85,6 +85,7 @@ class Node {
   void add_observer(TimelineObserver* o);
   std::uint64_t timeline_hash() const;
   std::uint64_t timeline_records() const;
+  std::uint64_t engine_ops() const;  // device operations issued so far
   const TraceRecorder& trace() const;
   void write_chrome_trace(std::ostream& os) const;
   // Writes to a temporary file, then renames: a failed run never leaves half a trace.

@@ -1,6 +1,7 @@
 // End-to-end: the nodeemu binary as a user runs it.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -22,7 +23,10 @@ struct Result {
 };
 
 Result run(const std::string& args) {
-  const std::string err_file = ::testing::TempDir() + "nodeemu_cli_err.txt";
+  // ctest runs tests in parallel processes: each test gets its own stderr file.
+  const std::string err_file = ::testing::TempDir() + "nodeemu_cli_err_" +
+                               ::testing::UnitTest::GetInstance()->current_test_info()->name() +
+                               ".txt";
   std::string cmd = std::string(NODEEMU_BINARY_DIR) + "/bin/nodeemu " + args + " 2>" + err_file;
   Result r;
   FILE* p = popen(cmd.c_str(), "r");
@@ -36,7 +40,7 @@ Result run(const std::string& args) {
 }
 
 std::string write_file(const std::string& name, const std::string& text) {
-  std::string path = ::testing::TempDir() + name;
+  std::string path = ::testing::TempDir() + std::to_string(getpid()) + "_" + name;
   std::ofstream(path) << text;
   return path;
 }
@@ -120,7 +124,7 @@ TEST(Cli, UnknownOptionAndCommandAreErrors) {
 }
 
 TEST(Cli, DemoPrintsItsVirtualTimelineAndWritesATrace) {
-  std::string trace = ::testing::TempDir() + "demo_trace.json";
+  std::string trace = ::testing::TempDir() + std::to_string(getpid()) + "_demo_trace.json";
   Result a = run("demo --trace " + trace);
   ASSERT_EQ(a.code, 0) << a.err;
   EXPECT_NE(a.out.find("f.dispatch"), std::string::npos);

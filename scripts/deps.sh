@@ -1,0 +1,29 @@
+# Sourced by scripts/run and scripts/test: installs the Debian packages NodeEmu builds with,
+# and only those that are missing, so a second run costs nothing.
+nodeemu_packages=(cmake g++ make pkg-config libhwloc-dev libnuma-dev libopenblas-dev
+                  libyaml-cpp-dev libgtest-dev googletest libbenchmark-dev)
+
+nodeemu_install_missing() {
+  local missing=()
+  for p in "${nodeemu_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "nodeemu: installing missing packages: ${missing[*]}" >&2
+  local sudo=()
+  [ "$(id -u)" -ne 0 ] && sudo=(sudo)
+  "${sudo[@]}" apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >&2
+}
+
+# Configures (once) and builds one CMake preset incrementally with the machine's cores.
+nodeemu_build() {
+  local preset=$1
+  local dir=build
+  [ "$preset" != default ] && dir=build-$preset
+  if [ ! -f "$dir/CMakeCache.txt" ]; then
+    cmake --preset "$preset" >&2
+  fi
+  cmake --build --preset "$preset" -j "$(nproc)" >&2
+}
