@@ -25,7 +25,6 @@ Engine::Engine(Mode mode, int max_connections)
   main.name = "main";
   main.device = -1;
   main.state = Actor::State::Running;
-  current_ = &main;
   layout_.host_names.push_back("main");
   layout_.host_device.push_back(-1);
 }
@@ -35,13 +34,10 @@ Engine::~Engine() {
   exec_.drain();
 }
 
-int Engine::add_device(const GpuSpec* spec, const PcieSpec* pcie, int local_numa_socket,
-                       WorkerPool* pool, std::string name) {
+int Engine::add_device(const GpuSpec* spec, WorkerPool* pool, std::string name) {
   DeviceState& d = devices_.emplace_back();
   d.id = static_cast<int>(devices_.size()) - 1;
   d.spec = spec;
-  d.pcie = pcie;
-  d.local_numa_socket = local_numa_socket;
   d.pool = pool;
   d.queue_last.assign(static_cast<size_t>(max_connections_), kNoOp);
   d.sm = {ResourceKind::Sm, spec->sms, {}, {}};
@@ -69,7 +65,6 @@ StreamState* Engine::create_stream(int device, Priority p, std::string name) {
   StreamState& s = streams_.emplace_back();
   s.device = device;
   s.index = static_cast<int>(d.streams.size());
-  s.global = static_cast<int>(streams_.size()) - 1;
   s.priority = p;
   // CUDA maps streams onto its hardware work queues round-robin; with one queue every stream
   // shares it and work is dispatched in host launch order.
@@ -117,7 +112,6 @@ OpId Engine::new_op(StreamState& s, OpKind kind, std::string name, ResourceKind 
   op.res = res;
   op.priority = static_cast<int>(s.priority);
   op.device = s.device;
-  op.stream = s.global;
   op.track = s.track;
   op.host = current().id;
   op.sms = 0;
@@ -138,7 +132,7 @@ void Engine::link_queue(DeviceState& d, StreamState& s, OpId id) {
   // launched ahead of it into the same queue has started. With one queue this is the false
   // dependency that serialises streams in host launch order.
   OpId& last = d.queue_last[static_cast<size_t>(s.queue)];
-  if (last != kNoOp && ops_[last].start < 0) {
+  if (last != kNoOp && !ops_[last].dispatched) {
     ops_[last].queue_next = id;
     ++ops_[id].unmet;
   }
@@ -166,13 +160,14 @@ OpId Engine::launch(StreamState& s, OpKind kind, ResourceKind res, double durati
   op.sms = sms;
   op.remaining = static_cast<double>(seconds_to_vtime(duration_s));
   op.ready_at = a.clock + seconds_to_vtime(latency_s);
-  if (res == ResourceKind::Sm) op.track = s.track;
   if (res == ResourceKind::H2D) op.track = d.h2d_track;
   if (res == ResourceKind::D2H) op.track = d.d2h_track;
   if (res == ResourceKind::D2D) op.track = d.d2d_track;
   link_queue(d, s, id);
   for (auto& b : uses) {
-    if (b->kind == MemoryKind::Device) b->last_use = id;
+    if (b->kind != MemoryKind::Device) continue;
+    std::erase_if(b->uses, [&](OpId u) { return ops_[u].complete(); });
+    b->uses.push_back(id);
   }
   if (mode_ == Mode::Functional) {
     auto t = exec_.make(id, s.device, s.name, op.name, std::move(body), d.pool);
@@ -214,6 +209,9 @@ void Engine::record(StreamState& s, EventState& e) {
 void Engine::wait(StreamState& s, const EventState& e) {
   // Waiting on an event that was never recorded is a no-op, as in CUDA.
   if (e.op == kNoOp) return;
+  if (e.engine != this)
+    throw UsageError("wait: the event was recorded on another Node; events order work within one "
+                     "node only");
   Actor& a = current();
   DeviceState& d = devices_[static_cast<size_t>(s.device)];
   VTime issued = a.clock;
@@ -264,10 +262,11 @@ Resource& Engine::resource(const Op& op) {
 
 void Engine::start(OpId id) {
   Op& op = ops_[id];
-  op.start = now_;
+  // Dispatched from its hardware queue: the next operation of the queue may go.
+  op.dispatched = true;
   if (op.queue_next != kNoOp) satisfy(op.queue_next);
   if (op.res == ResourceKind::None || op.remaining <= 0) {
-    if (op.res != ResourceKind::None) op.last_update = now_;
+    op.start = now_;
     finish(id);
     return;
   }
@@ -276,16 +275,22 @@ void Engine::start(OpId id) {
 
 void Engine::admit(Resource& r, OpId id) {
   if (r.kind != ResourceKind::Sm && static_cast<int>(r.active.size()) >= r.capacity) {
-    r.waiting.push_back(id);
+    r.waiting.push_back(id);  // queued for a copy engine: not running yet
     return;
   }
-  ops_[id].last_update = now_;
-  ops_[id].rate = 0;
-  r.active.push_back(id);
-  rerate(r, ops_[id].device);
+  activate(r, id);
+  rerate(r);
 }
 
-void Engine::rerate(Resource& r, int /*device*/) {
+void Engine::activate(Resource& r, OpId id) {
+  Op& op = ops_[id];
+  op.start = now_;
+  op.last_update = now_;
+  op.rate = 0;
+  r.active.push_back(id);
+}
+
+void Engine::rerate(Resource& r) {
   // Settle the work done at the old rates, then hand out the new ones.
   for (OpId id : r.active) {
     Op& op = ops_[id];
@@ -336,19 +341,16 @@ void Engine::finish(OpId id) {
   Op& op = ops_[id];
   op.end = now_;
   op.remaining = 0;
-  if (op.res != ResourceKind::None && op.start >= 0) {
+  if (op.res != ResourceKind::None) {
     Resource& r = resource(op);
     auto it = std::find(r.active.begin(), r.active.end(), id);
     if (it != r.active.end()) {
       r.active.erase(it);
       while (!r.waiting.empty() && static_cast<int>(r.active.size()) < r.capacity) {
-        OpId w = r.waiting.front();
+        activate(r, r.waiting.front());
         r.waiting.pop_front();
-        ops_[w].last_update = now_;
-        ops_[w].rate = 0;
-        r.active.push_back(w);
       }
-      if (!r.active.empty()) rerate(r, op.device);
+      if (!r.active.empty()) rerate(r);
     }
   }
   OpRecord rec{id,       op.device, op.track, op.kind,
@@ -361,7 +363,8 @@ void Engine::finish(OpId id) {
   op.on_complete.shrink_to_fit();
   for (int h : op.waiting_hosts) wake(actors_[static_cast<size_t>(h)], now_);
   op.waiting_hosts.clear();
-  for (auto& r : op.releases) release_memory(r, std::max(now_, r.not_before));
+  for (auto& r : op.releases)
+    if (--r->ops_left == 0) release_memory(*r, std::max(now_, r->not_before));
   op.releases.clear();
 }
 
@@ -409,18 +412,20 @@ void Engine::schedule(Actor& self) {
         next = &a;
     if (next) {
       next->state = Actor::State::Running;
-      current_ = next;
       if (next == &self) return;
+      // Read our own state before handing the baton over: from release() on, the next actor
+      // may wake us (and write our state) at any moment.
+      const bool done = self.state == Actor::State::Done;
       next->sem.release();
-      if (self.state == Actor::State::Done) return;
-      self.sem.acquire();
+      if (!done) self.sem.acquire();
       return;
     }
     if (!advance()) {
       // Nothing left on the calendar and nobody can run: whoever is blocked waits forever.
       bool any = false;
       for (auto& a : actors_) {
-        if (a.state != Actor::State::Blocked) continue;
+        // A parent waiting for its children is woken by them, not by the detector.
+        if (a.state != Actor::State::Blocked || a.live_children > 0) continue;
         any = true;
         a.deadlock = "host '" + a.name +
                      "' waits for work that can never complete (every host is blocked and no "
@@ -463,17 +468,23 @@ void Engine::host_wait(OpId id, const std::shared_ptr<FuncTask>& task) {
   }
   a.clock = std::max(a.clock, ops_[id].end);
   wait_real(task);
+  host_charge(devices_[static_cast<size_t>(ops_[id].device)].spec->sync_host_s, "synchronize");
+}
+
+void Engine::catch_up_to_host() {
+  // Let the engine process everything up to this host's clock, so that what the host sees next
+  // depends on virtual time only.
+  Actor& a = current();
+  push(a.clock, CalendarEntry::What::Wake, static_cast<std::uint32_t>(a.id));
+  block_current();
 }
 
 bool Engine::host_query(OpId id, const std::shared_ptr<FuncTask>& task) {
   if (id == kNoOp) return true;
   Actor& a = current();
-  if (!ops_[id].complete() && now_ <= a.clock) {
-    // Let the engine catch up with this host's clock, so that the answer depends on virtual
-    // time only.
-    push(a.clock, CalendarEntry::What::Wake, static_cast<std::uint32_t>(a.id));
-    block_current();
-  }
+  double cost = devices_[static_cast<size_t>(ops_[id].device)].spec->event_host_s;
+  host_charge(std::max(cost, kMinPollSeconds), "query");
+  if (!ops_[id].complete() && now_ <= a.clock) catch_up_to_host();
   bool done = ops_[id].complete() && ops_[id].end <= a.clock;
   if (done) wait_real(task);
   return done;
@@ -481,6 +492,7 @@ bool Engine::host_query(OpId id, const std::shared_ptr<FuncTask>& task) {
 
 void Engine::run_actors(const std::vector<std::function<void()>>& bodies,
                         const std::vector<std::string>& names, const std::vector<int>& devices) {
+  if (bodies.empty()) return;
   Actor& parent = current();
   NE_CHECK(bodies.size() == names.size() && names.size() == devices.size(), "actor lists");
   std::vector<Actor*> kids;
@@ -532,8 +544,7 @@ void Engine::account_alloc(int device, std::uint64_t bytes) {
   Actor& a = current();
   if (d.mem.live + bytes > d.mem.capacity && d.mem.deferred > 0 && now_ <= a.clock) {
     // Buffers the host already dropped may be free by now in virtual time; find out exactly.
-    push(a.clock, CalendarEntry::What::Wake, static_cast<std::uint32_t>(a.id));
-    block_current();
+    catch_up_to_host();
   }
   if (d.mem.live + bytes > d.mem.capacity)
     throw OutOfMemory(device, bytes, d.mem.live, d.mem.capacity);
@@ -541,15 +552,19 @@ void Engine::account_alloc(int device, std::uint64_t bytes) {
   d.mem.deltas.emplace_back(a.clock, static_cast<std::int64_t>(bytes));
 }
 
-void Engine::account_free(int device, std::uint64_t bytes, OpId last_use) {
-  PendingRelease r{device, bytes, current().clock, false};
-  if (last_use != kNoOp && !ops_[last_use].complete()) {
-    r.deferred = true;
-    devices_[static_cast<size_t>(device)].mem.deferred += bytes;
-    ops_[last_use].releases.push_back(r);
+void Engine::account_free(int device, std::uint64_t bytes, const std::vector<OpId>& uses) {
+  auto r = std::make_shared<PendingRelease>(PendingRelease{device, bytes, current().clock, 0, false});
+  for (OpId u : uses) {
+    if (ops_[u].complete()) continue;
+    ++r->ops_left;
+    ops_[u].releases.push_back(r);
+  }
+  if (r->ops_left == 0) {
+    release_memory(*r, r->not_before);
     return;
   }
-  release_memory(r, r.not_before);
+  r->deferred = true;
+  devices_[static_cast<size_t>(device)].mem.deferred += bytes;
 }
 
 void Engine::release_memory(const PendingRelease& r, VTime t) {

@@ -49,11 +49,14 @@ inline constexpr OpId kNoOp = UINT32_MAX;
 
 enum class ResourceKind : std::uint8_t { None, Sm, H2D, D2H, D2D };
 
+// Device memory the host has let go of, returned to the account once every operation that used
+// it (on any stream) has completed: record_stream semantics.
 struct PendingRelease {
   int device;
   std::uint64_t bytes;
-  VTime not_before;  // the host dropped its last handle at this time
-  bool deferred;     // waited for an operation to complete
+  VTime not_before;    // the host dropped its last handle at this time
+  int ops_left;        // uses still running
+  bool deferred;       // counted in MemoryAccount::deferred until released
 };
 
 struct Op {
@@ -61,13 +64,13 @@ struct Op {
   ResourceKind res;
   int priority;
   int device;
-  int stream;           // engine-wide stream index
   int track;
   int host;
   int sms;              // > 0: a communication kernel holding this many SMs
   std::string name;
   VTime ready_at = 0;
-  VTime start = -1, end = -1;
+  VTime start = -1, end = -1;  // on its resource (a queued copy starts when an engine is free)
+  bool dispatched = false;     // left its hardware queue
   double remaining = 0;  // picoseconds of work at full rate
   double rate = 0;
   VTime last_update = 0;
@@ -77,7 +80,7 @@ struct Op {
   OpId queue_next = kNoOp;
   OpId waits_for = kNoOp;
   std::vector<int> waiting_hosts;
-  std::vector<PendingRelease> releases;
+  std::vector<std::shared_ptr<PendingRelease>> releases;
   std::shared_ptr<FuncTask> task;
   bool complete() const { return end >= 0; }
 };
@@ -85,7 +88,6 @@ struct Op {
 struct StreamState {
   int device;
   int index;            // creation order on its device; 0 is the default stream
-  int global;
   Priority priority;
   int queue;            // hardware queue (index % cuda_device_max_connections)
   int track;
@@ -111,15 +113,13 @@ struct Resource {
 struct MemoryAccount {
   std::uint64_t capacity = 0;
   std::uint64_t live = 0;      // allocated and not yet released in virtual time
-  std::uint64_t deferred = 0;  // of `live`: dropped by the host, waiting for the last use
+  std::uint64_t deferred = 0;  // of `live`: dropped by the host, waiting for their last uses
   std::vector<std::pair<VTime, std::int64_t>> deltas;  // for the peak, in virtual time
 };
 
 struct DeviceState {
   int id;
   const GpuSpec* spec;
-  const PcieSpec* pcie;
-  int local_numa_socket;
   WorkerPool* pool;
   std::vector<StreamState*> streams;
   std::vector<OpId> queue_last;
@@ -142,13 +142,6 @@ struct Actor {
   std::exception_ptr error;
 };
 
-struct CopyRequest {
-  ResourceKind direction;
-  std::size_t bytes;
-  bool pageable;
-  bool remote_numa;
-};
-
 class Engine {
  public:
   Engine(Mode mode, int max_connections);
@@ -158,8 +151,7 @@ class Engine {
   int max_connections() const { return max_connections_; }
 
   // --- set-up (main thread, before run) ---
-  int add_device(const GpuSpec* spec, const PcieSpec* pcie, int local_numa_socket,
-                 WorkerPool* pool, std::string name);
+  int add_device(const GpuSpec* spec, WorkerPool* pool, std::string name);
   StreamState* create_stream(int device, Priority p, std::string name);
   DeviceState& device(int d) { return devices_[static_cast<size_t>(d)]; }
   int device_count() const { return static_cast<int>(devices_.size()); }
@@ -177,16 +169,19 @@ class Engine {
   void record(StreamState& s, EventState& e);
   void wait(StreamState& s, const EventState& e);
   // Blocks the running actor until `op` has completed in virtual time and for real; the clock
-  // becomes max(clock, completion). Throws KernelError for a poisoned op, DeadlockError if the
-  // op can never complete.
+  // becomes max(clock, completion) plus the synchronize cost. Throws KernelError for a poisoned
+  // op, DeadlockError if the op can never complete.
   void host_wait(OpId op, const std::shared_ptr<FuncTask>& task);
-  // Has `op` completed by the running actor's clock? Advances the engine that far first.
+  // Has `op` completed by the running actor's clock? Advances the engine that far first, and
+  // charges a query (never less than kMinPollSeconds, so a polling loop moves virtual time).
   bool host_query(OpId op, const std::shared_ptr<FuncTask>& task);
+  static constexpr double kMinPollSeconds = 100e-9;
   VTime completion_time(OpId op) const { return ops_[op].end; }
 
   // --- memory ---
   void account_alloc(int device, std::uint64_t bytes);
-  void account_free(int device, std::uint64_t bytes, OpId last_use);
+  // `uses`: the operations that used the buffer; those still running hold the bytes.
+  void account_free(int device, std::uint64_t bytes, const std::vector<OpId>& uses);
   std::uint64_t peak_memory(int device) const;
   std::uint64_t memory_in_use(int device) const { return devices_[size_t(device)].mem.live; }
 
@@ -227,12 +222,14 @@ class Engine {
   void finish(OpId id);
   Resource& resource(const Op& op);
   void admit(Resource& r, OpId id);
-  void rerate(Resource& r, int device);
+  void activate(Resource& r, OpId id);
+  void rerate(Resource& r);
   void wake(Actor& a, VTime t);
   void block_current();
   void schedule(Actor& self);
   bool advance();
   void release_memory(const PendingRelease& r, VTime t);
+  void catch_up_to_host();
   void emit_host(int host, const std::string& name, VTime start, VTime end);
   void wait_real(const std::shared_ptr<FuncTask>& task);
 
@@ -242,7 +239,6 @@ class Engine {
   std::deque<DeviceState> devices_;
   std::deque<StreamState> streams_;
   std::deque<Actor> actors_;
-  Actor* current_ = nullptr;
   std::thread::id main_thread_;
   std::priority_queue<CalendarEntry, std::vector<CalendarEntry>, std::greater<>> calendar_;
   std::uint64_t calendar_seq_ = 0;

@@ -17,8 +17,8 @@ std::shared_ptr<FuncTask> FunctionalExecutor::make(std::uint64_t seq, int device
   t->name = std::move(name);
   t->body = std::move(body);
   t->pool = t->body ? pool : nullptr;
-  t->exec = this;
-  outstanding_.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard lk(mu_);
+  ++outstanding_;
   return t;
 }
 
@@ -41,13 +41,27 @@ void FunctionalExecutor::arm(const std::shared_ptr<FuncTask>& task) {
   if (task->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) dispatch(task);
 }
 
+namespace {
+// Markers (and bodiless kernels) complete inline on whichever thread made them ready. A long
+// chain of them would recurse once per link, so the first inline task on a thread runs a loop
+// and later ones join its worklist.
+thread_local std::vector<std::shared_ptr<FuncTask>>* tls_inline = nullptr;
+}  // namespace
+
 void FunctionalExecutor::dispatch(std::shared_ptr<FuncTask> task) {
   if (task->pool) {
     WorkerPool* pool = task->pool;
     pool->submit([this, t = std::move(task)] { run(t); });
-  } else {
-    run(task);
+    return;
   }
+  if (tls_inline) {
+    tls_inline->push_back(std::move(task));
+    return;
+  }
+  std::vector<std::shared_ptr<FuncTask>> work{std::move(task)};
+  tls_inline = &work;
+  for (size_t i = 0; i < work.size(); ++i) run(std::shared_ptr<FuncTask>(work[i]));
+  tls_inline = nullptr;
 }
 
 void FunctionalExecutor::run(const std::shared_ptr<FuncTask>& task) {
@@ -94,7 +108,8 @@ void FunctionalExecutor::complete(const std::shared_ptr<FuncTask>& task) {
     }
     arm(d);
   }
-  if (outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1) outstanding_.notify_all();
+  std::lock_guard lk(mu_);
+  if (--outstanding_ == 0) idle_.notify_all();
 }
 
 void FunctionalExecutor::wait(const FuncTask& task) {
@@ -103,8 +118,8 @@ void FunctionalExecutor::wait(const FuncTask& task) {
 }
 
 void FunctionalExecutor::drain() {
-  for (std::uint32_t n; (n = outstanding_.load(std::memory_order_acquire)) != 0;)
-    outstanding_.wait(n);
+  std::unique_lock lk(mu_);
+  idle_.wait(lk, [&] { return outstanding_ == 0; });
 }
 
 }  // namespace nodeemu::detail

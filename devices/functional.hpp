@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -31,7 +32,6 @@ class FunctionalExecutor;
 struct FuncTask {
   std::function<void()> body;        // empty for markers (event record and wait)
   WorkerPool* pool = nullptr;        // where the body runs; markers complete inline
-  FunctionalExecutor* exec = nullptr;
   std::uint64_t seq = 0;
   int device = -1;
   std::string stream, name;
@@ -62,7 +62,11 @@ class FunctionalExecutor {
   void run(const std::shared_ptr<FuncTask>& task);
   void complete(const std::shared_ptr<FuncTask>& task);
 
-  std::atomic<std::uint32_t> outstanding_{0};
+  // Counted under a mutex rather than with an atomic wait: the last task's notify must be done
+  // before drain() may return and the executor be destroyed.
+  std::mutex mu_;
+  std::condition_variable idle_;
+  std::uint64_t outstanding_ = 0;
 };
 
 }  // namespace nodeemu::detail

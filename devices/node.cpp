@@ -54,15 +54,12 @@ Node::Node(NodeOptions options) : impl_(std::make_unique<detail::NodeImpl>()) {
     std::string name = "node " + std::to_string(p.node) + " GPU " + std::to_string(p.local);
     WorkerPool& pool = m.pools.emplace_back(name, p.workers, p.real_pus, *m.budget);
     const GpuSpec* spec = &m.topology->gpu;
-    m.engine->add_device(spec, &m.topology->pcie, p.emulated_socket, &pool,
-                         name + " (" + spec->name + ")");
+    m.engine->add_device(spec, &pool, name + " (" + spec->name + ")");
     m.devices.emplace_back(this, p, spec, &pool);
   }
 }
 
 Node::~Node() = default;
-Node::Node(Node&&) noexcept = default;
-Node& Node::operator=(Node&&) noexcept = default;
 
 const NodeOptions& Node::options() const { return impl_->options; }
 const NodeTopology& Node::topology() const { return *impl_->topology; }
@@ -157,9 +154,7 @@ Device::Device(Node* node, DevicePlacement placement, const GpuSpec* spec, Worke
   streams_.emplace_back(this, node_->engine().create_stream(id(), Priority::Normal, "default"));
 }
 
-std::string Device::name() const {
-  return "node " + std::to_string(node_index()) + " GPU " + std::to_string(local_index());
-}
+std::string Device::name() const { return node_->engine().layout().device_names[size_t(id())]; }
 
 Stream Device::create_stream(Priority p, std::string name) {
   return streams_.emplace_back(this, node_->engine().create_stream(id(), p, std::move(name)));
@@ -179,7 +174,7 @@ Buffer Device::allocate(std::size_t bytes, std::vector<std::int64_t> shape) {
     try {
       s->placement = numa::allocate_on_node(bytes, placement_.real_numa);
     } catch (...) {
-      engine.account_free(id(), bytes, detail::kNoOp);
+      engine.account_free(id(), bytes, {});
       throw;
     }
   }

@@ -46,7 +46,8 @@ struct NodeOptions {
   int thread_budget = 0;                // workers running at once; 0 = hardware threads
   int workers_per_device = 0;           // 0 = share each NUMA node's cores among its devices
   std::string synthetic_host;           // hwloc synthetic description; empty = this machine
-  bool record_trace = true;             // keep records for write_chrome_trace
+  bool record_trace = false;            // keep every record for trace()/write_chrome_trace;
+                                        // the timeline hash is always kept
 };
 
 class Node {
@@ -58,8 +59,9 @@ class Node {
     return Node(NodeOptions{.topology_path = topology_path});
   }
   ~Node();
-  Node(Node&&) noexcept;
-  Node& operator=(Node&&) noexcept;
+  // Devices, streams and host programs point back at their Node: it stays where it was built.
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
 
   const NodeOptions& options() const;
   const NodeTopology& topology() const;

@@ -76,7 +76,7 @@ void Stream::copy(const Buffer& dst, const Buffer& src, std::size_t bytes, std::
   if (e.mode() == Mode::Functional && bytes > 0) {
     void* d = dst.data();
     const void* s = src.data();
-    body = [d, s, bytes] { std::memcpy(d, s, bytes); };
+    body = [d, s, bytes] { std::memmove(d, s, bytes); };  // a D2D copy may overlap itself
   }
   if (name.empty()) {
     name = dir == CopyDirection::HostToDevice   ? "memcpy H2D"
@@ -101,14 +101,11 @@ void Stream::synchronize() {
   if (!state_) throw UsageError("synchronize: the Stream handle is empty");
   detail::Engine& e = device_->node().engine();
   e.host_wait(state_->last, state_->last_task);
-  e.host_charge(device_->spec().sync_host_s, "synchronize " + state_->name);
 }
 
 bool Stream::query() {
   if (!state_) throw UsageError("query: the Stream handle is empty");
-  detail::Engine& e = device_->node().engine();
-  e.host_charge(device_->spec().event_host_s, "query " + state_->name);
-  return e.host_query(state_->last, state_->last_task);
+  return device_->node().engine().host_query(state_->last, state_->last_task);
 }
 
 Priority Stream::priority() const { return state_->priority; }

@@ -1,6 +1,7 @@
 #include "devices/worker_pool.hpp"
 
 #include <chrono>
+#include <latch>
 
 #include "devices/check.hpp"
 #include "devices/host_topology.hpp"
@@ -32,16 +33,12 @@ bool ExecutionBudget::try_acquire() {
 }
 
 void ExecutionBudget::acquire() {
+  // No spinning here: when no token is free, every budgeted core is busy, and a spinner would
+  // only take time from the thread that is about to give its token back.
   for (;;) {
     if (try_acquire()) return;
     int seen = free_.load(std::memory_order_relaxed);
-    if (seen <= 0) {
-      auto deadline = std::chrono::steady_clock::now() + kSpinFor;
-      while (free_.load(std::memory_order_relaxed) <= 0 &&
-             std::chrono::steady_clock::now() < deadline)
-        cpu_relax();
-      if (free_.load(std::memory_order_relaxed) <= 0) free_.wait(seen, std::memory_order_relaxed);
-    }
+    if (seen <= 0) free_.wait(seen, std::memory_order_relaxed);
   }
 }
 
@@ -68,8 +65,15 @@ struct WorkerPool::ParallelJob {
   const std::function<void(std::size_t)>* fn;
   std::size_t chunks;
   std::atomic<std::size_t> next{0};
+  // Bumped (and notified) whenever a chunk finishes or a helper leaves, so that the caller can
+  // sleep until the job is over instead of spinning.
+  std::atomic<std::uint32_t> progress{0};
   std::atomic<std::size_t> done{0};
   std::atomic<int> helpers{0};
+  void bump() {
+    progress.fetch_add(1, std::memory_order_release);
+    progress.notify_all();
+  }
 };
 
 WorkerPool::WorkerPool(std::string name, int workers, std::vector<int> real_pus,
@@ -78,14 +82,12 @@ WorkerPool::WorkerPool(std::string name, int workers, std::vector<int> real_pus,
   NE_CHECK(workers >= 1, "a worker pool needs at least one worker");
   bindings_.resize(static_cast<size_t>(workers));
   threads_.reserve(static_cast<size_t>(workers));
-  for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] { worker_main(i); });
-  // Wait until every worker has pinned itself, so that bindings are observable at once.
-  for (;;) {
-    std::lock_guard lk(mu_);
-    bool all = true;
-    for (auto& b : bindings_) all = all && (!b.empty() || real_pus_.empty());
-    if (all) break;
-  }
+  // Wait (without spinning) until every worker has pinned itself, so that bindings are
+  // observable as soon as the pool exists.
+  std::latch pinned(workers);
+  for (int i = 0; i < workers; ++i)
+    threads_.emplace_back([this, i, &pinned] { worker_main(i, pinned); });
+  pinned.wait();
 }
 
 WorkerPool::~WorkerPool() {
@@ -125,7 +127,7 @@ bool WorkerPool::run_one_task() {
 }
 
 bool WorkerPool::help_parallel() {
-  ParallelJob* job;
+  std::shared_ptr<ParallelJob> job;
   {
     std::lock_guard lk(mu_);
     job = job_;
@@ -137,15 +139,17 @@ bool WorkerPool::help_parallel() {
     for (std::size_t i; (i = job->next.fetch_add(1)) < job->chunks;) {
       (*job->fn)(i);
       job->done.fetch_add(1, std::memory_order_release);
+      job->bump();
       helped = true;
     }
     budget_.release();
   }
-  job->helpers.fetch_sub(1, std::memory_order_release);
+  job->helpers.fetch_sub(1, std::memory_order_acq_rel);
+  job->bump();  // `job` is shared: still alive even if the caller has already returned
   return helped;
 }
 
-void WorkerPool::worker_main(int index) {
+void WorkerPool::worker_main(int index, std::latch& pinned) {
   tls_pool = this;
   std::vector<int> bound;
   if (!real_pus_.empty()) {
@@ -158,9 +162,9 @@ void WorkerPool::worker_main(int index) {
   }
   {
     std::lock_guard lk(mu_);
-    bindings_[static_cast<size_t>(index)] = bound.empty() && !real_pus_.empty() ? std::vector{-1}
-                                                                                 : bound;
+    bindings_[static_cast<size_t>(index)] = bound;
   }
+  pinned.count_down();
   while (!stop_.load(std::memory_order_acquire)) {
     std::uint32_t seen = epoch_.load(std::memory_order_acquire);
     if (run_one_task()) continue;
@@ -178,17 +182,17 @@ void WorkerPool::parallel_for(std::size_t chunks, const std::function<void(std::
     for (std::size_t i = 0; i < chunks; ++i) fn(i);
     return;
   }
-  ParallelJob job;
-  job.fn = &fn;
-  job.chunks = chunks;
+  auto job = std::make_shared<ParallelJob>();
+  job->fn = &fn;
+  job->chunks = chunks;
   {
     std::lock_guard lk(pool->mu_);
-    if (pool->job_ != nullptr) {
+    if (pool->job_) {
       // Another kernel of this device is already fanning out (two streams at once): run this
       // one on the caller alone. The partition, and so the result, is the same.
       pool = nullptr;
     } else {
-      pool->job_ = &job;
+      pool->job_ = job;
     }
   }
   if (!pool) {
@@ -198,16 +202,23 @@ void WorkerPool::parallel_for(std::size_t chunks, const std::function<void(std::
   pool->epoch_.fetch_add(1, std::memory_order_release);
   pool->epoch_.notify_all();
   // The caller already holds a budget token (it is running a task).
-  for (std::size_t i; (i = job.next.fetch_add(1)) < chunks;) {
+  for (std::size_t i; (i = job->next.fetch_add(1)) < chunks;) {
     fn(i);
-    job.done.fetch_add(1, std::memory_order_release);
+    job->done.fetch_add(1, std::memory_order_release);
   }
   {
     std::lock_guard lk(pool->mu_);
     pool->job_ = nullptr;
   }
-  // Helpers that picked up the job may still be finishing a chunk; `job` lives on this stack.
-  while (job.done.load(std::memory_order_acquire) < chunks || job.helpers.load() != 0) cpu_relax();
+  // Helpers may still be finishing a chunk that reads `fn` (on this stack): sleep until they
+  // have all left. Every finished chunk and every leaving helper bumps `progress`.
+  for (;;) {
+    std::uint32_t seen = job->progress.load(std::memory_order_acquire);
+    if (job->done.load(std::memory_order_acquire) == chunks &&
+        job->helpers.load(std::memory_order_acquire) == 0)
+      break;
+    spin_then_wait(job->progress, seen);
+  }
 }
 
 }  // namespace nodeemu

@@ -13,6 +13,8 @@
 #include <cstddef>
 #include <deque>
 #include <functional>
+#include <latch>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -62,7 +64,7 @@ class WorkerPool {
 
  private:
   struct ParallelJob;
-  void worker_main(int index);
+  void worker_main(int index, std::latch& pinned);
   bool run_one_task();
   bool help_parallel();
 
@@ -72,7 +74,7 @@ class WorkerPool {
   std::vector<std::thread> threads_;
   mutable std::mutex mu_;
   std::deque<Task> queue_;
-  ParallelJob* job_ = nullptr;  // guarded by mu_
+  std::shared_ptr<ParallelJob> job_;  // guarded by mu_; shared so helpers outlive the caller
   std::vector<std::vector<int>> bindings_;
   std::atomic<std::uint32_t> epoch_{0};
   std::atomic<bool> stop_{false};

@@ -43,7 +43,9 @@ int demo_command(const std::vector<std::string>& args, std::ostream& out, std::o
   const int n = flags.get_int("size", 256);
   if (n < 1 || n > 4096)
     throw ConfigError("nodeemu demo", "--size", "must be between 1 and 4096");
-  Node node(node_options_from(flags));
+  NodeOptions options = node_options_from(flags);
+  options.record_trace = true;  // the timeline printed below comes from the records
+  Node node(std::move(options));
   const NodeTopology& topo = node.topology();
   const double gemm_flops = 2.0 * n * n * n;
   const double bytes = 4.0 * n * n;

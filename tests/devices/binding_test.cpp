@@ -58,6 +58,16 @@ TEST(Binding, SyntheticTwoSocketHostPinsPoolsAndMemory) {
   }
 }
 
+TEST(Binding, WorkersAreReallyPinnedToAStrictSubset) {
+  // On a 1-NUMA host every device maps to all PUs, which an unpinned thread also reports; pin a
+  // pool to one PU to see that binding really happens.
+  ExecutionBudget budget(2);
+  std::vector<int> all = HostTopology::real().numa(0).real_pus;
+  ASSERT_FALSE(all.empty());
+  WorkerPool pool("one pu", 2, {all.back()}, budget);
+  for (const auto& bound : pool.worker_bindings()) EXPECT_EQ(bound, std::vector<int>{all.back()});
+}
+
 TEST(Binding, ThreadBudgetKeepsSixteenGpusFromThrashing) {
   NodeOptions o;
   o.topology_path = testing::topology_path("dgx_h100");

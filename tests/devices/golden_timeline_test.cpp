@@ -55,7 +55,9 @@ TEST(GoldenTimeline, EightQueuesOverlapIndependentStreams) {
   EXPECT_EQ(t["k3"].end, us(24));
   EXPECT_EQ(t["k2"].start, us(112));
   EXPECT_EQ(t["k2"].end, us(162));
+  EXPECT_EQ(t.size(), 7u);
   EXPECT_EQ(t["record"].start, us(162));
+  EXPECT_EQ(t["record"].end, us(162));
   EXPECT_EQ(t["wait"].start, us(162));
   EXPECT_EQ(t["wait"].end, us(162));
   // k4 (after the wait) and k5 (after the record) share the SMs equally: 10 us each at half rate.
@@ -74,10 +76,13 @@ TEST(GoldenTimeline, OneQueueSerialisesInLaunchOrder) {
   EXPECT_EQ(t["k1"].end, us(102));
   EXPECT_EQ(t["k2"].start, us(102));
   EXPECT_EQ(t["k2"].end, us(152));
+  EXPECT_EQ(t.size(), 7u);
+  EXPECT_EQ(t["record"].start, us(152));
   EXPECT_EQ(t["record"].end, us(152));
   EXPECT_EQ(t["k3"].start, us(152));
   EXPECT_EQ(t["k3"].end, us(172));
   EXPECT_EQ(t["wait"].start, us(172));
+  EXPECT_EQ(t["wait"].end, us(172));
   EXPECT_EQ(t["k4"].start, us(172));
   EXPECT_EQ(t["k4"].end, us(192));
   EXPECT_EQ(t["k5"].start, us(172));

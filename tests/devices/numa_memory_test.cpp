@@ -18,12 +18,12 @@
 namespace nodeemu::numa {
 namespace {
 
-// AddressSanitizer turns mlock/munlock into no-ops that report success, so the kernel's count of
-// locked memory cannot be checked in such a build.
-#if defined(__SANITIZE_ADDRESS__)
+// AddressSanitizer and ThreadSanitizer turn mlock/munlock into no-ops that report success, so the
+// kernel's count of locked memory cannot be checked in such a build.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool kMlockIsReal = false;
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 constexpr bool kMlockIsReal = false;
 #else
 constexpr bool kMlockIsReal = true;

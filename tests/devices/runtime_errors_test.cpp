@@ -65,6 +65,21 @@ TEST(OutOfMemory, AWaitedReleaseIsSeenWithoutASynchronize) {
   EXPECT_NO_THROW(gpu.allocate(60 * GiB));
 }
 
+TEST(OutOfMemory, ABufferUsedOnTwoStreamsWaitsForBoth) {
+  Node node(testing::options(testing::round_h100(), 8, 1, Mode::Meta));
+  Device& gpu = node.device(0);
+  Stream a = gpu.default_stream(), b = gpu.create_stream();
+  {
+    Buffer big = gpu.allocate(60 * GiB);
+    a.launch({"long use", Work{.fixed_s = 1e-3}, nullptr, {big}});
+    b.launch({"short use", Work{.fixed_s = 5e-6}, nullptr, {big}});
+  }
+  node.host().compute(100e-6);  // past the short use, well before the long one ends
+  EXPECT_THROW(gpu.allocate(60 * GiB), OutOfMemory);
+  a.synchronize();
+  EXPECT_NO_THROW(gpu.allocate(60 * GiB));
+}
+
 TEST(KernelErrors, AreStickyAndComeBackAtSynchronize) {
   Node node(testing::options(testing::round_h100()));
   Device& gpu = node.device(0);

@@ -36,6 +36,7 @@ inline NodeOptions options(std::shared_ptr<const NodeTopology> t, int max_connec
   o.cuda_device_max_connections = max_connections;
   o.workers_per_device = workers;
   o.mode = mode;
+  o.record_trace = true;  // tests read node.trace()
   return o;
 }
 

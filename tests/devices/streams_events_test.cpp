@@ -1,0 +1,157 @@
+// Streams, events and copies as a schedule author uses them.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "devices/errors.hpp"
+#include "devices/node.hpp"
+#include "tests/support/test_node.hpp"
+
+namespace nodeemu {
+namespace {
+
+using testing::us;
+
+TEST(Events, QueryAnswersInVirtualTime) {
+  Node node(testing::options(testing::round_h100()));
+  Stream s = node.device(0).default_stream();
+  Host host = node.host();
+  Event e;
+  EXPECT_TRUE(e.query());  // never recorded: complete, as in CUDA
+  s.launch({"k", Work{.fixed_s = 50e-6}});  // ready at 2 us, ends at 52 us
+  s.record(e);
+  EXPECT_TRUE(e.recorded());
+  EXPECT_FALSE(e.query());  // the host is at 1 us
+  host.compute(60e-6);
+  EXPECT_TRUE(e.query());
+  // Each query costs at least 100 ns of host time; it never moves the clock to the event.
+  EXPECT_EQ(host.now(), us(61.2));
+}
+
+TEST(Events, APollingLoopAdvancesVirtualTime) {
+  Node node(testing::options(testing::round_h100()));
+  Stream s = node.device(0).default_stream();
+  s.launch({"k", Work{.fixed_s = 20e-6}});  // ends at 22 us
+  Event e;
+  s.record(e);
+  int polls = 0;
+  while (!e.query()) ++polls;
+  EXPECT_EQ(polls, 209);  // 100 ns per poll from 1 us until the poll that lands past 22 us
+  EXPECT_GE(node.host().now(), us(22));
+}
+
+TEST(Copies, OneCopyEnginePerDirectionQueuesCopies) {
+  Node node(testing::options(testing::round_h100()));
+  Device& gpu = node.device(0);
+  const size_t bytes = 5'480'000;  // 100 us at 54.8 GB/s
+  Buffer h1 = node.allocate_host(bytes, 0), h2 = node.allocate_host(bytes, 0);
+  Buffer d1 = gpu.allocate(bytes), d2 = gpu.allocate(bytes);
+  Stream a = gpu.default_stream(), b = gpu.create_stream();
+  a.copy(d1, h1, SIZE_MAX, "first");
+  b.copy(d2, h2, SIZE_MAX, "second");
+  gpu.synchronize();
+  VTime first_end = 0, second_start = 0;
+  for (auto& r : node.trace().ops()) {
+    if (r.name == "first") first_end = r.end;
+    if (r.name == "second") second_start = r.start;
+  }
+  // The DGX H100 spec has one H2D engine: the second copy starts when the first is done, and
+  // its slice on the copy-engine track does not include the time it queued.
+  EXPECT_EQ(second_start, first_end);
+}
+
+TEST(Events, ElapsedTimeIsVirtual) {
+  Node node(testing::options(testing::round_h100()));
+  Stream s = node.device(0).default_stream();
+  Event a, b;
+  s.record(a);
+  s.launch({"k", Work{.fixed_s = 40e-6}});
+  s.record(b);
+  // a completes at 0; the kernel is launched 0..1, starts after 1 us latency, runs 40 us.
+  EXPECT_DOUBLE_EQ(Event::elapsed_s(a, b), 42e-6);
+  Event never;
+  EXPECT_THROW(Event::elapsed_s(a, never), UsageError);
+}
+
+TEST(Events, CrossDeviceWaitOrdersWork) {
+  Node node(testing::options(testing::round_h100()));
+  Stream s0 = node.device(0).default_stream();
+  Stream s1 = node.device(1).default_stream();
+  Event e;
+  s0.launch({"producer", Work{.fixed_s = 30e-6}});
+  s0.record(e);
+  s1.wait(e);
+  s1.launch({"consumer", Work{.fixed_s = 5e-6}});
+  s1.synchronize();
+  VTime producer_end = 0, consumer_start = 0;
+  for (auto& r : node.trace().ops()) {
+    if (r.name == "producer") producer_end = r.end;
+    if (r.name == "consumer") consumer_start = r.start;
+  }
+  EXPECT_EQ(consumer_start, producer_end);
+}
+
+TEST(Copies, BytesRoundTripThroughAllThreeEngines) {
+  Node node(testing::options(testing::round_h100()));
+  Device& gpu = node.device(5);
+  constexpr size_t kN = 1 << 16;
+  Buffer in = node.allocate_host(kN * sizeof(int), 1);
+  Buffer out = node.allocate_host(kN * sizeof(int), 1, /*pinned=*/false);
+  std::iota(in.as<int>(), in.as<int>() + kN, 7);
+  Buffer a = gpu.allocate(kN * sizeof(int)), b = gpu.allocate(kN * sizeof(int));
+  Stream s = gpu.default_stream();
+  s.copy(a, in);
+  s.copy(b, a);
+  s.copy(out, b);
+  s.synchronize();
+  for (size_t i = 0; i < kN; ++i) ASSERT_EQ(out.as<int>()[i], static_cast<int>(i + 7));
+  int h2d = 0, d2d = 0, d2h = 0;
+  for (auto& r : node.trace().ops()) {
+    h2d += r.name == "memcpy H2D";
+    d2d += r.name == "memcpy D2D";
+    d2h += r.name == "memcpy D2H";
+  }
+  EXPECT_EQ(h2d + d2d + d2h, 3);
+}
+
+TEST(Copies, BadCopiesAreRefused) {
+  Node node(testing::options(testing::round_h100()));
+  Buffer small = node.device(0).allocate(16), big = node.device(0).allocate(64);
+  Buffer other = node.device(1).allocate(64);
+  Stream s = node.device(0).default_stream();
+  EXPECT_THROW(s.copy(small, big), UsageError);  // does not fit
+  EXPECT_THROW(s.copy(other, big), UsageError);  // another GPU: comm/'s business
+  EXPECT_THROW(s.copy(big, Buffer()), UsageError);
+}
+
+TEST(Meta, BuffersHaveShapesButNoData) {
+  Node node(testing::options(testing::round_h100(), 8, 1, Mode::Meta));
+  Buffer b = node.device(0).allocate(4096 * 2048 * 2, {4096, 2048});
+  EXPECT_TRUE(b.is_meta());
+  EXPECT_EQ(b.shape(), (std::vector<std::int64_t>{4096, 2048}));
+  EXPECT_THROW(b.data(), UsageError);
+  bool ran = false;
+  Stream s = node.device(0).default_stream();
+  s.launch({"skipped", Work{.flops = 1e12}, [&] { ran = true; }, {b}});
+  s.synchronize();
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(node.device(0).memory().peak, 4096u * 2048 * 2);
+}
+
+TEST(Streams, HostProgramsRunPerRankWithTheirOwnClocks) {
+  Node node(testing::options(testing::round_h100()));
+  std::vector<VTime> clocks(8, -1);
+  node.run([&](Host& host) {
+    Stream s = host.device().default_stream();
+    for (int i = 0; i <= host.rank(); ++i) s.launch({"k", Work{.fixed_s = 10e-6}});
+    host.synchronize(s);
+    clocks[static_cast<size_t>(host.rank())] = host.now();
+  });
+  // Rank r launches r+1 kernels: the last is ready at (r+1)+1 us, but the stream is busy
+  // until 2 + 10 (r+1) us.
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(clocks[static_cast<size_t>(r)], us(2 + 10 * (r + 1))) << r;
+  EXPECT_THROW(node.host().device(), UsageError);  // the main program drives no device
+}
+
+}  // namespace
+}  // namespace nodeemu
