@@ -24,7 +24,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string topo() { return std::string(NODEEMU_SOURCE_DIR) + "/configs/topologies/dgx_h100.yaml"; }
+std::string topo() {
+  return std::string(NODEEMU_SOURCE_DIR) + "/configs/topologies/dgx_h100.yaml";
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -154,13 +156,20 @@ void BM_EngineSimulatedOpsPerSecond(benchmark::State& state) {
   long sink = 0;
   while (!q.empty()) sink += q.top().second, q.pop();
   benchmark::DoNotOptimize(sink);
-  double heap_rate = static_cast<double>(n) / std::chrono::duration<double>(Clock::now() - b0).count();
+  double heap_rate =
+      static_cast<double>(n) / std::chrono::duration<double>(Clock::now() - b0).count();
   double rate = ops / seconds;
   state.counters["sim_ops_per_s"] = rate;
   state.counters["heap_ops_per_s"] = heap_rate;
   state.counters["vs_bare_heap"] = rate / heap_rate;
 }
-BENCHMARK(BM_EngineSimulatedOpsPerSecond)->Arg(0)->Arg(1)->ArgName("trace")->UseManualTime()->Iterations(3)->Repetitions(5);
+BENCHMARK(BM_EngineSimulatedOpsPerSecond)
+    ->Arg(0)
+    ->Arg(1)
+    ->ArgName("trace")
+    ->UseManualTime()
+    ->Iterations(3)
+    ->Repetitions(5);
 
 void BM_DeviceAllocate(benchmark::State& state) {
   const size_t bytes = static_cast<size_t>(state.range(0));
@@ -173,7 +182,10 @@ void BM_DeviceAllocate(benchmark::State& state) {
   std::vector<double> ours, base;
   for (auto _ : state) {
     auto t0 = Clock::now();
-    { Buffer b = gpu.allocate(bytes); benchmark::DoNotOptimize(b.data()); }
+    {
+      Buffer b = gpu.allocate(bytes);
+      benchmark::DoNotOptimize(b.data());
+    }
     auto t1 = Clock::now();
     void* p = numa_alloc_onnode(bytes, real);
     std::memset(p, 0, bytes);  // NodeEmu zero-fills (and so touches) what it hands out
@@ -187,7 +199,12 @@ void BM_DeviceAllocate(benchmark::State& state) {
   state.counters["numa_alloc_us"] = median(base);
   state.counters["vs_numa_alloc"] = median(ours) / median(base);
 }
-BENCHMARK(BM_DeviceAllocate)->Arg(1 << 16)->Arg(1 << 20)->Arg(16 << 20)->UseManualTime()->Repetitions(5);
+BENCHMARK(BM_DeviceAllocate)
+    ->Arg(1 << 16)
+    ->Arg(1 << 20)
+    ->Arg(16 << 20)
+    ->UseManualTime()
+    ->Repetitions(5);
 
 }  // namespace
 }  // namespace nodeemu

@@ -58,8 +58,8 @@ CpuFeatures CpuFeatures::detect() {
 }
 
 std::string best_kernel_for(const CpuFeatures& f) {
-  bool avx512 = f.os_saves_avx512 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq &&
-                f.avx512cd;
+  bool avx512 =
+      f.os_saves_avx512 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512cd;
   if (avx512 && f.avx512_bf16) return "Cooperlake";
   if (avx512) return "SkylakeX";
   if (f.os_saves_avx && f.avx2 && f.fma) return "Haswell";
@@ -70,7 +70,7 @@ std::string best_kernel_for(const CpuFeatures& f) {
 int kernel_rank(const std::string& name) {
   // Families by the widest SIMD their SGEMM kernels use. Zen and Excavator run AVX2 kernels.
   static const std::pair<const char*, int> ranks[] = {
-      {"Cooperlake", 50}, {"SapphireRapids", 50}, {"SkylakeX", 40}, {"Haswell", 30},
+      {"Cooperlake", 50}, {"SapphireRapids", 50}, {"SkylakeX", 40},    {"Haswell", 30},
       {"Zen", 30},        {"Excavator", 25},      {"Sandybridge", 20}, {"Steamroller", 20},
       {"Piledriver", 20}, {"Bulldozer", 15}};
   for (auto& [n, r] : ranks)

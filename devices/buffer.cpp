@@ -30,19 +30,35 @@ const detail::BufferState& st(const std::shared_ptr<detail::BufferGuard>& g) {
 }
 }  // namespace
 
-std::size_t Buffer::bytes() const { return st(guard_).bytes; }
-MemoryKind Buffer::kind() const { return st(guard_).kind; }
-int Buffer::device() const { return st(guard_).device; }
-int Buffer::numa() const { return st(guard_).numa; }
-int Buffer::real_numa() const { return st(guard_).placement.actual_node; }
-bool Buffer::is_meta() const { return st(guard_).meta; }
-const std::vector<std::int64_t>& Buffer::shape() const { return st(guard_).shape; }
+std::size_t Buffer::bytes() const {
+  return st(guard_).bytes;
+}
+MemoryKind Buffer::kind() const {
+  return st(guard_).kind;
+}
+int Buffer::device() const {
+  return st(guard_).device;
+}
+int Buffer::numa() const {
+  return st(guard_).numa;
+}
+int Buffer::real_numa() const {
+  return st(guard_).placement.actual_node;
+}
+bool Buffer::is_meta() const {
+  return st(guard_).meta;
+}
+const std::vector<std::int64_t>& Buffer::shape() const {
+  return st(guard_).shape;
+}
 void* Buffer::data() const {
   const auto& s = st(guard_);
   if (s.meta)
     throw UsageError("buffer: data() on a meta buffer; meta mode has shapes only, no data");
   return s.placement.ptr;
 }
-detail::BufferState* Buffer::state() const { return guard_ ? guard_->state().get() : nullptr; }
+detail::BufferState* Buffer::state() const {
+  return guard_ ? guard_->state().get() : nullptr;
+}
 
 }  // namespace nodeemu

@@ -27,10 +27,10 @@ class Buffer {
   explicit operator bool() const { return guard_ != nullptr; }
   std::size_t bytes() const;
   MemoryKind kind() const;
-  int device() const;                       // -1 for host memory
-  int numa() const;                         // emulated NUMA node (host memory, or device's local)
-  int real_numa() const;                    // where the bytes really are; -1 if unknown or meta
-  bool is_meta() const;                     // shape only, no data
+  int device() const;     // -1 for host memory
+  int numa() const;       // emulated NUMA node (host memory, or device's local)
+  int real_numa() const;  // where the bytes really are; -1 if unknown or meta
+  bool is_meta() const;   // shape only, no data
   const std::vector<std::int64_t>& shape() const;
   // Throws UsageError for a meta buffer: meta mode has no data to read.
   void* data() const;

@@ -26,7 +26,7 @@ struct BufferState : std::enable_shared_from_this<BufferState> {
   bool meta = false;
   std::vector<std::int64_t> shape;
   numa::Placement placement;  // ptr is null for meta buffers
-  std::vector<OpId> uses;  // operations that used it and may still be running (engine-pruned)
+  std::vector<OpId> uses;     // operations that used it and may still be running (engine-pruned)
   ~BufferState() {
     if (placement.ptr) numa::release(placement);
   }

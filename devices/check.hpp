@@ -5,11 +5,11 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define NE_CHECK(cond, msg)                                                                   \
-  do {                                                                                        \
-    if (!(cond)) [[unlikely]] {                                                               \
-      std::fprintf(stderr, "nodeemu: internal check failed at %s:%d: %s (%s)\n", __FILE__,   \
-                   __LINE__, #cond, msg);                                                     \
-      std::abort();                                                                           \
-    }                                                                                         \
+#define NE_CHECK(cond, msg)                                                                \
+  do {                                                                                     \
+    if (!(cond)) [[unlikely]] {                                                            \
+      std::fprintf(stderr, "nodeemu: internal check failed at %s:%d: %s (%s)\n", __FILE__, \
+                   __LINE__, #cond, msg);                                                  \
+      std::abort();                                                                        \
+    }                                                                                      \
   } while (0)

@@ -11,7 +11,8 @@ double kernel_seconds(const GpuSpec& gpu, const Work& w) {
   if (w.precision == Precision::FP32) peak = gpu.fp32_flops;
   if (w.sms > 0 && gpu.sms > 0) peak *= std::min(1.0, static_cast<double>(w.sms) / gpu.sms);
   double t_compute = w.flops > 0 ? w.flops / (peak * gpu.compute_eff.at(w.flops)) : 0.0;
-  double t_memory = w.bytes > 0 ? w.bytes / (gpu.hbm_bytes_per_s * gpu.memory_eff.at(w.bytes)) : 0.0;
+  double t_memory =
+      w.bytes > 0 ? w.bytes / (gpu.hbm_bytes_per_s * gpu.memory_eff.at(w.bytes)) : 0.0;
   return std::max(t_compute, t_memory);
 }
 

@@ -18,8 +18,8 @@ class Node;
 class WorkerPool;
 
 struct MemoryStats {
-  std::uint64_t in_use = 0;    // now, in virtual time as far as the engine has got
-  std::uint64_t peak = 0;      // over the virtual timeline so far
+  std::uint64_t in_use = 0;  // now, in virtual time as far as the engine has got
+  std::uint64_t peak = 0;    // over the virtual timeline so far
   std::uint64_t capacity = 0;
 };
 

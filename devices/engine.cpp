@@ -210,8 +210,9 @@ void Engine::wait(StreamState& s, const EventState& e) {
   // Waiting on an event that was never recorded is a no-op, as in CUDA.
   if (e.op == kNoOp) return;
   if (e.engine != this)
-    throw UsageError("wait: the event was recorded on another Node; events order work within one "
-                     "node only");
+    throw UsageError(
+        "wait: the event was recorded on another Node; events order work within one "
+        "node only");
   Actor& a = current();
   DeviceState& d = devices_[static_cast<size_t>(s.device)];
   VTime issued = a.clock;
@@ -250,11 +251,16 @@ void Engine::drain_starts() {
 Resource& Engine::resource(const Op& op) {
   DeviceState& d = devices_[static_cast<size_t>(op.device)];
   switch (op.res) {
-    case ResourceKind::Sm: return d.sm;
-    case ResourceKind::H2D: return d.h2d;
-    case ResourceKind::D2H: return d.d2h;
-    case ResourceKind::D2D: return d.d2d;
-    case ResourceKind::None: break;
+    case ResourceKind::Sm:
+      return d.sm;
+    case ResourceKind::H2D:
+      return d.h2d;
+    case ResourceKind::D2H:
+      return d.d2h;
+    case ResourceKind::D2D:
+      return d.d2d;
+    case ResourceKind::None:
+      break;
   }
   NE_CHECK(false, "operation without a resource");
   return d.sm;
@@ -353,9 +359,10 @@ void Engine::finish(OpId id) {
       if (!r.active.empty()) rerate(r);
     }
   }
-  OpRecord rec{id,       op.device, op.track, op.kind,
-               &op.name, op.start,  op.end,   op.host,
-               op.waits_for == kNoOp ? -1 : static_cast<std::int64_t>(op.waits_for)};
+  OpRecord rec{
+      id,      op.device, op.track,
+      op.kind, &op.name,  op.start,
+      op.end,  op.host,   op.waits_for == kNoOp ? -1 : static_cast<std::int64_t>(op.waits_for)};
   hasher_.add(rec);
   for (auto* o : observers_) o->on_op(rec);
   for (OpId n : op.on_complete) satisfy(n);
@@ -553,7 +560,8 @@ void Engine::account_alloc(int device, std::uint64_t bytes) {
 }
 
 void Engine::account_free(int device, std::uint64_t bytes, const std::vector<OpId>& uses) {
-  auto r = std::make_shared<PendingRelease>(PendingRelease{device, bytes, current().clock, 0, false});
+  auto r =
+      std::make_shared<PendingRelease>(PendingRelease{device, bytes, current().clock, 0, false});
   for (OpId u : uses) {
     if (ops_[u].complete()) continue;
     ++r->ops_left;

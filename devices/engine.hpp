@@ -54,9 +54,9 @@ enum class ResourceKind : std::uint8_t { None, Sm, H2D, D2H, D2D };
 struct PendingRelease {
   int device;
   std::uint64_t bytes;
-  VTime not_before;    // the host dropped its last handle at this time
-  int ops_left;        // uses still running
-  bool deferred;       // counted in MemoryAccount::deferred until released
+  VTime not_before;  // the host dropped its last handle at this time
+  int ops_left;      // uses still running
+  bool deferred;     // counted in MemoryAccount::deferred until released
 };
 
 struct Op {
@@ -66,12 +66,12 @@ struct Op {
   int device;
   int track;
   int host;
-  int sms;              // > 0: a communication kernel holding this many SMs
+  int sms;  // > 0: a communication kernel holding this many SMs
   std::string name;
   VTime ready_at = 0;
   VTime start = -1, end = -1;  // on its resource (a queued copy starts when an engine is free)
   bool dispatched = false;     // left its hardware queue
-  double remaining = 0;  // picoseconds of work at full rate
+  double remaining = 0;        // picoseconds of work at full rate
   double rate = 0;
   VTime last_update = 0;
   std::uint32_t version = 0;
@@ -87,9 +87,9 @@ struct Op {
 
 struct StreamState {
   int device;
-  int index;            // creation order on its device; 0 is the default stream
+  int index;  // creation order on its device; 0 is the default stream
   Priority priority;
-  int queue;            // hardware queue (index % cuda_device_max_connections)
+  int queue;  // hardware queue (index % cuda_device_max_connections)
   int track;
   std::string name;
   OpId last = kNoOp;
@@ -105,7 +105,7 @@ struct EventState {
 
 struct Resource {
   ResourceKind kind = ResourceKind::None;
-  int capacity = 1;     // SMs for Sm; concurrent copies otherwise
+  int capacity = 1;  // SMs for Sm; concurrent copies otherwise
   std::vector<OpId> active;
   std::deque<OpId> waiting;
 };
@@ -132,7 +132,7 @@ struct DeviceState {
 struct Actor {
   int id;
   std::string name;
-  int device;           // the device this host drives (trace placement), -1 for main
+  int device;  // the device this host drives (trace placement), -1 for main
   VTime clock = 0;
   enum class State { Runnable, Running, Blocked, Done } state = State::Runnable;
   std::binary_semaphore sem{0};

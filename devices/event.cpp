@@ -7,7 +7,9 @@ namespace nodeemu {
 
 Event::Event() : state_(std::make_shared<detail::EventState>()) {}
 
-bool Event::recorded() const { return state_->op != detail::kNoOp; }
+bool Event::recorded() const {
+  return state_->op != detail::kNoOp;
+}
 
 bool Event::query() const {
   if (!recorded()) return true;

@@ -8,8 +8,7 @@ namespace nodeemu::detail {
 
 std::shared_ptr<FuncTask> FunctionalExecutor::make(std::uint64_t seq, int device,
                                                    std::string stream, std::string name,
-                                                   std::function<void()> body,
-                                                   WorkerPool* pool) {
+                                                   std::function<void()> body, WorkerPool* pool) {
   auto t = std::make_shared<FuncTask>();
   t->seq = seq;
   t->device = device;

@@ -30,8 +30,8 @@ struct KernelFailure {
 class FunctionalExecutor;
 
 struct FuncTask {
-  std::function<void()> body;        // empty for markers (event record and wait)
-  WorkerPool* pool = nullptr;        // where the body runs; markers complete inline
+  std::function<void()> body;  // empty for markers (event record and wait)
+  WorkerPool* pool = nullptr;  // where the body runs; markers complete inline
   std::uint64_t seq = 0;
   int device = -1;
   std::string stream, name;

@@ -13,11 +13,11 @@
 namespace nodeemu {
 
 struct HostNuma {
-  int index = 0;                 // logical index within this topology
-  int os_index = 0;              // OS (physical) index within this topology
-  std::vector<int> pus;          // OS indices of its processing units within this topology
-  int real_os_index = 0;         // the real NUMA node it is folded onto
-  std::vector<int> real_pus;     // real OS PU indices it is folded onto (non-empty)
+  int index = 0;              // logical index within this topology
+  int os_index = 0;           // OS (physical) index within this topology
+  std::vector<int> pus;       // OS indices of its processing units within this topology
+  int real_os_index = 0;      // the real NUMA node it is folded onto
+  std::vector<int> real_pus;  // real OS PU indices it is folded onto (non-empty)
 };
 
 class HostTopology {

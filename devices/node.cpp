@@ -45,10 +45,11 @@ Node::Node(NodeOptions options) : impl_(std::make_unique<detail::NodeImpl>()) {
   m.host = m.options.synthetic_host.empty() ? HostTopology::real()
                                             : HostTopology::synthetic(m.options.synthetic_host);
   int budget = m.options.thread_budget > 0 ? m.options.thread_budget : default_thread_budget();
-  m.placements = place_devices(*m.topology, m.options.nodes, m.host, budget,
-                               m.options.workers_per_device);
+  m.placements =
+      place_devices(*m.topology, m.options.nodes, m.host, budget, m.options.workers_per_device);
   m.budget = std::make_unique<ExecutionBudget>(budget);
-  m.engine = std::make_shared<detail::Engine>(m.options.mode, m.options.cuda_device_max_connections);
+  m.engine =
+      std::make_shared<detail::Engine>(m.options.mode, m.options.cuda_device_max_connections);
   if (m.options.record_trace) m.engine->add_observer(&m.recorder);
   for (const auto& p : m.placements) {
     std::string name = "node " + std::to_string(p.node) + " GPU " + std::to_string(p.local);
@@ -61,15 +62,33 @@ Node::Node(NodeOptions options) : impl_(std::make_unique<detail::NodeImpl>()) {
 
 Node::~Node() = default;
 
-const NodeOptions& Node::options() const { return impl_->options; }
-const NodeTopology& Node::topology() const { return *impl_->topology; }
-const HostTopology& Node::host_topology() const { return impl_->host; }
-const blas::KernelChoice& Node::blas_kernel() const { return blas::ensure_best_kernel(); }
-Mode Node::mode() const { return impl_->options.mode; }
-int Node::device_count() const { return static_cast<int>(impl_->devices.size()); }
-ExecutionBudget& Node::budget() { return *impl_->budget; }
-detail::Engine& Node::engine() { return *impl_->engine; }
-std::shared_ptr<detail::Engine> Node::engine_ptr() { return impl_->engine; }
+const NodeOptions& Node::options() const {
+  return impl_->options;
+}
+const NodeTopology& Node::topology() const {
+  return *impl_->topology;
+}
+const HostTopology& Node::host_topology() const {
+  return impl_->host;
+}
+const blas::KernelChoice& Node::blas_kernel() const {
+  return blas::ensure_best_kernel();
+}
+Mode Node::mode() const {
+  return impl_->options.mode;
+}
+int Node::device_count() const {
+  return static_cast<int>(impl_->devices.size());
+}
+ExecutionBudget& Node::budget() {
+  return *impl_->budget;
+}
+detail::Engine& Node::engine() {
+  return *impl_->engine;
+}
+std::shared_ptr<detail::Engine> Node::engine_ptr() {
+  return impl_->engine;
+}
 
 Device& Node::device(int id) {
   if (id < 0 || id >= device_count())
@@ -114,17 +133,27 @@ Buffer Node::allocate_host(std::size_t bytes, int numa_node, bool pinned, int no
   if (!s->meta) {
     int host_numa = (node * t.host.numa_count() + numa_node) % impl_->host.numa_count();
     int real = impl_->host.numa(host_numa).real_os_index;
-    s->placement = pinned ? numa::allocate_pinned_on_node(bytes, real)
-                          : numa::allocate_on_node(bytes, real);
+    s->placement =
+        pinned ? numa::allocate_pinned_on_node(bytes, real) : numa::allocate_on_node(bytes, real);
   }
   return Buffer(std::make_shared<detail::BufferGuard>(std::move(s), impl_->engine));
 }
 
-void Node::add_observer(TimelineObserver* o) { impl_->engine->add_observer(o); }
-std::uint64_t Node::timeline_hash() const { return impl_->engine->hasher().value(); }
-std::uint64_t Node::timeline_records() const { return impl_->engine->hasher().count(); }
-const TraceRecorder& Node::trace() const { return impl_->recorder; }
-std::uint64_t Node::engine_ops() const { return impl_->engine->ops_issued(); }
+void Node::add_observer(TimelineObserver* o) {
+  impl_->engine->add_observer(o);
+}
+std::uint64_t Node::timeline_hash() const {
+  return impl_->engine->hasher().value();
+}
+std::uint64_t Node::timeline_records() const {
+  return impl_->engine->hasher().count();
+}
+const TraceRecorder& Node::trace() const {
+  return impl_->recorder;
+}
+std::uint64_t Node::engine_ops() const {
+  return impl_->engine->ops_issued();
+}
 
 void Node::write_chrome_trace(std::ostream& os) const {
   impl_->recorder.write_chrome_json(os, impl_->engine->layout());
@@ -154,7 +183,9 @@ Device::Device(Node* node, DevicePlacement placement, const GpuSpec* spec, Worke
   streams_.emplace_back(this, node_->engine().create_stream(id(), Priority::Normal, "default"));
 }
 
-std::string Device::name() const { return node_->engine().layout().device_names[size_t(id())]; }
+std::string Device::name() const {
+  return node_->engine().layout().device_names[size_t(id())];
+}
 
 Stream Device::create_stream(Priority p, std::string name) {
   return streams_.emplace_back(this, node_->engine().create_stream(id(), p, std::move(name)));
@@ -193,16 +224,21 @@ void Device::synchronize() {
 
 // ------------------------------------------------------------------------- Host
 
-int Host::rank() const { return node_->engine().current().device; }
-VTime Host::now() const { return node_->engine().current().clock; }
+int Host::rank() const {
+  return node_->engine().current().device;
+}
+VTime Host::now() const {
+  return node_->engine().current().clock;
+}
 void Host::compute(double seconds, const std::string& what) {
   node_->engine().host_charge(seconds, what);
 }
 Device& Host::device() const {
   int r = rank();
   if (r < 0)
-    throw UsageError("host: the main program drives no device; use node.device(i), or run the "
-                     "per-rank program through Node::run");
+    throw UsageError(
+        "host: the main program drives no device; use node.device(i), or run the "
+        "per-rank program through Node::run");
   return node_->device(r);
 }
 

@@ -38,9 +38,9 @@ struct NodeImpl;
 }  // namespace detail
 
 struct NodeOptions {
-  std::string topology_path;            // used when `topology` is not given
+  std::string topology_path;  // used when `topology` is not given
   std::shared_ptr<const NodeTopology> topology;
-  int nodes = 1;                        // emulated nodes of this topology
+  int nodes = 1;  // emulated nodes of this topology
   Mode mode = Mode::Functional;
   int cuda_device_max_connections = 8;  // CUDA's default; 1..32
   int thread_budget = 0;                // workers running at once; 0 = hardware threads

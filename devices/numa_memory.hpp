@@ -9,16 +9,16 @@
 
 namespace nodeemu::numa {
 
-bool available();                 // libnuma usable on this kernel
-int node_count();                 // real NUMA nodes with memory (>= 1)
+bool available();  // libnuma usable on this kernel
+int node_count();  // real NUMA nodes with memory (>= 1)
 bool node_exists(int node);
 
 struct Placement {
   void* ptr = nullptr;
   std::size_t bytes = 0;
   int requested_node = -1;
-  int actual_node = -1;           // where the first page really is; -1 if unknown
-  bool locked = false;            // pinned (mlock) for pinned host memory
+  int actual_node = -1;  // where the first page really is; -1 if unknown
+  bool locked = false;   // pinned (mlock) for pinned host memory
 };
 
 // Allocates `bytes` on real NUMA node `node`, zero-filled. Throws HostError if the node does not

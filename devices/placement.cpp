@@ -38,8 +38,10 @@ std::vector<DevicePlacement> place_devices(const NodeTopology& topo, int nodes,
       p.workers = workers_per_device;
       continue;
     }
-    int sharing = static_cast<int>(std::count_if(
-        out.begin(), out.end(), [&](const DevicePlacement& q) { return q.host_numa == p.host_numa; }));
+    int sharing =
+        static_cast<int>(std::count_if(out.begin(), out.end(), [&](const DevicePlacement& q) {
+          return q.host_numa == p.host_numa;
+        }));
     int cores = std::min(static_cast<int>(p.real_pus.size()), thread_budget);
     p.workers = std::max(1, cores / sharing);
   }

@@ -12,13 +12,13 @@
 namespace nodeemu {
 
 struct DevicePlacement {
-  int device = 0;          // global id: node * gpus + local
-  int node = 0;            // emulated node
-  int local = 0;           // index within the node
-  int emulated_numa = 0;   // NUMA node local to the GPU's PCIe, in the topology
+  int device = 0;         // global id: node * gpus + local
+  int node = 0;           // emulated node
+  int local = 0;          // index within the node
+  int emulated_numa = 0;  // NUMA node local to the GPU's PCIe, in the topology
   int emulated_socket = 0;
-  int host_numa = 0;       // logical NUMA node of the host topology (real or synthetic)
-  int real_numa = 0;       // real NUMA node the memory goes to
+  int host_numa = 0;  // logical NUMA node of the host topology (real or synthetic)
+  int real_numa = 0;  // real NUMA node the memory goes to
   std::vector<int> host_pus;
   std::vector<int> real_pus;
   int workers = 1;

@@ -32,8 +32,8 @@ void Stream::launch(Kernel k) {
   double t = kernel_seconds(g, k.work);
   auto uses = states_of(k.uses);
   e.launch(*state_, OpKind::Kernel, detail::ResourceKind::Sm, t, k.work.sms, std::move(k.name),
-           e.mode() == Mode::Functional ? std::move(k.body) : nullptr, uses,
-           g.kernel_launch_host_s, g.launch_latency_s);
+           e.mode() == Mode::Functional ? std::move(k.body) : nullptr, uses, g.kernel_launch_host_s,
+           g.launch_latency_s);
 }
 
 void Stream::copy(const Buffer& dst, const Buffer& src, std::size_t bytes, std::string name) {
@@ -42,8 +42,8 @@ void Stream::copy(const Buffer& dst, const Buffer& src, std::size_t bytes, std::
   if (bytes == SIZE_MAX) bytes = src.bytes();
   if (bytes > src.bytes() || bytes > dst.bytes())
     throw UsageError("copy: " + std::to_string(bytes) + " bytes do not fit (source " +
-                     std::to_string(src.bytes()) + ", destination " +
-                     std::to_string(dst.bytes()) + " bytes)");
+                     std::to_string(src.bytes()) + ", destination " + std::to_string(dst.bytes()) +
+                     " bytes)");
   const int me = device_->id();
   auto on_me = [&](const Buffer& b) { return b.kind() == MemoryKind::Device && b.device() == me; };
   auto is_host = [](const Buffer& b) { return b.kind() != MemoryKind::Device; };
@@ -69,8 +69,8 @@ void Stream::copy(const Buffer& dst, const Buffer& src, std::size_t bytes, std::
     remote = host_socket != device_->placement().emulated_socket;
   }
   const auto& topo = device_->node().topology();
-  double t = copy_seconds(device_->spec(), topo.pcie, dir, static_cast<double>(bytes), pageable,
-                          remote);
+  double t =
+      copy_seconds(device_->spec(), topo.pcie, dir, static_cast<double>(bytes), pageable, remote);
   detail::Engine& e = device_->node().engine();
   std::function<void()> body;
   if (e.mode() == Mode::Functional && bytes > 0) {
@@ -108,8 +108,14 @@ bool Stream::query() {
   return device_->node().engine().host_query(state_->last, state_->last_task);
 }
 
-Priority Stream::priority() const { return state_->priority; }
-const std::string& Stream::name() const { return state_->name; }
-int Stream::index() const { return state_->index; }
+Priority Stream::priority() const {
+  return state_->priority;
+}
+const std::string& Stream::name() const {
+  return state_->name;
+}
+int Stream::index() const {
+  return state_->index;
+}
 
 }  // namespace nodeemu

@@ -15,38 +15,38 @@ struct HostSpec {
   int cores_per_socket = 0;
   // numa_socket[i] is the socket of NUMA node i.
   std::vector<int> numa_socket;
-  double numa_mem_bytes_per_s = 0;   // DRAM bandwidth of one NUMA node
-  std::vector<int> gpu_numa;         // gpu_numa[g] = NUMA node local to GPU g's PCIe
+  double numa_mem_bytes_per_s = 0;  // DRAM bandwidth of one NUMA node
+  std::vector<int> gpu_numa;        // gpu_numa[g] = NUMA node local to GPU g's PCIe
   int numa_count() const { return static_cast<int>(numa_socket.size()); }
 };
 
 struct NvlinkSpec {
-  int links = 0;                     // per GPU
-  double bytes_per_s = 0;            // per direction per GPU, all links together
-  double efficiency = 1.0;           // achievable fraction for large messages
-  double latency_s = 0;              // alpha
+  int links = 0;            // per GPU
+  double bytes_per_s = 0;   // per direction per GPU, all links together
+  double efficiency = 1.0;  // achievable fraction for large messages
+  double latency_s = 0;     // alpha
 };
 
 struct PcieSpec {
   int generation = 0;
-  double h2d_bytes_per_s = 0;        // measured-class rate, pinned host memory
+  double h2d_bytes_per_s = 0;  // measured-class rate, pinned host memory
   double d2h_bytes_per_s = 0;
   double latency_s = 0;
-  double pageable_factor = 1.0;      // rate multiplier for pageable host memory
-  double remote_numa_factor = 1.0;   // rate multiplier when the host buffer is on the far socket
+  double pageable_factor = 1.0;     // rate multiplier for pageable host memory
+  double remote_numa_factor = 1.0;  // rate multiplier when the host buffer is on the far socket
 };
 
 struct NicSpec {
-  int per_node = 0;                  // NICs in the node (one per GPU on DGX)
-  double bytes_per_s = 0;            // per direction per NIC
+  int per_node = 0;        // NICs in the node (one per GPU on DGX)
+  double bytes_per_s = 0;  // per direction per NIC
   double efficiency = 1.0;
   double latency_s = 0;
 };
 
 struct NodeTopology {
-  std::string name;                  // "dgx_h100"
-  std::string file;                  // where it was loaded from ("<string>" for inline text)
-  int gpus = 0;                      // GPUs per node
+  std::string name;  // "dgx_h100"
+  std::string file;  // where it was loaded from ("<string>" for inline text)
+  int gpus = 0;      // GPUs per node
   GpuSpec gpu;
   HostSpec host;
   NvlinkSpec nvlink;

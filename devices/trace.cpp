@@ -7,10 +7,14 @@ namespace nodeemu {
 
 const char* to_string(OpKind k) {
   switch (k) {
-    case OpKind::Kernel: return "kernel";
-    case OpKind::Copy: return "copy";
-    case OpKind::Record: return "record";
-    case OpKind::Wait: return "wait";
+    case OpKind::Kernel:
+      return "kernel";
+    case OpKind::Copy:
+      return "copy";
+    case OpKind::Record:
+      return "record";
+    case OpKind::Wait:
+      return "wait";
   }
   return "?";
 }
@@ -29,9 +33,15 @@ void json_string(std::ostream& os, const std::string& s) {
   os << '"';
   for (char c : s) {
     switch (c) {
-      case '"': os << "\\\""; break;
-      case '\\': os << "\\\\"; break;
-      case '\n': os << "\\n"; break;
+      case '"':
+        os << "\\\"";
+        break;
+      case '\\':
+        os << "\\\\";
+        break;
+      case '\n':
+        os << "\\n";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];

@@ -17,9 +17,9 @@ enum class OpKind : std::uint8_t { Kernel, Copy, Record, Wait };
 const char* to_string(OpKind k);
 
 struct OpRecord {
-  std::uint64_t id;             // issue sequence number, unique in the node
+  std::uint64_t id;  // issue sequence number, unique in the node
   int device;
-  int track;                    // track id within the device (see Timeline::track_name)
+  int track;  // track id within the device (see Timeline::track_name)
   OpKind kind;
   const std::string* name;
   VTime start, end;
@@ -29,7 +29,7 @@ struct OpRecord {
 
 struct HostRecord {
   int host;
-  const std::string* name;      // the API call, e.g. "launch expert_fc1"
+  const std::string* name;  // the API call, e.g. "launch expert_fc1"
   VTime start, end;
 };
 

@@ -19,8 +19,12 @@ inline VTime seconds_to_vtime(double s) {
   auto t = static_cast<VTime>(ps);
   return (static_cast<double>(t) < ps) ? t + 1 : t;
 }
-inline double vtime_to_seconds(VTime t) { return static_cast<double>(t) * 1e-12; }
-inline double vtime_to_us(VTime t) { return static_cast<double>(t) * 1e-6; }
+inline double vtime_to_seconds(VTime t) {
+  return static_cast<double>(t) * 1e-12;
+}
+inline double vtime_to_us(VTime t) {
+  return static_cast<double>(t) * 1e-6;
+}
 
 inline std::string format_bytes(std::uint64_t b) {
   char buf[64];

@@ -19,13 +19,13 @@ enum class Priority : int { Low = -1, Normal = 0, High = 1 };
 enum class Precision { BF16, FP8, FP32 };
 
 struct Work {
-  double flops = 0;          // floating-point operations
-  double bytes = 0;          // HBM traffic, read + write
-  int sms = 0;               // SMs a communication kernel holds while it runs; 0 = a compute
-                             // kernel that spreads over whatever SMs are free
+  double flops = 0;  // floating-point operations
+  double bytes = 0;  // HBM traffic, read + write
+  int sms = 0;       // SMs a communication kernel holds while it runs; 0 = a compute
+                     // kernel that spreads over whatever SMs are free
   Precision precision = Precision::BF16;
-  double fixed_s = 0;        // an explicit duration at full device (calibrated kernels, tests);
-                             // overrides flops and bytes when > 0
+  double fixed_s = 0;  // an explicit duration at full device (calibrated kernels, tests);
+                       // overrides flops and bytes when > 0
 };
 
 struct Kernel {

@@ -29,8 +29,7 @@ void gemm(const float* a, const float* b, float* c, int n) {
     int r0 = static_cast<int>(blk) * kRows;
     int rows = std::min(kRows, n - r0);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, n, n, 1.0f,
-                a + static_cast<size_t>(r0) * n, n, b, n, 0.0f, c + static_cast<size_t>(r0) * n,
-                n);
+                a + static_cast<size_t>(r0) * n, n, b, n, 0.0f, c + static_cast<size_t>(r0) * n, n);
   });
 }
 
@@ -38,11 +37,10 @@ void gemm(const float* a, const float* b, float* c, int n) {
 
 int demo_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   Flags flags("demo", args,
-              {"topology", "nodes", "synthetic-host", "thread-budget", "workers",
-               "max-connections", "trace", "size"});
+              {"topology", "nodes", "synthetic-host", "thread-budget", "workers", "max-connections",
+               "trace", "size"});
   const int n = flags.get_int("size", 256);
-  if (n < 1 || n > 4096)
-    throw ConfigError("nodeemu demo", "--size", "must be between 1 and 4096");
+  if (n < 1 || n > 4096) throw ConfigError("nodeemu demo", "--size", "must be between 1 and 4096");
   NodeOptions options = node_options_from(flags);
   options.record_trace = true;  // the timeline printed below comes from the records
   Node node(std::move(options));
@@ -50,7 +48,8 @@ int demo_command(const std::vector<std::string>& args, std::ostream& out, std::o
   const double gemm_flops = 2.0 * n * n * n;
   const double bytes = 4.0 * n * n;
   // The dispatch moves the activations over NVLink; comm/ will price this properly.
-  const double a2a_s = topo.nvlink.latency_s + bytes / (topo.nvlink.bytes_per_s * topo.nvlink.efficiency);
+  const double a2a_s =
+      topo.nvlink.latency_s + bytes / (topo.nvlink.bytes_per_s * topo.nvlink.efficiency);
   std::vector<double> checksums(static_cast<size_t>(node.device_count()), 0.0);
 
   err << "demo: " << node.device_count() << " GPUs, " << n << "x" << n
@@ -68,8 +67,10 @@ int demo_command(const std::vector<std::string>& args, std::ostream& out, std::o
       float* p = h_in.as<float>();
       for (int i = 0; i < 2 * n * n; ++i) p[i] = static_cast<float>((i * 7 + gpu.id()) % 13) / 13.f;
     }
-    Buffer x = gpu.allocate(2 * static_cast<size_t>(bytes)), y = gpu.allocate(static_cast<size_t>(bytes));
-    Buffer z = gpu.allocate(static_cast<size_t>(bytes)), w = gpu.allocate(static_cast<size_t>(bytes));
+    Buffer x = gpu.allocate(2 * static_cast<size_t>(bytes)),
+           y = gpu.allocate(static_cast<size_t>(bytes));
+    Buffer z = gpu.allocate(static_cast<size_t>(bytes)),
+           w = gpu.allocate(static_cast<size_t>(bytes));
     float *xa = functional ? x.as<float>() : nullptr, *xb = xa ? xa + n * n : nullptr;
     float *py = functional ? y.as<float>() : nullptr, *pz = functional ? z.as<float>() : nullptr;
     float* pw = functional ? w.as<float>() : nullptr;
@@ -80,8 +81,10 @@ int demo_command(const std::vector<std::string>& args, std::ostream& out, std::o
     Event attn_done, dispatched;
     comp.record(attn_done);
     comm.wait(attn_done);
-    comm.launch({"f.dispatch", Work{.sms = 20, .fixed_s = a2a_s},
-                 [=] { std::copy(py, py + n * n, pz); }, {y, z}});
+    comm.launch({"f.dispatch",
+                 Work{.sms = 20, .fixed_s = a2a_s},
+                 [=] { std::copy(py, py + n * n, pz); },
+                 {y, z}});
     comm.record(dispatched);
     // Independent of the dispatch: this is what hides it.
     comp.launch({"b.mlp_bwd", gemm_work, [=] { gemm(xb, xa, pw, n); }, {x, w}});
@@ -106,7 +109,8 @@ int demo_command(const std::vector<std::string>& args, std::ostream& out, std::o
   out << "Virtual timeline of GPU 0 (" << topo.gpu.name
       << ", cuda_device_max_connections=" << node.options().cuda_device_max_connections << "):\n";
   out << "  " << std::left << std::setw(14) << "op" << std::setw(18) << "track" << std::right
-      << std::setw(12) << "start us" << std::setw(12) << "end us" << "\n";
+      << std::setw(12) << "start us" << std::setw(12) << "end us"
+      << "\n";
   std::vector<VTime> finish(static_cast<size_t>(node.device_count()), 0);
   for (auto& r : node.trace().ops()) {
     finish[static_cast<size_t>(r.device)] = std::max(finish[static_cast<size_t>(r.device)], r.end);
@@ -114,8 +118,8 @@ int demo_command(const std::vector<std::string>& args, std::ostream& out, std::o
     std::ostringstream st, en;
     st << std::fixed << std::setprecision(3) << vtime_to_us(r.start);
     en << std::fixed << std::setprecision(3) << vtime_to_us(r.end);
-    std::string name = r.kind == OpKind::Kernel || r.kind == OpKind::Copy ? r.name
-                                                                          : "(" + r.name + ")";
+    std::string name =
+        r.kind == OpKind::Kernel || r.kind == OpKind::Copy ? r.name : "(" + r.name + ")";
     out << "  " << std::left << std::setw(14) << name << std::setw(18) << track_name(0, r.track)
         << std::right << std::setw(12) << st.str() << std::setw(12) << en.str() << "\n";
   }
@@ -123,15 +127,16 @@ int demo_command(const std::vector<std::string>& args, std::ostream& out, std::o
   for (int d = 0; d < node.device_count(); ++d) {
     std::ostringstream f;
     f << std::fixed << std::setprecision(3) << vtime_to_us(finish[static_cast<size_t>(d)]);
-    out << "  " << std::left << std::setw(5) << d << std::right << std::setw(18) << f.str()
-        << "  " << std::setprecision(10) << checksums[static_cast<size_t>(d)] << "\n";
+    out << "  " << std::left << std::setw(5) << d << std::right << std::setw(18) << f.str() << "  "
+        << std::setprecision(10) << checksums[static_cast<size_t>(d)] << "\n";
   }
   std::ostringstream hash;
   hash << std::hex << node.timeline_hash();
   out << "\ntimeline hash 0x" << hash.str() << " over " << node.timeline_records() << " records\n";
   if (flags.has("trace")) {
     node.write_chrome_trace(flags.get("trace", ""));
-    out << "trace written to " << flags.get("trace", "") << " (open it in https://ui.perfetto.dev)\n";
+    out << "trace written to " << flags.get("trace", "")
+        << " (open it in https://ui.perfetto.dev)\n";
   }
   return 0;
 }

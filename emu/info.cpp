@@ -75,8 +75,8 @@ int info_command(const std::vector<std::string>& args, std::ostream& out, std::o
       << fixed(t.nvlink.latency_s * 1e6, 1) << " us\n";
   out << "  PCIe     gen" << t.pcie.generation << ": H2D " << fixed(t.pcie.h2d_bytes_per_s / 1e9, 1)
       << " GB/s, D2H " << fixed(t.pcie.d2h_bytes_per_s / 1e9, 1) << " GB/s, far socket x "
-      << fixed(t.pcie.remote_numa_factor, 2) << ", pageable x "
-      << fixed(t.pcie.pageable_factor, 2) << "\n";
+      << fixed(t.pcie.remote_numa_factor, 2) << ", pageable x " << fixed(t.pcie.pageable_factor, 2)
+      << "\n";
   out << "  NIC      " << t.nic.per_node << " x " << fixed(t.nic.bytes_per_s / 1e9, 1)
       << " GB/s per direction, " << fixed(t.nic.latency_s * 1e6, 1) << " us\n";
 
@@ -94,8 +94,8 @@ int info_command(const std::vector<std::string>& args, std::ostream& out, std::o
     for (auto& b : dev.pool().worker_bindings()) bound += (bound.empty() ? "" : " ") + ranges(b);
     out << "  " << std::left << std::setw(5) << d << std::setw(15) << p.emulated_numa
         << std::setw(11) << p.host_numa << std::setw(11) << ranges(p.host_pus) << std::setw(11)
-        << p.real_numa << std::setw(11) << ranges(p.real_pus) << std::setw(9) << p.workers
-        << bound << std::right << "\n";
+        << p.real_numa << std::setw(11) << ranges(p.real_pus) << std::setw(9) << p.workers << bound
+        << std::right << "\n";
   }
   // Where device memory really lands, read back from the kernel rather than trusted.
   out << "\nDevice memory placement check:\n";
@@ -108,7 +108,10 @@ int info_command(const std::vector<std::string>& args, std::ostream& out, std::o
     int got = b.real_numa();
     out << "  real NUMA node " << want << ": 1 MiB landed on node "
         << (got >= 0 ? std::to_string(got) : std::string("unknown"))
-        << (got == want ? " (ok)" : got < 0 ? "" : " (MISPLACED)") << "\n";
+        << (got == want ? " (ok)"
+            : got < 0   ? ""
+                        : " (MISPLACED)")
+        << "\n";
   }
   out << "\nGEMM: " << node.blas_kernel().describe() << "\n";
   out << "      " << node.blas_kernel().config << "\n";

@@ -44,7 +44,8 @@ Outcome run_once(int workers) {
                    Work{.flops = 1e9 * (1 + (r + step) % 3), .bytes = 1e6},
                    [=] {
                      WorkerPool::parallel_for(16, [=](size_t c) {
-                       for (int i = static_cast<int>(c) * kN / 16; i < (static_cast<int>(c) + 1) * kN / 16; ++i)
+                       for (int i = static_cast<int>(c) * kN / 16;
+                            i < (static_cast<int>(c) + 1) * kN / 16; ++i)
                          py[i] = std::sin(px[i]) * 0.5f + py[i] * 0.25f + static_cast<float>(step);
                      });
                    },
@@ -52,8 +53,10 @@ Outcome run_once(int workers) {
       Event e;
       comp.record(e);
       comm.wait(e);
-      comm.launch({"a2a" + std::to_string(step), Work{.sms = 20, .fixed_s = 3e-6 * (1 + r)},
-                   [=] { std::memcpy(px, py, kN * sizeof(float)); }, {x, y}});
+      comm.launch({"a2a" + std::to_string(step),
+                   Work{.sms = 20, .fixed_s = 3e-6 * (1 + r)},
+                   [=] { std::memcpy(px, py, kN * sizeof(float)); },
+                   {x, y}});
       Event back;
       comm.record(back);
       comp.wait(back);

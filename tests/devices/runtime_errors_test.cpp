@@ -105,7 +105,7 @@ TEST(KernelErrors, AreStickyAndComeBackAtSynchronize) {
     EXPECT_EQ(err.stream(), "default");
     EXPECT_NE(std::string(err.what()).find("index out of range"), std::string::npos);
   }
-  EXPECT_THROW(s.synchronize(), KernelError);      // sticky
+  EXPECT_THROW(s.synchronize(), KernelError);  // sticky
   s.launch({"later", Work{.fixed_s = 1e-6}, [&] { ++ran_after; }});
   EXPECT_THROW(s.synchronize(), KernelError);      // still poisoned
   EXPECT_THROW(other.synchronize(), KernelError);  // reached through the event
@@ -124,7 +124,8 @@ TEST(BufferLifetime, BytesLiveUntilTheLastUseHasRun) {
     Buffer b = gpu.allocate(4096);
     float* p = b.as<float>();
     s.launch({"fill", Work{.fixed_s = 1e-6}, [p] { p[10] = 42.f; }, {b}});
-    s.launch({"read late", Work{.fixed_s = 1e-6},
+    s.launch({"read late",
+              Work{.fixed_s = 1e-6},
               [p, &go, &seen] {
                 while (!go.load()) std::this_thread::yield();
                 seen = p[10];  // after the host dropped its handle: must still be valid

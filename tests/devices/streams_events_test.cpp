@@ -17,7 +17,7 @@ TEST(Events, QueryAnswersInVirtualTime) {
   Stream s = node.device(0).default_stream();
   Host host = node.host();
   Event e;
-  EXPECT_TRUE(e.query());  // never recorded: complete, as in CUDA
+  EXPECT_TRUE(e.query());                   // never recorded: complete, as in CUDA
   s.launch({"k", Work{.fixed_s = 50e-6}});  // ready at 2 us, ends at 52 us
   s.record(e);
   EXPECT_TRUE(e.recorded());

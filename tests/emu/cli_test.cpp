@@ -64,7 +64,8 @@ TEST(Cli, InfoShowsTheNodeTheMappingAndTheGemmKernel) {
   EXPECT_NE(r.out.find("real-NUMA"), std::string::npos);
   EXPECT_NE(r.out.find("landed on node"), std::string::npos);
   // One row per GPU in the mapping table.
-  for (int g = 0; g < 8; ++g) EXPECT_NE(r.out.find("\n  " + std::to_string(g) + "    "), std::string::npos);
+  for (int g = 0; g < 8; ++g)
+    EXPECT_NE(r.out.find("\n  " + std::to_string(g) + "    "), std::string::npos);
 }
 
 TEST(Cli, InfoReadsEveryShippedTopology) {

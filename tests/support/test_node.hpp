@@ -40,6 +40,8 @@ inline NodeOptions options(std::shared_ptr<const NodeTopology> t, int max_connec
   return o;
 }
 
-inline constexpr VTime us(double x) { return static_cast<VTime>(x * 1e6); }
+inline constexpr VTime us(double x) {
+  return static_cast<VTime>(x * 1e6);
+}
 
 }  // namespace nodeemu::testing
