@@ -146,33 +146,35 @@ void Engine::finish_issue(OpId id) {
   push(op.ready_at, CalendarEntry::What::Gate, id);
 }
 
-OpId Engine::launch(StreamState& s, OpKind kind, ResourceKind res, double duration_s, int sms,
-                    std::string name, std::function<void()> body,
-                    const std::vector<std::shared_ptr<BufferState>>& uses, double host_cost_s,
-                    double latency_s) {
+OpId Engine::issue(StreamState& s, Issue in) {
   Actor& a = current();
   DeviceState& d = devices_[static_cast<size_t>(s.device)];
   VTime issued = a.clock;
-  a.clock += seconds_to_vtime(host_cost_s);
-  emit_host(a.id, name, issued, a.clock);
-  OpId id = new_op(s, kind, std::move(name), res);
+  a.clock += seconds_to_vtime(in.host_cost_s);
+  emit_host(a.id, in.name, issued, a.clock);
+  OpId id = new_op(s, in.kind, std::move(in.name), in.res);
   Op& op = ops_[id];
-  op.sms = sms;
-  op.remaining = static_cast<double>(seconds_to_vtime(duration_s));
-  op.ready_at = a.clock + seconds_to_vtime(latency_s);
-  if (res == ResourceKind::H2D) op.track = d.h2d_track;
-  if (res == ResourceKind::D2H) op.track = d.d2h_track;
-  if (res == ResourceKind::D2D) op.track = d.d2d_track;
+  op.sms = in.sms;
+  op.remaining = static_cast<double>(seconds_to_vtime(in.duration_s));
+  op.ready_at = a.clock + seconds_to_vtime(in.latency_s);
+  if (in.res == ResourceKind::H2D) op.track = d.h2d_track;
+  if (in.res == ResourceKind::D2H) op.track = d.d2h_track;
+  if (in.res == ResourceKind::D2D) op.track = d.d2d_track;
+  if (in.waits) {
+    op.waits_for = in.waits->op;
+    add_dependency_on_completion(id, in.waits->op);
+  }
   link_queue(d, s, id);
-  for (auto& b : uses) {
+  for (auto& b : in.uses) {
     if (b->kind != MemoryKind::Device) continue;
     std::erase_if(b->uses, [&](OpId u) { return ops_[u].complete(); });
     b->uses.push_back(id);
   }
   if (mode_ == Mode::Functional) {
-    auto t = exec_.make(id, s.device, s.name, op.name, std::move(body), d.pool);
-    for (auto& b : uses) t->keep.push_back(b);
+    auto t = exec_.make(id, s.device, s.name, op.name, std::move(in.body), d.pool);
+    t->keep = std::move(in.uses);
     exec_.depend(t, s.last_task);
+    if (in.waits) exec_.depend(t, in.waits->task);
     op.task = t;
     s.last_task = t;
     exec_.arm(t);
@@ -182,28 +184,23 @@ OpId Engine::launch(StreamState& s, OpKind kind, ResourceKind res, double durati
   return id;
 }
 
+OpId Engine::launch(StreamState& s, OpKind kind, ResourceKind res, double duration_s, int sms,
+                    std::string name, std::function<void()> body,
+                    std::vector<std::shared_ptr<BufferState>> uses, double host_cost_s,
+                    double latency_s) {
+  return issue(s, {kind, res, std::move(name), host_cost_s, latency_s, duration_s, sms,
+                   std::move(body), std::move(uses), nullptr});
+}
+
 void Engine::record(StreamState& s, EventState& e) {
-  Actor& a = current();
-  DeviceState& d = devices_[static_cast<size_t>(s.device)];
-  VTime issued = a.clock;
-  a.clock += seconds_to_vtime(d.spec->event_host_s);
-  std::string name = "record";
-  emit_host(a.id, name, issued, a.clock);
-  OpId id = new_op(s, OpKind::Record, std::move(name), ResourceKind::None);
-  ops_[id].ready_at = a.clock;
-  link_queue(d, s, id);
-  if (mode_ == Mode::Functional) {
-    auto t = exec_.make(id, s.device, s.name, "record", nullptr, nullptr);
-    exec_.depend(t, s.last_task);
-    ops_[id].task = t;
-    s.last_task = t;
-    exec_.arm(t);
-  }
-  s.last = id;
+  // A record is an operation of its stream: the event completes when everything enqueued on
+  // the stream before it has.
+  const double cost = devices_[static_cast<size_t>(s.device)].spec->event_host_s;
+  OpId id =
+      issue(s, {OpKind::Record, ResourceKind::None, "record", cost, 0, 0, 0, {}, {}, nullptr});
   e.engine = this;
   e.op = id;
   e.task = ops_[id].task;
-  finish_issue(id);
 }
 
 void Engine::wait(StreamState& s, const EventState& e) {
@@ -213,27 +210,8 @@ void Engine::wait(StreamState& s, const EventState& e) {
     throw UsageError(
         "wait: the event was recorded on another Node; events order work within one "
         "node only");
-  Actor& a = current();
-  DeviceState& d = devices_[static_cast<size_t>(s.device)];
-  VTime issued = a.clock;
-  a.clock += seconds_to_vtime(d.spec->event_host_s);
-  std::string name = "wait";
-  emit_host(a.id, name, issued, a.clock);
-  OpId id = new_op(s, OpKind::Wait, std::move(name), ResourceKind::None);
-  ops_[id].ready_at = a.clock;
-  ops_[id].waits_for = e.op;
-  add_dependency_on_completion(id, e.op);
-  link_queue(d, s, id);
-  if (mode_ == Mode::Functional) {
-    auto t = exec_.make(id, s.device, s.name, "wait", nullptr, nullptr);
-    exec_.depend(t, s.last_task);
-    exec_.depend(t, e.task);
-    ops_[id].task = t;
-    s.last_task = t;
-    exec_.arm(t);
-  }
-  s.last = id;
-  finish_issue(id);
+  const double cost = devices_[static_cast<size_t>(s.device)].spec->event_host_s;
+  issue(s, {OpKind::Wait, ResourceKind::None, "wait", cost, 0, 0, 0, {}, {}, &e});
 }
 
 // ---------------------------------------------------------------- the event loop

@@ -164,8 +164,7 @@ class Engine {
   void host_charge(double seconds, const std::string& what);
   OpId launch(StreamState& s, OpKind kind, ResourceKind res, double duration_s, int sms,
               std::string name, std::function<void()> body,
-              const std::vector<std::shared_ptr<BufferState>>& uses, double host_cost_s,
-              double latency_s);
+              std::vector<std::shared_ptr<BufferState>> uses, double host_cost_s, double latency_s);
   void record(StreamState& s, EventState& e);
   void wait(StreamState& s, const EventState& e);
   // Blocks the running actor until `op` has completed in virtual time and for real; the clock
@@ -211,6 +210,20 @@ class Engine {
     }
   };
 
+  // Everything one host call puts on a stream; launch, record and wait are all issues.
+  struct Issue {
+    OpKind kind;
+    ResourceKind res;
+    std::string name;
+    double host_cost_s;  // charged to the issuing host's clock
+    double latency_s;    // from the end of the call to the earliest start
+    double duration_s;   // at full rate on its resource
+    int sms;
+    std::function<void()> body;
+    std::vector<std::shared_ptr<BufferState>> uses;
+    const EventState* waits;  // Wait: the event whose marked work must complete first
+  };
+  OpId issue(StreamState& s, Issue in);
   OpId new_op(StreamState& s, OpKind kind, std::string name, ResourceKind res);
   void add_dependency_on_completion(OpId op, OpId dep);
   void link_queue(DeviceState& d, StreamState& s, OpId id);
