@@ -17,7 +17,7 @@
 // Resources are fluid: kernels share a device's SMs (communication kernels hold theirs, compute
 // kernels of the highest priority present share the rest equally), copies share their PCIe
 // direction among up to `copy_engines` active copies, and a rate change re-times the affected
-// operations exactly.
+// operations (each re-timing rounds up to the next picosecond: deterministic, not drift-free).
 #pragma once
 
 #include <cstdint>
@@ -33,7 +33,6 @@
 
 #include "devices/functional.hpp"
 #include "devices/gpu_spec.hpp"
-#include "devices/topology.hpp"
 #include "devices/trace.hpp"
 #include "devices/units.hpp"
 #include "devices/work.hpp"
