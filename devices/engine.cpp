@@ -30,8 +30,14 @@ Engine::Engine(Mode mode, int max_connections)
 }
 
 Engine::~Engine() {
+  {
+    std::lock_guard lk(hang_mu_);
+    hang_stop_ = true;
+  }
+  hang_cv_.notify_all();
+  if (hang_thread_.joinable()) hang_thread_.join();
   // Kernels still queued hold pointers into buffers and pools: let them finish first.
-  exec_.drain();
+  drain_functional();
 }
 
 int Engine::add_device(const GpuSpec* spec, WorkerPool* pool, std::string name) {
@@ -170,7 +176,11 @@ OpId Engine::issue(StreamState& s, Issue in) {
     std::erase_if(b->uses, [&](OpId u) { return ops_[u].complete(); });
     b->uses.push_back(id);
   }
-  if (mode_ == Mode::Functional) {
+  op.rendezvous = in.rendezvous;
+  if (mode_ == Mode::Functional && in.rendezvous != kNoRendezvous) {
+    wire_party(rvs_[in.rendezvous], s, id, in.waits, std::move(in.phase_bodies),
+               std::move(in.uses));
+  } else if (mode_ == Mode::Functional) {
     auto t = exec_.make(id, s.device, s.name, op.name, std::move(in.body), d.pool);
     t->keep = std::move(in.uses);
     exec_.depend(t, s.last_task);
@@ -249,6 +259,14 @@ void Engine::start(OpId id) {
   // Dispatched from its hardware queue: the next operation of the queue may go.
   op.dispatched = true;
   if (op.queue_next != kNoOp) satisfy(op.queue_next);
+  if (op.rendezvous != kNoRendezvous) {
+    // A party holds its SMs from here until the transfer ends, whether or not the others
+    // have arrived: a collective kernel spins on its peers.
+    op.start = now_;
+    if (op.res != ResourceKind::None) admit(resource(op), id);
+    arrive(op.rendezvous);
+    return;
+  }
   if (op.res == ResourceKind::None || op.remaining <= 0) {
     op.start = now_;
     finish(id);
@@ -315,7 +333,8 @@ void Engine::rerate(Resource& r) {
   for (OpId id : r.active) {
     Op& op = ops_[id];
     ++op.version;
-    if (op.rate <= 0) continue;
+    // A rendezvous party ends with its transfer, not with its own work.
+    if (op.rate <= 0 || op.rendezvous != kNoRendezvous) continue;
     double left = std::ceil(op.remaining / op.rate);
     push(now_ + static_cast<VTime>(left), CalendarEntry::What::Complete, id, op.version);
   }
@@ -380,6 +399,13 @@ bool Engine::advance() {
       case CalendarEntry::What::Wake:
         wake(actors_[e.target], e.time);
         break;
+      case CalendarEntry::What::FlowStart:
+        start_flow(e.target);
+        break;
+      case CalendarEntry::What::FlowComplete:
+        if (rvs_[e.target].version == e.version && !rvs_[e.target].complete)
+          finish_rendezvous(e.target);
+        break;
     }
     drain_starts();
   }
@@ -408,13 +434,13 @@ void Engine::schedule(Actor& self) {
     if (!advance()) {
       // Nothing left on the calendar and nobody can run: whoever is blocked waits forever.
       bool any = false;
+      std::string report;
       for (auto& a : actors_) {
         // A parent waiting for its children is woken by them, not by the detector.
         if (a.state != Actor::State::Blocked || a.live_children > 0) continue;
+        if (!any) report = deadlock_report();
         any = true;
-        a.deadlock = "host '" + a.name +
-                     "' waits for work that can never complete (every host is blocked and no "
-                     "device work is left)";
+        a.deadlock = "host '" + a.name + "' waits for work that can never complete: " + report;
         wake(a, now_);
       }
       if (!any) return;  // everyone is done
@@ -449,7 +475,23 @@ void Engine::host_wait(OpId id, const std::shared_ptr<FuncTask>& task) {
   Actor& a = current();
   if (!ops_[id].complete()) {
     ops_[id].waiting_hosts.push_back(a.id);
-    block_current();
+    a.waiting_on = id;
+    if (hang_timeout_s_ > 0) {
+      std::lock_guard lk(hang_mu_);
+      hang_waits_.resize(actors_.size());
+      hang_waits_[static_cast<size_t>(a.id)] = a.name + " waits on " + describe_op(id);
+    }
+    try {
+      block_current();
+    } catch (...) {
+      a.waiting_on = kNoOp;
+      throw;
+    }
+    a.waiting_on = kNoOp;
+    if (hang_timeout_s_ > 0) {
+      std::lock_guard lk(hang_mu_);
+      hang_waits_[static_cast<size_t>(a.id)].clear();
+    }
   }
   a.clock = std::max(a.clock, ops_[id].end);
   wait_real(task);
@@ -518,6 +560,19 @@ void Engine::run_actors(const std::vector<std::function<void()>>& bodies,
   parent.state = Actor::State::Blocked;
   schedule(parent);
   for (auto& t : threads) t.join();
+  // A deadlock is usually the echo of another rank's failure (a rank that threw a collective
+  // mismatch leaves its peers waiting): report the cause first.
+  auto is_deadlock = [](const std::exception_ptr& e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const DeadlockError&) {
+      return true;
+    } catch (...) {
+      return false;
+    }
+  };
+  for (Actor* a : kids)
+    if (a->error && !is_deadlock(a->error)) std::rethrow_exception(a->error);
   for (Actor* a : kids)
     if (a->error) std::rethrow_exception(a->error);
 }

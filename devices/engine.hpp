@@ -18,13 +18,27 @@
 // kernels of the highest priority present share the rest equally), copies share their PCIe
 // direction among up to `copy_engines` active copies, and a rate change re-times the affected
 // operations (each re-timing rounds up to the next picosecond: deterministic, not drift-free).
+//
+// Multi-party operations (collectives, point-to-point) are rendezvous: every party puts one
+// operation on its own stream. A party's operation starts (and holds its SMs, spinning, as an
+// NCCL or DeepEP kernel does) when its stream gets to it; the transfer itself starts `alpha`
+// after the last party has arrived and is a fluid flow over the fabric's links (NVLink ports,
+// NICs), which share their bandwidth max-min fairly among the flows crossing them (SimGrid's
+// network model, without its TCP corrections). Every party completes when the flow does.
+// On the functional plane a rendezvous is a small dataflow graph: a barrier behind every party's
+// stream, one task per party and phase on the party's worker pool, a barrier between phases, and
+// a completion marker that every party's stream continues from. No task ever waits for another
+// thread, so any number of ranks run on any number of worker tokens.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <queue>
 #include <semaphore>
 #include <string>
@@ -47,6 +61,15 @@ using OpId = std::uint32_t;
 inline constexpr OpId kNoOp = UINT32_MAX;
 
 enum class ResourceKind : std::uint8_t { None, Sm, H2D, D2H, D2D };
+
+using RendezvousId = std::uint32_t;
+inline constexpr RendezvousId kNoRendezvous = UINT32_MAX;
+
+// Bytes a transfer puts across one link of the fabric (see Engine::add_link).
+struct LinkLoad {
+  int link;
+  double bytes;
+};
 
 // Device memory the host has let go of, returned to the account once every operation that used
 // it (on any stream) has completed: record_stream semantics.
@@ -81,7 +104,37 @@ struct Op {
   std::vector<int> waiting_hosts;
   std::vector<std::shared_ptr<PendingRelease>> releases;
   std::shared_ptr<FuncTask> task;
+  RendezvousId rendezvous = kNoRendezvous;  // a party of a multi-party operation
   bool complete() const { return end >= 0; }
+};
+
+struct Link {
+  std::string name;
+  double bytes_per_ps;
+};
+
+struct Rendezvous {
+  int parties = 0;
+  int phases = 1;
+  std::string label;  // what it is, for reports: "all_to_all_v #3 on group ep (ranks 0-3)"
+  int joined = 0;
+  int arrived = 0;
+  std::vector<OpId> members;
+  double alpha_s = 0;           // the largest latency any party asked for
+  std::vector<LinkLoad> loads;  // summed over the parties
+  // Functional plane: barriers[k] opens phase k; `done` is what every party's stream waits on.
+  std::vector<std::shared_ptr<FuncTask>> barriers;
+  std::shared_ptr<FuncTask> done;
+  // Timing plane: the flow. `remaining` counts bytes of the most loaded link; coef[i] is the
+  // share of that count each link carries.
+  std::vector<std::pair<int, double>> coef;
+  double remaining = 0;
+  double rate = 0;  // bytes of `remaining` per picosecond
+  VTime last_update = 0;
+  std::uint32_t version = 0;
+  bool flowing = false;
+  bool complete = false;
+  std::chrono::steady_clock::time_point opened_wall;
 };
 
 struct StreamState {
@@ -137,7 +190,8 @@ struct Actor {
   std::binary_semaphore sem{0};
   int parent = -1;
   int live_children = 0;
-  std::string deadlock;  // set when the actor was woken because nothing could ever wake it
+  std::string deadlock;     // set when the actor was woken because nothing could ever wake it
+  OpId waiting_on = kNoOp;  // while blocked in a synchronize, for deadlock reports
   std::exception_ptr error;
 };
 
@@ -158,7 +212,9 @@ class Engine {
   // --- host API, called by the running actor ---
   Actor& current();
   bool on_host_thread() const;
-  void drain_functional() { exec_.drain(); }
+  // Lets every functional task run out: a rendezvous that some party never joined is poisoned
+  // first, so its tasks skip their bodies instead of waiting for ever.
+  void drain_functional();
   VTime host_clock() { return current().clock; }
   void host_charge(double seconds, const std::string& what);
   OpId launch(StreamState& s, OpKind kind, ResourceKind res, double duration_s, int sms,
@@ -175,6 +231,27 @@ class Engine {
   bool host_query(OpId op, const std::shared_ptr<FuncTask>& task);
   static constexpr double kMinPollSeconds = 100e-9;
   VTime completion_time(OpId op) const { return ops_[op].end; }
+
+  // --- multi-party operations and the fabric (comm/ builds on these) ---
+  // A link of the fabric: one direction of a GPU's NVLink port, one direction of a NIC.
+  int add_link(std::string name, double bytes_per_s);
+  const Link& link(int id) const { return links_[static_cast<size_t>(id)]; }
+  int link_count() const { return static_cast<int>(links_.size()); }
+  // A multi-party operation with `parties` parties and `phases` functional phases.
+  RendezvousId open_rendezvous(int parties, int phases, std::string label);
+  // One party's part, issued by that party's host on its stream like a launch. `sms`: SMs the
+  // party's kernel holds from its start to the end of the transfer (0 for copy-engine or
+  // NIC-driven transfers). `alpha_s` and `loads` add to the transfer's latency (the largest
+  // wins) and to its link loads. phase_bodies[k] runs on the party's pool in phase k.
+  OpId join_rendezvous(RendezvousId rv, StreamState& s, std::string name, int sms,
+                       double host_cost_s, double latency_s, double alpha_s,
+                       std::vector<LinkLoad> loads, std::vector<std::function<void()>> phase_bodies,
+                       std::vector<std::shared_ptr<BufferState>> uses);
+  const Rendezvous& rendezvous(RendezvousId rv) const { return rvs_[rv]; }
+  // Wall-clock limit for a rendezvous that some party never joins while the others keep the
+  // process busy (a host spinning on a query). On expiry the report goes to stderr and the
+  // process exits with status 3, as NCCL's watchdog tears a job down. 0 disables.
+  void set_hang_timeout(double seconds);
 
   // --- memory ---
   void account_alloc(int device, std::uint64_t bytes);
@@ -201,7 +278,7 @@ class Engine {
   struct CalendarEntry {
     VTime time;
     std::uint64_t seq;
-    enum class What : std::uint8_t { Gate, Complete, Wake } what;
+    enum class What : std::uint8_t { Gate, Complete, Wake, FlowStart, FlowComplete } what;
     std::uint32_t target;
     std::uint32_t version;
     bool operator>(const CalendarEntry& o) const {
@@ -221,6 +298,8 @@ class Engine {
     std::function<void()> body;
     std::vector<std::shared_ptr<BufferState>> uses;
     const EventState* waits;  // Wait: the event whose marked work must complete first
+    RendezvousId rendezvous = kNoRendezvous;
+    std::vector<std::function<void()>> phase_bodies;  // a rendezvous party's functional work
   };
   OpId issue(StreamState& s, Issue in);
   OpId new_op(StreamState& s, OpKind kind, std::string name, ResourceKind res);
@@ -244,6 +323,16 @@ class Engine {
   void catch_up_to_host();
   void emit_host(int host, const std::string& name, VTime start, VTime end);
   void wait_real(const std::shared_ptr<FuncTask>& task);
+  void wire_party(Rendezvous& r, StreamState& s, OpId id, const EventState* waits,
+                  std::vector<std::function<void()>> bodies,
+                  std::vector<std::shared_ptr<BufferState>> uses);
+  void arrive(RendezvousId rv);
+  void start_flow(RendezvousId rv);
+  void finish_rendezvous(RendezvousId rv);
+  void rerate_network();
+  std::string describe_op(OpId id) const;
+  std::string deadlock_report() const;
+  void watch_hangs();
 
   Mode mode_;
   int max_connections_;
@@ -261,6 +350,22 @@ class Engine {
   std::vector<TimelineObserver*> observers_;
   TimelineHasher hasher_;
   TimelineLayout layout_;
+  std::vector<Link> links_;
+  std::deque<Rendezvous> rvs_;
+  std::vector<RendezvousId> flows_;  // flowing rendezvous, in start order
+  // The hang watchdog reads only what is under hang_mu_: the engine itself belongs to the actor
+  // holding the baton.
+  struct HangEntry {
+    std::string label;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::mutex hang_mu_;
+  std::condition_variable hang_cv_;
+  std::vector<std::pair<RendezvousId, HangEntry>> hang_open_;  // not yet joined by all
+  std::vector<std::string> hang_waits_;                        // per actor, while blocked
+  double hang_timeout_s_ = 0;
+  bool hang_stop_ = false;
+  std::thread hang_thread_;
 };
 
 }  // namespace nodeemu::detail

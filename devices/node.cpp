@@ -31,6 +31,8 @@ void check_options(const NodeOptions& o, const NodeTopology& t) {
     throw ConfigError(src, "thread_budget", "must be >= 0 (0 = the hardware threads)");
   if (o.workers_per_device < 0 || o.workers_per_device > 256)
     throw ConfigError(src, "workers_per_device", "must be between 0 (automatic) and 256");
+  if (!(o.collective_timeout_s >= 0))
+    throw ConfigError(src, "collective_timeout_s", "must be >= 0 seconds (0 = no watchdog)");
 }
 
 }  // namespace
@@ -51,6 +53,7 @@ Node::Node(NodeOptions options) : impl_(std::make_unique<detail::NodeImpl>()) {
   m.engine =
       std::make_shared<detail::Engine>(m.options.mode, m.options.cuda_device_max_connections);
   if (m.options.record_trace) m.engine->add_observer(&m.recorder);
+  m.engine->set_hang_timeout(m.options.collective_timeout_s);
   for (const auto& p : m.placements) {
     std::string name = "node " + std::to_string(p.node) + " GPU " + std::to_string(p.local);
     WorkerPool& pool = m.pools.emplace_back(name, p.workers, p.real_pus, *m.budget);

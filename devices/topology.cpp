@@ -155,6 +155,8 @@ const Field& topology_schema() {
                   integer("links", "NVLink links per GPU", ints(1)),
                   real("gb_s", "NVLink GB/s per direction per GPU", kPositive),
                   real("efficiency", "achievable fraction of gb_s", kFraction),
+                  real("half_kb", "message KB at which half of efficiency is reached",
+                       kNonNegative),
                   real("latency_us", "NVLink latency in us", kNonNegative),
               }),
           map("pcie",
@@ -171,7 +173,15 @@ const Field& topology_schema() {
                   integer("per_node", "NICs in the node", ints(1)),
                   real("gb_s", "GB/s per direction per NIC", kPositive),
                   real("efficiency", "achievable fraction of gb_s", kFraction),
+                  real("half_kb", "message KB at which half of efficiency is reached",
+                       kNonNegative),
                   real("latency_us", "network latency in us", kNonNegative),
+              }),
+          map("comm_kernels",
+              {
+                  integer("nccl_sms", "SMs an NCCL-like collective kernel holds", ints(1)),
+                  integer("deepep_sms", "SMs of DeepEP-like dispatch/combine (even)", ints(2)),
+                  integer("hybridep_sms", "SMs of HybridEP-like dispatch/combine", ints(1)),
               }),
       });
   return root;
@@ -524,7 +534,7 @@ class Reader {
   const std::string& file_;
 };
 
-constexpr int kGiga = 9, kTera = 12, kMicro = -6, kMega = 6;
+constexpr int kGiga = 9, kTera = 12, kMicro = -6, kMega = 6, kKilo = 3;
 
 NodeTopology build(const YAML::Node& doc, const std::string& file) {
   Validator(file).check(doc, topology_schema(), "");
@@ -623,6 +633,7 @@ NodeTopology build(const YAML::Node& doc, const std::string& file) {
   t.nvlink.links = r.integer("nvlink.links");
   t.nvlink.bytes_per_s = r.si("nvlink.gb_s", kGiga);
   t.nvlink.efficiency = r.si("nvlink.efficiency", 0);
+  t.nvlink.half_bytes = r.si("nvlink.half_kb", kKilo);
   t.nvlink.latency_s = r.si("nvlink.latency_us", kMicro);
 
   t.pcie.generation = r.integer("pcie.generation");
@@ -635,7 +646,24 @@ NodeTopology build(const YAML::Node& doc, const std::string& file) {
   t.nic.per_node = r.integer("nic.per_node");
   t.nic.bytes_per_s = r.si("nic.gb_s", kGiga);
   t.nic.efficiency = r.si("nic.efficiency", 0);
+  t.nic.half_bytes = r.si("nic.half_kb", kKilo);
   t.nic.latency_s = r.si("nic.latency_us", kMicro);
+
+  t.comm.nccl_sms = r.integer("comm_kernels.nccl_sms");
+  t.comm.deepep_sms = r.integer("comm_kernels.deepep_sms");
+  t.comm.hybridep_sms = r.integer("comm_kernels.hybridep_sms");
+  const std::pair<const char*, int> comm_sms[] = {
+      {"comm_kernels.nccl_sms", t.comm.nccl_sms},
+      {"comm_kernels.deepep_sms", t.comm.deepep_sms},
+      {"comm_kernels.hybridep_sms", t.comm.hybridep_sms}};
+  for (const auto& [key, v] : comm_sms)
+    if (v > t.gpu.sms)
+      fail(key, std::to_string(v) + " is more SMs than the GPU has (" + std::to_string(t.gpu.sms) +
+                    "); use at most gpu.sms");
+  if (t.comm.deepep_sms % 2 != 0)
+    fail("comm_kernels.deepep_sms", std::to_string(t.comm.deepep_sms) +
+                                        " is odd; DeepEP forms num_sms/2 channels, use an "
+                                        "even number such as 20");
   return t;
 }
 

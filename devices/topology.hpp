@@ -24,7 +24,9 @@ struct NvlinkSpec {
   int links = 0;            // per GPU
   double bytes_per_s = 0;   // per direction per GPU, all links together
   double efficiency = 1.0;  // achievable fraction for large messages
+  double half_bytes = 0;    // message size at which half of `efficiency` is reached
   double latency_s = 0;     // alpha
+  EfficiencyCurve curve() const { return {efficiency, half_bytes}; }
 };
 
 struct PcieSpec {
@@ -40,7 +42,16 @@ struct NicSpec {
   int per_node = 0;        // NICs in the node (one per GPU on DGX)
   double bytes_per_s = 0;  // per direction per NIC
   double efficiency = 1.0;
+  double half_bytes = 0;  // message size at which half of `efficiency` is reached
   double latency_s = 0;
+  EfficiencyCurve curve() const { return {efficiency, half_bytes}; }
+};
+
+// SMs the communication kernels hold while they run (taken from compute).
+struct CommKernelSpec {
+  int nccl_sms = 0;      // NCCL-like collectives (all-to-all, all-gather, reduce-scatter, ...)
+  int deepep_sms = 0;    // DeepEP-like normal-mode dispatch/combine; even (num_sms/2 channels)
+  int hybridep_sms = 0;  // HybridEP-like dispatch/combine (TMA does the copying)
 };
 
 struct NodeTopology {
@@ -52,6 +63,7 @@ struct NodeTopology {
   NvlinkSpec nvlink;
   PcieSpec pcie;
   NicSpec nic;
+  CommKernelSpec comm;
 
   // Throws ConfigError("<file>", "<dotted.key>", "<what>") on any problem, including an
   // unreadable file (key "file") and YAML syntax errors (key "yaml", with line and column).

@@ -13,6 +13,8 @@ const char* to_string(OpKind k) {
       return "copy";
     case OpKind::Record:
       return "record";
+    case OpKind::Comm:
+      return "comm";
     case OpKind::Wait:
       return "wait";
   }

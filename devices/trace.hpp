@@ -12,7 +12,8 @@
 
 namespace nodeemu {
 
-enum class OpKind : std::uint8_t { Kernel, Copy, Record, Wait };
+// Comm: one rank's part of a collective or point-to-point transfer (comm/).
+enum class OpKind : std::uint8_t { Kernel, Copy, Record, Wait, Comm };
 
 const char* to_string(OpKind k);
 

@@ -47,9 +47,10 @@ host:
   numa_socket: [0, 1]
   numa_mem_gb_s: 300
   gpu_numa: [0, 0, 0, 0, 1, 1, 1, 1]
-nvlink: {links: 18, gb_s: 450, efficiency: 0.85, latency_us: 1.0}
+nvlink: {links: 18, gb_s: 450, efficiency: 0.85, half_kb: 512, latency_us: 1.0}
 pcie: {generation: 5, h2d_gb_s: 54.8, d2h_gb_s: 46.8, latency_us: 2.0, pageable_factor: 0.5, remote_numa_factor: 0.8}
-nic: {per_node: 8, gb_s: 50, efficiency: 0.97, latency_us: 2.0}
+nic: {per_node: 8, gb_s: 50, efficiency: 0.97, half_kb: 128, latency_us: 2.0}
+comm_kernels: {nccl_sms: 24, deepep_sms: 20, hybridep_sms: 16}
 )";
 
 const char* const kFile = "inline.yaml";
@@ -200,7 +201,9 @@ TEST(Topology, UnknownKeyWithNothingCloseListsValidKeys) {
 
 TEST(Topology, MissingKeyIsNamed) {
   expect_error(edited("  sms: 132\n", ""), "gpu.sms", {"missing required key", "integer"});
-  expect_error(edited("nic: {per_node: 8, gb_s: 50, efficiency: 0.97, latency_us: 2.0}\n", ""),
+  expect_error(edited("nic: {per_node: 8, gb_s: 50, efficiency: 0.97, half_kb: 128, latency_us: "
+                      "2.0}\n",
+                      ""),
                "nic", {"missing required key"});
   expect_error(edited("{links: 18, gb_s: 450,", "{links: 18,"), "nvlink.gb_s",
                {"missing required key", "GB/s"});

@@ -1,0 +1,328 @@
+#include "comm/channel.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "comm/fast_copy.hpp"
+#include "devices/check.hpp"
+#include "devices/errors.hpp"
+#include "devices/numa_memory.hpp"
+
+namespace nodeemu::detail {
+
+// Counters written by one thread and polled by another get a line pair of their own: sharing a
+// line with anything else would bounce it between the producer's and the consumer's cores on
+// every update, and the L2 spatial prefetcher moves lines in aligned pairs.
+inline constexpr std::size_t kCounterAlign = 128;
+
+struct alignas(kCounterAlign) PaddedCounter {
+  std::atomic<std::uint64_t> value{0};
+};
+
+struct Ring {
+  numa::Placement memory;  // slots * slot_bytes bytes on the receiver's real NUMA node
+  std::size_t slot_bytes = 0;
+  std::uint64_t slots = 0;
+  bool bound = false;  // lent to a transfer; guarded by the pool's mutex
+
+  // head = slots produced, tail = slots consumed, both only ever increasing while bound. The
+  // producer fills slot head % slots only while head - tail < slots (a credit is a free slot),
+  // then publishes it with a release store of head; the consumer acquires head, drains slot
+  // tail % slots, and hands the slot back with a release store of tail, which the producer
+  // acquires before overwriting it. Each counter has a single writer.
+  PaddedCounter head;
+  PaddedCounter tail;
+  // The bytes held by each slot (the last slot of a transfer is short). Written before the
+  // head store that publishes the slot, so relaxed accesses suffice.
+  std::unique_ptr<PaddedCounter[]> fill;
+
+  std::byte* slot(std::uint64_t index) const {
+    return static_cast<std::byte*>(memory.ptr) + (index % slots) * slot_bytes;
+  }
+};
+
+namespace {
+
+// A try-lock that never waits: the role is either free now or somebody else is moving it. The
+// relaxed pre-check keeps spinning pumps from bouncing the flag's line with writes. Acquire on
+// success, paired with the release in unlock(), hands the role's cursor from one holder to the
+// next.
+bool try_lock(std::atomic<bool>& flag) {
+  return !flag.load(std::memory_order_relaxed) && !flag.exchange(true, std::memory_order_acquire);
+}
+void unlock(std::atomic<bool>& flag) {
+  flag.store(false, std::memory_order_release);
+}
+
+// Copies n bytes of the source stream at (segment, offset) to `out` with plain stores: the slot is
+// read back soon by the consumer and must stay in cache.
+void gather(const std::vector<ConstSegment>& segments, std::size_t& segment, std::size_t& offset,
+            std::byte* out, std::size_t n) {
+  while (n > 0) {
+    NE_CHECK(segment < segments.size(), "transfer source shorter than its byte count");
+    const ConstSegment& s = segments[segment];
+    const std::size_t piece = std::min(n, s.bytes - offset);
+    if (piece > 0) std::memcpy(out, s.ptr + offset, piece);
+    out += piece, n -= piece, offset += piece;
+    if (offset == s.bytes) ++segment, offset = 0;
+  }
+}
+
+// Applies n bytes at `in` to the destination stream at (segment, offset).
+void scatter(const std::vector<Segment>& segments, std::size_t& segment, std::size_t& offset,
+             const std::byte* in, std::size_t n, Consume mode, bool streaming) {
+  while (n > 0) {
+    NE_CHECK(segment < segments.size(), "transfer destination shorter than its byte count");
+    const Segment& s = segments[segment];
+    const std::size_t piece = std::min(n, s.bytes - offset);
+    if (piece > 0) {
+      std::byte* to = s.ptr + offset;
+      if (mode == Consume::AddF32)
+        add_f32(reinterpret_cast<float*>(to), reinterpret_cast<const float*>(in), piece / 4);
+      else if (to != in)  // an in-place local copy has nothing to move
+        copy_bytes(to, in, piece, streaming);
+    }
+    in += piece, n -= piece, offset += piece;
+    if (offset == s.bytes) ++segment, offset = 0;
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// ChannelPool
+
+ChannelPool::ChannelPool(std::vector<int> real_numa_of_device, std::size_t slot_bytes, int slots)
+    : real_numa_(std::move(real_numa_of_device)), slot_bytes_(slot_bytes), slots_(slots) {
+  NE_CHECK(slot_bytes_ > 0 && slot_bytes_ % 64 == 0, "ring slots are whole cache lines");
+  NE_CHECK(slots_ >= 1, "a ring needs at least one slot");
+  for (std::size_t d = 0; d < real_numa_.size(); ++d) {
+    if (real_numa_[d] < 0) continue;
+    // Checked here rather than at the first transfer, where the HostError would surface from a
+    // worker in the middle of a collective.
+    if (!numa::node_exists(real_numa_[d]))
+      throw HostError("channel: device " + std::to_string(d) + " is placed on real NUMA node " +
+                      std::to_string(real_numa_[d]) + ", which this host does not have (" +
+                      std::to_string(numa::node_count()) +
+                      " nodes); fix the device placement in the node configuration");
+  }
+}
+
+ChannelPool::~ChannelPool() {
+  for (auto& [pair, rings] : rings_) {
+    for (auto& ring : rings) {
+      NE_CHECK(!ring->bound, "a Transfer outlived its ChannelPool");
+      numa::release(ring->memory);
+    }
+  }
+}
+
+Ring* ChannelPool::acquire(int src, int dst) {
+  NE_CHECK(src >= 0 && src < devices() && dst >= 0 && dst < devices(), "device out of range");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& ring : rings_[{src, dst}]) {
+      if (ring->bound) continue;
+      ring->bound = true;
+      // Nobody else can touch an unbound ring, and the mutex orders these stores before the
+      // new owner's first pump (it reads the ring pointer published after this returns).
+      ring->head.value.store(0, std::memory_order_relaxed);
+      ring->tail.value.store(0, std::memory_order_relaxed);
+      return ring.get();
+    }
+  }
+  // A new ring: allocated (and zero-filled page by page) outside the mutex, so binders of other
+  // pairs are not held up; two transfers racing here both get a ring of their own anyway.
+  auto ring = std::make_unique<Ring>();
+  ring->slot_bytes = slot_bytes_;
+  ring->slots = static_cast<std::uint64_t>(slots_);
+  ring->fill = std::make_unique<PaddedCounter[]>(ring->slots);
+  const int node = real_numa_[dst] < 0 ? 0 : real_numa_[dst];
+  ring->memory = numa::allocate_on_node(slot_bytes_ * ring->slots, node);
+  ring->bound = true;
+  Ring* raw = ring.get();
+  std::lock_guard<std::mutex> lock(mu_);
+  rings_[{src, dst}].push_back(std::move(ring));
+  return raw;
+}
+
+void ChannelPool::give_back(Ring* ring) {
+  std::lock_guard<std::mutex> lock(mu_);
+  NE_CHECK(ring->bound, "ring given back twice");
+  ring->bound = false;
+}
+
+std::size_t ChannelPool::rings() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::size_t n = 0;
+  for (const auto& [pair, rings] : rings_) n += rings.size();
+  return n;
+}
+
+std::size_t ChannelPool::rings(int src, int dst) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = rings_.find({src, dst});
+  return it == rings_.end() ? 0 : it->second.size();
+}
+
+std::size_t ChannelPool::ring_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::size_t n = 0;
+  for (const auto& [pair, rings] : rings_)
+    for (const auto& ring : rings) n += ring->memory.bytes;
+  return n;
+}
+
+int ChannelPool::ring_real_numa(int src, int dst) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = rings_.find({src, dst});
+  if (it == rings_.end() || it->second.empty()) return -1;
+  return it->second.front()->memory.actual_node;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transfer
+
+Transfer::Transfer(ChannelPool& pool, int src_device, int dst_device, std::vector<ConstSegment> src,
+                   std::vector<Segment> dst, Consume consume)
+    : pool_(pool),
+      src_device_(src_device),
+      dst_device_(dst_device),
+      src_(std::move(src)),
+      dst_(std::move(dst)),
+      consume_(consume) {
+  NE_CHECK(src_device_ >= 0 && src_device_ < pool_.devices(), "source device out of range");
+  NE_CHECK(dst_device_ >= 0 && dst_device_ < pool_.devices(), "destination device out of range");
+  std::size_t dst_bytes = 0;
+  for (const ConstSegment& s : src_) bytes_ += s.bytes;
+  for (const Segment& s : dst_) dst_bytes += s.bytes;
+  NE_CHECK(bytes_ == dst_bytes, "source and destination totals differ");
+  if (consume_ == Consume::AddF32) {
+    // Slots are whole cache lines, so with float-sized segments no float straddles a slot or a
+    // segment boundary and every piece handed to add_f32 is whole floats.
+    for (const ConstSegment& s : src_) NE_CHECK(s.bytes % 4 == 0, "AddF32 segment not floats");
+    for (const Segment& s : dst_) {
+      NE_CHECK(s.bytes % 4 == 0, "AddF32 segment not floats");
+      NE_CHECK(reinterpret_cast<std::uintptr_t>(s.ptr) % alignof(float) == 0,
+               "AddF32 destination not float-aligned");
+    }
+  }
+  // Accumulation reads the destination, so it gains nothing from bypassing the cache.
+  streaming_ = consume_ == Consume::Copy && bytes_ >= streaming_threshold();
+  if (bytes_ == 0) done_.store(true, std::memory_order_relaxed);  // never takes a ring
+}
+
+Transfer::~Transfer() {
+  if (Ring* ring = ring_.load(std::memory_order_acquire)) pool_.give_back(ring);
+}
+
+const void* Transfer::ring_memory() const {
+  const Ring* ring = ring_.load(std::memory_order_acquire);
+  return ring == nullptr ? nullptr : ring->memory.ptr;
+}
+
+Ring* Transfer::bind_ring() {
+  // Double-checked: after the first pump every call takes the lock-free path. The mutex is only
+  // held around the pool's bookkeeping (and an allocation), never while waiting for a peer.
+  if (Ring* ring = ring_.load(std::memory_order_acquire)) return ring;
+  std::lock_guard<std::mutex> lock(bind_mu_);
+  Ring* ring = ring_.load(std::memory_order_relaxed);
+  if (ring == nullptr) {
+    ring = pool_.acquire(src_device_, dst_device_);
+    ring_.store(ring, std::memory_order_release);
+  }
+  return ring;
+}
+
+bool Transfer::pump(Role roles) {
+  if (done()) return true;
+  if (src_device_ == dst_device_) return pump_local();
+  Ring& ring = *bind_ring();
+  // Alternate the roles until neither moves anything: alone with Both this fills every slot,
+  // drains them while they are still in cache, and repeats to the end; with a peer holding one
+  // role it keeps up with the peer as long as the peer keeps moving.
+  for (;;) {
+    bool moved = false;
+    if ((roles & Producer) != 0 && try_lock(producing_)) {
+      moved |= produce(ring);
+      unlock(producing_);
+    }
+    if ((roles & Consumer) != 0 && try_lock(consuming_)) {
+      moved |= consume(ring);
+      unlock(consuming_);
+    }
+    if (!moved) break;
+  }
+  return done();
+}
+
+bool Transfer::pump_local() {
+  // Either role may do it: with no ring there is nothing to pipeline, and the holder copies the
+  // whole stream in one go.
+  if (!try_lock(producing_)) return done();
+  if (!done()) {
+    std::size_t src_segment = 0, src_offset = 0;
+    while (src_segment < src_.size()) {
+      const ConstSegment& s = src_[src_segment];
+      const std::size_t piece = s.bytes - src_offset;
+      scatter(dst_, dst_cursor_.segment, dst_cursor_.offset, s.ptr + src_offset, piece, consume_,
+              streaming_);
+      ++src_segment, src_offset = 0;
+    }
+    // Release: whoever sees done() sees the destination (copy_bytes has already fenced any
+    // streaming stores).
+    done_.store(true, std::memory_order_release);
+  }
+  unlock(producing_);
+  return true;
+}
+
+bool Transfer::produce(Ring& ring) {
+  // Only the producer writes head; tail is cached and reloaded only when the ring looks full,
+  // so the consumer's line is not pulled over for every slot.
+  std::uint64_t head = ring.head.value.load(std::memory_order_relaxed);
+  std::uint64_t tail = ring.tail.value.load(std::memory_order_acquire);
+  bool moved = false;
+  while (produced_ < bytes_) {
+    if (head - tail >= ring.slots) {
+      tail = ring.tail.value.load(std::memory_order_acquire);
+      if (head - tail >= ring.slots) break;  // no credit: the consumer has every slot
+    }
+    const std::size_t n = std::min<std::size_t>(ring.slot_bytes, bytes_ - produced_);
+    gather(src_, src_cursor_.segment, src_cursor_.offset, ring.slot(head), n);
+    ring.fill[head % ring.slots].value.store(n, std::memory_order_relaxed);
+    ring.head.value.store(++head, std::memory_order_release);  // publishes slot and fill
+    produced_ += n;
+    moved = true;
+  }
+  return moved;
+}
+
+bool Transfer::consume(Ring& ring) {
+  std::uint64_t tail = ring.tail.value.load(std::memory_order_relaxed);  // only we write it
+  std::uint64_t head = ring.head.value.load(std::memory_order_acquire);
+  bool moved = false;
+  while (consumed_ < bytes_) {
+    if (tail == head) {
+      head = ring.head.value.load(std::memory_order_acquire);
+      if (tail == head) break;  // nothing produced yet
+    }
+    // head was read after everything up to it was published, so head - tail is a count of full
+    // slots that really existed at once: a lower bound the credit rule keeps at most `slots`.
+    if (head - tail > max_in_flight_.load(std::memory_order_relaxed))
+      max_in_flight_.store(head - tail, std::memory_order_relaxed);
+    const std::size_t n = ring.fill[tail % ring.slots].value.load(std::memory_order_relaxed);
+    scatter(dst_, dst_cursor_.segment, dst_cursor_.offset, ring.slot(tail), n, consume_,
+            streaming_);
+    ring.tail.value.store(++tail, std::memory_order_release);  // the slot is free again
+    consumed_ += n;
+    moved = true;
+  }
+  // Release after the last slot is applied (streaming stores fenced by copy_bytes): done()
+  // acquires it, so a thread that sees done() sees the whole destination.
+  if (moved && consumed_ == bytes_) done_.store(true, std::memory_order_release);
+  return moved;
+}
+
+}  // namespace nodeemu::detail

@@ -1,0 +1,143 @@
+// The NVLink-like channel between two emulated GPUs: a bounded ring of chunk slots in the
+// receiver's real NUMA memory with credit flow control, moved cooperatively by whichever threads
+// pump the transfer.
+//
+// Nobody waits here for another thread. Emulated devices run under a small execution budget
+// (e.g. 2 tokens for 16 devices): a worker that blocked until the peer device's worker drained
+// the ring could hold a token the peer needs and deadlock the node. So a transfer is a state
+// machine that any worker may advance with pump(): it takes the producer and consumer roles with
+// try-locks, moves what it can and returns; a single caller holding both roles moves the whole
+// transfer alone.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace nodeemu::detail {
+
+struct Segment {  // destination side
+  std::byte* ptr;
+  std::size_t bytes;
+};
+struct ConstSegment {  // source side
+  const std::byte* ptr;
+  std::size_t bytes;
+};
+
+// How the consumer applies a slot to the destination. AddF32: dst += slot as floats; every
+// segment size is then a multiple of 4 and every destination segment is float-aligned.
+enum class Consume : std::uint8_t { Copy, AddF32 };
+
+struct Ring;  // one ring buffer with its counters; defined in channel.cpp
+
+// Owns the rings of every (source device, destination device) pair. Rings are allocated on first
+// use and kept for reuse until the pool is destroyed. Thread-safe.
+class ChannelPool {
+ public:
+  // real_numa_of_device[d] = the real NUMA node holding device d's memory (-1 unknown: node 0).
+  // Each ring has `slots` slots of `slot_bytes` (a multiple of 64). The defaults (4 x 64 KiB) were
+  // the fastest on the development host; see channel.cpp. Throws HostError if a node given does
+  // not exist on this host.
+  explicit ChannelPool(std::vector<int> real_numa_of_device, std::size_t slot_bytes = 64 << 10,
+                       int slots = 4);
+  ~ChannelPool();  // every Transfer made on the pool must be gone
+  ChannelPool(const ChannelPool&) = delete;
+  ChannelPool& operator=(const ChannelPool&) = delete;
+
+  int devices() const { return static_cast<int>(real_numa_.size()); }
+  std::size_t slot_bytes() const { return slot_bytes_; }
+  int slots() const { return slots_; }
+
+  // Statistics for tests and `nodeemu info`.
+  std::size_t rings() const;                  // rings allocated, all pairs
+  std::size_t rings(int src, int dst) const;  // rings allocated for one pair
+  std::size_t ring_bytes() const;             // ring memory allocated, all pairs
+  // The real NUMA node the pair's first ring was found on after allocation; -1 when the pair has
+  // no ring yet or the node cannot be read (libnuma unusable).
+  int ring_real_numa(int src, int dst) const;
+
+ private:
+  friend class Transfer;
+  Ring* acquire(int src, int dst);  // a ring of the pair not bound to any transfer, reset
+  void give_back(Ring* ring);
+
+  std::vector<int> real_numa_;
+  std::size_t slot_bytes_;
+  int slots_;
+  mutable std::mutex mu_;
+  std::map<std::pair<int, int>, std::vector<std::unique_ptr<Ring>>> rings_;  // guarded by mu_
+};
+
+// One transfer: the concatenation of the `src` segments flows into the concatenation of the `dst`
+// segments (equal totals; the lists may differ in count and sizes). The segments' memory must
+// stay valid, and the Transfer alive, until no thread is inside pump() any more.
+class Transfer {
+ public:
+  // src_device == dst_device: a local copy with no ring (pumped the same way).
+  Transfer(ChannelPool& pool, int src_device, int dst_device, std::vector<ConstSegment> src,
+           std::vector<Segment> dst, Consume consume = Consume::Copy);
+  ~Transfer();  // gives its ring back to the pool; no thread may be pumping
+  Transfer(const Transfer&) = delete;
+  Transfer& operator=(const Transfer&) = delete;
+
+  enum Role : unsigned { Producer = 1, Consumer = 2, Both = 3 };
+  // Moves what it can without waiting for another thread: takes each requested role that nobody
+  // holds, fills free slots (producer) and drains full ones (consumer), until neither moves
+  // anything. One caller with Both moves the whole transfer alone. A local transfer is moved by
+  // whichever role is asked for. Returns done().
+  bool pump(Role roles = Both);
+  // True once every byte has been delivered. Safe from any thread; when it returns true, the
+  // caller sees every destination byte.
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  std::size_t bytes() const { return bytes_; }
+
+  // Test hooks. The most full slots the consumer ever saw at once (never above the pool's
+  // slots()), and the ring bound to this transfer (nullptr before the first pump, and always
+  // for local and empty transfers).
+  std::size_t max_in_flight() const { return max_in_flight_.load(std::memory_order_relaxed); }
+  const void* ring_memory() const;
+
+ private:
+  struct Cursor {  // a position in a segment list
+    std::size_t segment = 0;
+    std::size_t offset = 0;
+  };
+
+  Ring* bind_ring();
+  bool pump_local();
+  bool produce(Ring& ring);  // with the producer role held; true if it filled a slot
+  bool consume(Ring& ring);  // with the consumer role held; true if it drained a slot
+
+  ChannelPool& pool_;
+  int src_device_;
+  int dst_device_;
+  std::vector<ConstSegment> src_;
+  std::vector<Segment> dst_;
+  Consume consume_;
+  std::size_t bytes_ = 0;
+  bool streaming_ = false;  // consumer copies with non-temporal stores
+
+  std::mutex bind_mu_;  // serialises binding the ring at the first pump
+  std::atomic<Ring*> ring_{nullptr};
+
+  // Each role's try-lock flag sits with the state only its holder touches; the two roles run on
+  // different threads at once, so they are kept on separate cache lines.
+  alignas(128) std::atomic<bool> producing_{false};
+  Cursor src_cursor_;
+  std::size_t produced_ = 0;
+
+  alignas(128) std::atomic<bool> consuming_{false};
+  Cursor dst_cursor_;
+  std::size_t consumed_ = 0;
+  std::atomic<std::size_t> max_in_flight_{0};
+
+  alignas(128) std::atomic<bool> done_{false};
+};
+
+}  // namespace nodeemu::detail

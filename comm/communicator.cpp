@@ -1,0 +1,221 @@
+#include "comm/communicator.hpp"
+
+#include <algorithm>
+
+#include "comm/comm_state.hpp"
+#include "comm/errors.hpp"
+#include "devices/buffer_state.hpp"
+#include "devices/engine.hpp"
+#include "devices/node.hpp"
+
+namespace nodeemu {
+namespace detail {
+
+namespace {
+
+std::vector<int> real_numa_of(Node& node) {
+  std::vector<int> out;
+  for (int d = 0; d < node.device_count(); ++d) out.push_back(node.device(d).placement().real_numa);
+  return out;
+}
+
+}  // namespace
+
+CommState::CommState(Node& n, CommOptions o)
+    : node(&n),
+      options(o),
+      fabric(n),
+      channels(real_numa_of(n), o.slot_bytes, o.slots),
+      nccl_sms(o.nccl_sms > 0 ? o.nccl_sms : n.topology().comm.nccl_sms) {
+  if (nccl_sms > n.topology().gpu.sms)
+    throw ConfigError("comm options", "nccl_sms",
+                      std::to_string(nccl_sms) + " is more SMs than the GPU has (" +
+                          std::to_string(n.topology().gpu.sms) + ")");
+}
+
+std::string GroupState::label() const {
+  std::string r;
+  for (int x : ranks) r += (r.empty() ? "" : ",") + std::to_string(x);
+  return "'" + name + "' (ranks " + r + ")";
+}
+
+std::vector<std::size_t> offsets_of(const std::vector<std::size_t>& sizes) {
+  std::vector<std::size_t> out(sizes.size());
+  std::size_t at = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) out[i] = at, at += sizes[i];
+  return out;
+}
+
+std::string sizes_text(const std::vector<std::size_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+int CommState::caller_member(const GroupState& g, const Stream& s, const std::string& op) const {
+  const int rank = node->host().rank();
+  if (rank < 0)
+    throw UsageError(op + " on group " + g.label() +
+                     ": called from the main program; collectives are issued by the ranks' host "
+                     "programs inside Node::run");
+  auto it = std::find(g.ranks.begin(), g.ranks.end(), rank);
+  if (it == g.ranks.end())
+    throw UsageError(op + ": rank " + std::to_string(rank) + " is not a member of group " +
+                     g.label());
+  if (!s.state() || s.device().id() != rank)
+    throw UsageError(op + " on group " + g.label() + ": rank " + std::to_string(rank) +
+                     " must issue it on a stream of its own device");
+  return static_cast<int>(it - g.ranks.begin());
+}
+
+std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const CollOptions& o) {
+  Engine& e = node->engine();
+  const int parties = static_cast<int>(c.parties.size());
+  const int phases = static_cast<int>(c.plan.size());
+  const int member = c.parties[size_t(c.party)];
+  // Point-to-point transfers are matched per pair, collectives per group.
+  std::tuple<int, int, int, std::uint64_t> key;
+  std::uint64_t seq;
+  if (c.p2p_peer >= 0) {
+    seq = g.p2p_next[{member, c.p2p_peer}]++;
+    key = {g.id, std::min(member, c.p2p_peer), std::max(member, c.p2p_peer), seq};
+  } else {
+    seq = g.next_seq[size_t(member)]++;
+    key = {g.id, -1, -1, seq};
+  }
+  auto it = open.find(key);
+  if (it == open.end()) {
+    std::vector<int> devices;
+    for (int m : c.parties) devices.push_back(g.ranks[size_t(m)]);
+    std::string label =
+        c.kind.substr(0, c.kind.find('(')) + " #" + std::to_string(seq) + " on group " + g.label();
+    OpenCall oc{e.open_rendezvous(parties, phases, std::move(label)),
+                std::make_shared<Exchange>(parties, phases, devices),
+                std::vector<std::string>(size_t(parties)),
+                std::vector<std::string>(size_t(parties)), 0};
+    it = open.emplace(key, std::move(oc)).first;
+  }
+  OpenCall& oc = it->second;
+  // The order checker: this call must agree with every peer that has already issued its own.
+  for (int j = 0; j < parties; ++j) {
+    if (oc.kinds[size_t(j)].empty() || j == c.party) continue;
+    bool ok = oc.kinds[size_t(j)] == c.kind;
+    const auto& other = oc.exchange->plan(j);
+    for (int k = 0; ok && k < phases; ++k) {
+      const PartyPhase& a = c.plan[size_t(k)];
+      const PartyPhase& b = other[size_t(k)];
+      ok = a.send_bytes[size_t(j)] == b.recv_bytes[size_t(c.party)] &&
+           b.send_bytes[size_t(c.party)] == a.recv_bytes[size_t(j)];
+    }
+    if (!ok) {
+      --(c.p2p_peer >= 0 ? g.p2p_next[{member, c.p2p_peer}] : g.next_seq[size_t(member)]);
+      throw CollectiveMismatchError(g.label(), seq, g.ranks[size_t(c.parties[size_t(j)])],
+                                    oc.texts[size_t(j)], g.ranks[size_t(member)], c.text);
+    }
+  }
+  if (!oc.kinds[size_t(c.party)].empty())
+    throw UsageError(c.text + ": rank " + std::to_string(g.ranks[size_t(member)]) +
+                     " joined the same call twice");
+  // Timing: this party's share of the link loads and of the latency.
+  std::vector<LinkLoad> loads;
+  if (c.loads) {
+    loads = std::move(*c.loads);
+  } else {
+    for (const PartyPhase& p : c.plan)
+      for (int d = 0; d < parties; ++d)
+        fabric.add_message(g.ranks[size_t(member)], g.ranks[size_t(c.parties[size_t(d)])],
+                           static_cast<double>(p.send_bytes[size_t(d)]), loads);
+  }
+  double hop = 0;
+  for (int d : c.parties)
+    if (d != member)
+      hop = std::max(hop, fabric.latency_s(g.ranks[size_t(member)], g.ranks[size_t(d)]));
+  const double alpha = hop * c.latency_steps;
+
+  oc.kinds[size_t(c.party)] = c.kind;
+  oc.texts[size_t(c.party)] = c.text;
+  oc.exchange->set(c.party, std::move(c.plan));
+  const bool last = ++oc.joined == parties;
+  if (last && e.mode() == Mode::Functional) oc.exchange->build(channels);
+
+  if (o.previous) s.wait(*o.previous);
+  std::vector<std::function<void()>> bodies;
+  if (e.mode() == Mode::Functional) {
+    for (int k = 0; k < phases; ++k)
+      bodies.push_back([ex = oc.exchange, keep = c.keep, p = c.party, k] { ex->run(p, k); });
+  }
+  std::vector<std::shared_ptr<BufferState>> uses;
+  for (const Buffer& b : c.uses)
+    if (b) uses.push_back(b.state()->shared_from_this());
+  const GpuSpec& spec = s.device().spec();
+  const std::string name = o.name.empty() ? c.kind.substr(0, c.kind.find('(')) : o.name;
+  e.join_rendezvous(oc.rv, *s.state(), name, o.num_sms > 0 ? o.num_sms : c.sms,
+                    spec.kernel_launch_host_s, spec.launch_latency_s, alpha, std::move(loads),
+                    std::move(bodies), std::move(uses));
+  if (last) open.erase(it);
+
+  Event done;
+  s.record(done);
+  if (o.async) return done;
+  done.synchronize();
+  return std::nullopt;
+}
+
+}  // namespace detail
+
+Communicator::Communicator(Node& node, CommOptions options)
+    : state_(std::make_shared<detail::CommState>(node, options)) {}
+
+Communicator::~Communicator() {
+  // Operations still queued read this communicator's channels: let them run out first.
+  state_->node->engine().drain_functional();
+}
+
+Group Communicator::group(std::vector<int> ranks, const std::string& name) {
+  if (ranks.empty()) throw UsageError("group '" + name + "': no ranks given");
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted[i] < 0 || sorted[i] >= state_->node->device_count())
+      throw UsageError("group '" + name + "': rank " + std::to_string(sorted[i]) +
+                       " is not a device of this node (0.." +
+                       std::to_string(state_->node->device_count() - 1) + ")");
+    if (i > 0 && sorted[i] == sorted[i - 1])
+      throw UsageError("group '" + name + "': rank " + std::to_string(sorted[i]) +
+                       " is listed twice");
+  }
+  for (auto& g : state_->groups)
+    if (g->name == name && g->ranks == ranks) return Group(state_, g);
+  auto g = std::make_shared<detail::GroupState>();
+  g->id = static_cast<int>(state_->groups.size());
+  g->name = name;
+  g->ranks = std::move(ranks);
+  g->next_seq.assign(g->ranks.size(), 0);
+  state_->groups.push_back(g);
+  return Group(state_, g);
+}
+
+Group Communicator::group_of(const ProcessGroups& pg, GroupKind kind, int rank) {
+  if (pg.layout().world != state_->node->device_count())
+    throw ConfigError("parallel layout", "world",
+                      std::to_string(pg.layout().world) + " ranks but the node has " +
+                          std::to_string(state_->node->device_count()) +
+                          " devices; use a layout whose world size is the device count");
+  return group(pg.group_of(kind, rank),
+               std::string(to_string(kind)) + std::to_string(pg.group_index(kind, rank)));
+}
+
+Node& Communicator::node() const {
+  return *state_->node;
+}
+const Fabric& Communicator::fabric() const {
+  return state_->fabric;
+}
+detail::ChannelPool& Communicator::channels() const {
+  return state_->channels;
+}
+int Communicator::nccl_sms() const {
+  return state_->nccl_sms;
+}
+
+}  // namespace nodeemu

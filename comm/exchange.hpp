@@ -1,0 +1,56 @@
+// Internal: the functional plane of one multi-party operation. Every party brings, for every
+// phase, what it sends to each peer and where what it receives from each peer goes; once every
+// party has joined, each (sender, receiver) pair gets a Transfer through its channel, and each
+// party's worker pumps the transfers that touch it.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "comm/channel.hpp"
+
+namespace nodeemu::detail {
+
+// One party's part of one phase. Sizes are always set (the order checker and the timing plane
+// read them, in meta mode too); segments only in functional mode.
+struct PartyPhase {
+  std::vector<std::size_t> send_bytes;  // [peer]
+  std::vector<std::size_t> recv_bytes;  // [peer]
+  std::vector<std::vector<ConstSegment>> send;
+  std::vector<std::vector<Segment>> recv;
+  // How bytes from each peer are applied. With `ordered`, only this party consumes its
+  // incoming transfers, one after the other in peer order: a fixed-order reduction.
+  std::vector<Consume> consume;
+  bool ordered = false;
+
+  explicit PartyPhase(std::size_t peers = 0)
+      : send_bytes(peers), recv_bytes(peers), send(peers), recv(peers), consume(peers) {}
+};
+
+class Exchange {
+ public:
+  Exchange(int parties, int phases, std::vector<int> devices);
+  // Host side, under the engine's baton: one call per party.
+  void set(int party, std::vector<PartyPhase> plan);
+  const std::vector<PartyPhase>& plan(int party) const { return plans_[size_t(party)]; }
+  // Host side, once every party is set: binds every pair with bytes to move to a Transfer.
+  void build(ChannelPool& pool);
+  // A party's functional work for one phase, on its device's worker: returns when everything
+  // it receives has arrived and every transfer it sends that nobody else finishes is done.
+  // Never waits for another thread (see channel.hpp).
+  void run(int party, int phase);
+
+ private:
+  Transfer* at(int phase, int src, int dst) {
+    return transfers_[size_t(phase)][size_t(src * parties_ + dst)].get();
+  }
+
+  int parties_;
+  int phases_;
+  std::vector<int> devices_;
+  std::vector<std::vector<PartyPhase>> plans_;                     // [party][phase]
+  std::vector<std::vector<std::unique_ptr<Transfer>>> transfers_;  // [phase][src * P + dst]
+};
+
+}  // namespace nodeemu::detail

@@ -1,0 +1,61 @@
+#include "comm/fabric.hpp"
+
+#include <string>
+
+#include "devices/node.hpp"
+
+namespace nodeemu {
+
+Fabric::Fabric(Node& node) : topo_(&node.topology()) {
+  detail::Engine& e = node.engine();
+  const NodeTopology& t = *topo_;
+  for (int d = 0; d < node.device_count(); ++d) {
+    const Device& dev = node.device(d);
+    node_of_.push_back(dev.node_index());
+    local_of_.push_back(dev.local_index());
+    const std::string name = dev.name();
+    nvl_tx_.push_back(e.add_link(name + " NVLink out", t.nvlink.bytes_per_s));
+    nvl_rx_.push_back(e.add_link(name + " NVLink in", t.nvlink.bytes_per_s));
+    // Rail-optimised: GPU g of a node uses NIC g * nics / gpus (one NIC per GPU on a DGX).
+    const int nic = dev.node_index() * t.nic.per_node + dev.local_index() * t.nic.per_node / t.gpus;
+    nic_of_.push_back(nic);
+  }
+  const int nics = node.options().nodes * t.nic.per_node;
+  for (int n = 0; n < nics; ++n) {
+    const std::string name =
+        "node " + std::to_string(n / t.nic.per_node) + " NIC " + std::to_string(n % t.nic.per_node);
+    nic_tx_.push_back(e.add_link(name + " out", t.nic.bytes_per_s));
+    nic_rx_.push_back(e.add_link(name + " in", t.nic.bytes_per_s));
+  }
+}
+
+int Fabric::device_at(int node, int local) const {
+  return node * topo_->gpus + local;
+}
+
+void Fabric::add_message(int src, int dst, double bytes, std::vector<detail::LinkLoad>& out) const {
+  if (src == dst || bytes <= 0) return;
+  if (same_node(src, dst)) {
+    const double wire = bytes / topo_->nvlink.curve().at(bytes);
+    out.push_back({nvlink_tx(src), wire});
+    out.push_back({nvlink_rx(dst), wire});
+  } else {
+    const double wire = bytes / topo_->nic.curve().at(bytes);
+    out.push_back({nic_tx(src), wire});
+    out.push_back({nic_rx(dst), wire});
+  }
+}
+
+void Fabric::add_hierarchical_message(int src, int dst, double bytes,
+                                      std::vector<detail::LinkLoad>& out) const {
+  if (same_node(src, dst)) return add_message(src, dst, bytes, out);
+  const int relay = device_at(node_of(dst), local_of(src));
+  add_message(src, relay, bytes, out);
+  add_message(relay, dst, bytes, out);
+}
+
+double Fabric::latency_s(int src, int dst) const {
+  return same_node(src, dst) ? topo_->nvlink.latency_s : topo_->nic.latency_s;
+}
+
+}  // namespace nodeemu

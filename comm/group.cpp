@@ -1,0 +1,339 @@
+// The collectives: each builds its party's plan (what goes to and comes from every peer, phase by
+// phase) and hands it to CommState::issue, which does the rest.
+#include "comm/group.hpp"
+
+#include <algorithm>
+
+#include "comm/comm_state.hpp"
+#include "devices/errors.hpp"
+#include "devices/node.hpp"
+
+namespace nodeemu {
+
+using detail::Call;
+using detail::ConstSegment;
+using detail::Consume;
+using detail::PartyPhase;
+using detail::Segment;
+
+namespace {
+
+bool functional(const Stream& s) {
+  return s.device().node().mode() == Mode::Functional;
+}
+
+// A buffer of the caller's device holding at least `bytes`, or UsageError naming the op.
+void check_buffer(const Buffer& b, std::size_t bytes, const Stream& s, const std::string& op,
+                  const char* what) {
+  if (bytes == 0) return;
+  if (!b) throw UsageError(op + ": the " + std::string(what) + " buffer is empty");
+  if (b.kind() != MemoryKind::Device || b.device() != s.device().id())
+    throw UsageError(op + ": the " + std::string(what) + " buffer must be memory of " +
+                     s.device().name() + ", the device of the stream");
+  if (b.bytes() < bytes)
+    throw UsageError(op + ": the " + std::string(what) + " buffer has " +
+                     std::to_string(b.bytes()) + " bytes but the call needs " +
+                     std::to_string(bytes));
+}
+
+const std::byte* cptr(const Buffer& b, std::size_t offset) {
+  return static_cast<const std::byte*>(b.data()) + offset;
+}
+std::byte* ptr(const Buffer& b, std::size_t offset) {
+  return static_cast<std::byte*>(b.data()) + offset;
+}
+
+std::vector<int> all_members(int n) {
+  std::vector<int> v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) v[size_t(i)] = i;
+  return v;
+}
+
+std::size_t sum(const std::vector<std::size_t>& v) {
+  std::size_t s = 0;
+  for (auto x : v) s += x;
+  return s;
+}
+
+}  // namespace
+
+std::string Group::describe(const char* op) const {
+  if (!g_)
+    throw UsageError(std::string(op) +
+                     ": the Group handle is empty; get one from a "
+                     "Communicator");
+  return std::string(op) + " on group " + g_->label();
+}
+
+const std::string& Group::name() const {
+  return g_->name;
+}
+const std::vector<int>& Group::ranks() const {
+  return g_->ranks;
+}
+int Group::size() const {
+  return static_cast<int>(g_->ranks.size());
+}
+int Group::index_of(int device) const {
+  auto it = std::find(g_->ranks.begin(), g_->ranks.end(), device);
+  return it == g_->ranks.end() ? -1 : static_cast<int>(it - g_->ranks.begin());
+}
+
+std::optional<Event> Group::all_to_all_v(const Buffer& send,
+                                         const std::vector<std::size_t>& send_bytes,
+                                         const Buffer& recv,
+                                         const std::vector<std::size_t>& recv_bytes, Stream& stream,
+                                         const CollOptions& o) {
+  const std::string op = describe("all_to_all_v");
+  const int me = comm_->caller_member(*g_, stream, op);
+  const int n = size();
+  if (static_cast<int>(send_bytes.size()) != n || static_cast<int>(recv_bytes.size()) != n)
+    throw UsageError(op + ": give one send and one receive size per member (" + std::to_string(n) +
+                     ")");
+  check_buffer(send, sum(send_bytes), stream, op, "send");
+  check_buffer(recv, sum(recv_bytes), stream, op, "receive");
+  Call c;
+  c.kind = "all_to_all_v";
+  c.text = "all_to_all_v(send " + detail::sizes_text(send_bytes) + " B, receive " +
+           detail::sizes_text(recv_bytes) + " B)";
+  c.parties = all_members(n);
+  c.party = me;
+  c.sms = comm_->nccl_sms;
+  PartyPhase p(static_cast<size_t>(n));
+  p.send_bytes = send_bytes;
+  p.recv_bytes = recv_bytes;
+  if (functional(stream)) {
+    auto so = detail::offsets_of(send_bytes), ro = detail::offsets_of(recv_bytes);
+    for (int d = 0; d < n; ++d) {
+      if (send_bytes[size_t(d)])
+        p.send[size_t(d)] = {{cptr(send, so[size_t(d)]), send_bytes[size_t(d)]}};
+      if (recv_bytes[size_t(d)])
+        p.recv[size_t(d)] = {{ptr(recv, ro[size_t(d)]), recv_bytes[size_t(d)]}};
+    }
+  }
+  c.plan.push_back(std::move(p));
+  c.uses = {send, recv};
+  return comm_->issue(*g_, std::move(c), stream, o);
+}
+
+std::optional<Event> Group::all_to_all(const Buffer& send, const Buffer& recv,
+                                       std::size_t bytes_per_peer, Stream& stream,
+                                       const CollOptions& o) {
+  std::vector<std::size_t> v(size_t(size()), bytes_per_peer);
+  return all_to_all_v(send, v, recv, v, stream, o);
+}
+
+std::optional<Event> Group::all_gather_v(const Buffer& send, std::size_t send_bytes,
+                                         const Buffer& recv,
+                                         const std::vector<std::size_t>& recv_bytes, Stream& stream,
+                                         const CollOptions& o) {
+  const std::string op = describe("all_gather_v");
+  const int me = comm_->caller_member(*g_, stream, op);
+  const int n = size();
+  if (static_cast<int>(recv_bytes.size()) != n)
+    throw UsageError(op + ": give one receive size per member (" + std::to_string(n) + ")");
+  if (recv_bytes[size_t(me)] != send_bytes)
+    throw UsageError(op + ": this member sends " + std::to_string(send_bytes) +
+                     " bytes but its own receive size is " +
+                     std::to_string(recv_bytes[size_t(me)]));
+  check_buffer(send, send_bytes, stream, op, "send");
+  check_buffer(recv, sum(recv_bytes), stream, op, "receive");
+  Call c;
+  c.kind = "all_gather_v";
+  c.text = "all_gather_v(send " + std::to_string(send_bytes) + " B, receive " +
+           detail::sizes_text(recv_bytes) + " B)";
+  c.parties = all_members(n);
+  c.party = me;
+  c.sms = comm_->nccl_sms;
+  c.latency_steps = std::max(1, n - 1);  // a ring's steps
+  PartyPhase p(static_cast<size_t>(n));
+  p.send_bytes.assign(size_t(n), send_bytes);
+  p.recv_bytes = recv_bytes;
+  if (functional(stream)) {
+    auto ro = detail::offsets_of(recv_bytes);
+    for (int d = 0; d < n; ++d) {
+      if (send_bytes) p.send[size_t(d)] = {{cptr(send, 0), send_bytes}};
+      if (recv_bytes[size_t(d)])
+        p.recv[size_t(d)] = {{ptr(recv, ro[size_t(d)]), recv_bytes[size_t(d)]}};
+    }
+  }
+  c.plan.push_back(std::move(p));
+  c.uses = {send, recv};
+  return comm_->issue(*g_, std::move(c), stream, o);
+}
+
+std::optional<Event> Group::all_gather(const Buffer& send, const Buffer& recv, std::size_t bytes,
+                                       Stream& stream, const CollOptions& o) {
+  return all_gather_v(send, bytes, recv, std::vector<std::size_t>(size_t(size()), bytes), stream,
+                      o);
+}
+
+std::optional<Event> Group::reduce_scatter(const Buffer& send, const Buffer& recv,
+                                           const std::vector<std::size_t>& counts, Stream& stream,
+                                           const CollOptions& o) {
+  const std::string op = describe("reduce_scatter");
+  const int me = comm_->caller_member(*g_, stream, op);
+  const int n = size();
+  if (static_cast<int>(counts.size()) != n)
+    throw UsageError(op + ": give one element count per member (" + std::to_string(n) + ")");
+  std::vector<std::size_t> bytes(counts.size());
+  for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * sizeof(float);
+  check_buffer(send, sum(bytes), stream, op, "send");
+  check_buffer(recv, bytes[size_t(me)], stream, op, "receive");
+  if (send && recv && send.data() == recv.data())
+    throw UsageError(op + ": send and receive must be different buffers");
+  Call c;
+  c.kind = "reduce_scatter(f32 sum)";
+  c.text = "reduce_scatter(f32 counts " + detail::sizes_text(counts) + ")";
+  c.parties = all_members(n);
+  c.party = me;
+  c.sms = comm_->nccl_sms;
+  c.latency_steps = std::max(1, n - 1);
+  PartyPhase p(static_cast<size_t>(n));
+  p.send_bytes = bytes;
+  p.recv_bytes.assign(size_t(n), bytes[size_t(me)]);
+  // The fixed order: member 0's part is copied, the others are added to it one by one.
+  p.ordered = true;
+  p.consume.assign(size_t(n), Consume::AddF32);
+  p.consume[0] = Consume::Copy;
+  if (functional(stream)) {
+    auto so = detail::offsets_of(bytes);
+    for (int d = 0; d < n; ++d) {
+      if (bytes[size_t(d)]) p.send[size_t(d)] = {{cptr(send, so[size_t(d)]), bytes[size_t(d)]}};
+      if (bytes[size_t(me)]) p.recv[size_t(d)] = {{ptr(recv, 0), bytes[size_t(me)]}};
+    }
+  }
+  c.plan.push_back(std::move(p));
+  c.uses = {send, recv};
+  return comm_->issue(*g_, std::move(c), stream, o);
+}
+
+std::optional<Event> Group::all_reduce(const Buffer& send, const Buffer& recv, std::size_t count,
+                                       Stream& stream, const CollOptions& o) {
+  const std::string op = describe("all_reduce");
+  const int me = comm_->caller_member(*g_, stream, op);
+  const int n = size();
+  check_buffer(send, count * sizeof(float), stream, op, "send");
+  check_buffer(recv, count * sizeof(float), stream, op, "receive");
+  // Reduce-scatter into a private chunk, then all-gather the chunks: the ring algorithm's
+  // traffic, and every member sums its chunk in member order, so all get the same bits. The
+  // chunk goes to scratch memory so that send and recv may be the same buffer.
+  std::vector<std::size_t> chunk(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i)
+    chunk[size_t(i)] =
+        (count / size_t(n) + (size_t(i) < count % size_t(n) ? 1 : 0)) * sizeof(float);
+  auto at = detail::offsets_of(chunk);
+  const std::size_t mine = chunk[size_t(me)];
+  Call c;
+  c.kind = "all_reduce(f32 sum, " + std::to_string(count) + ")";
+  c.text = "all_reduce(f32 count " + std::to_string(count) + ")";
+  c.parties = all_members(n);
+  c.party = me;
+  c.sms = comm_->nccl_sms;
+  c.latency_steps = std::max(1, 2 * (n - 1));
+  PartyPhase rs(static_cast<size_t>(n)), ag(static_cast<size_t>(n));
+  rs.send_bytes = chunk;
+  rs.recv_bytes.assign(size_t(n), mine);
+  rs.ordered = true;
+  rs.consume.assign(size_t(n), Consume::AddF32);
+  rs.consume[0] = Consume::Copy;
+  ag.send_bytes.assign(size_t(n), mine);
+  ag.recv_bytes = chunk;
+  c.uses = {send, recv};
+  c.plan = {std::move(rs), std::move(ag)};
+  if (functional(stream)) {
+    for (int d = 0; d < n; ++d)
+      if (chunk[size_t(d)])
+        c.plan[0].send[size_t(d)] = {{cptr(send, at[size_t(d)]), chunk[size_t(d)]}};
+    for (int d = 0; d < n; ++d)
+      if (chunk[size_t(d)])
+        c.plan[1].recv[size_t(d)] = {{ptr(recv, at[size_t(d)]), chunk[size_t(d)]}};
+  }
+  if (functional(stream) && mine) {
+    // Host memory standing in for NCCL's internal buffer; the call's bodies keep it alive.
+    auto scratch = std::make_shared<std::vector<float>>(mine / sizeof(float));
+    auto* s = reinterpret_cast<std::byte*>(scratch->data());
+    for (int d = 0; d < n; ++d) {
+      c.plan[0].recv[size_t(d)] = {{s, mine}};
+      c.plan[1].send[size_t(d)] = {{s, mine}};
+    }
+    c.keep = std::move(scratch);
+  }
+  return comm_->issue(*g_, std::move(c), stream, o);
+}
+
+std::optional<Event> Group::broadcast(const Buffer& buf, std::size_t bytes, int root,
+                                      Stream& stream, const CollOptions& o) {
+  const std::string op = describe("broadcast");
+  const int me = comm_->caller_member(*g_, stream, op);
+  const int n = size();
+  if (root < 0 || root >= n)
+    throw UsageError(op + ": root " + std::to_string(root) + " is not a member index (0.." +
+                     std::to_string(n - 1) + ")");
+  check_buffer(buf, bytes, stream, op, "data");
+  Call c;
+  c.kind = "broadcast(root " + std::to_string(root) + ")";
+  c.text = "broadcast(root " + std::to_string(root) + ", " + std::to_string(bytes) + " B)";
+  c.parties = all_members(n);
+  c.party = me;
+  c.sms = comm_->nccl_sms;
+  c.latency_steps = std::max(1, n - 1);
+  PartyPhase p(static_cast<size_t>(n));
+  if (me == root) {
+    for (int d = 0; d < n; ++d)
+      if (d != root) p.send_bytes[size_t(d)] = bytes;
+  } else {
+    p.recv_bytes[size_t(root)] = bytes;
+  }
+  if (functional(stream) && bytes) {
+    for (int d = 0; d < n; ++d) {
+      if (p.send_bytes[size_t(d)]) p.send[size_t(d)] = {{cptr(buf, 0), bytes}};
+      if (p.recv_bytes[size_t(d)]) p.recv[size_t(d)] = {{ptr(buf, 0), bytes}};
+    }
+  }
+  // Costed as NCCL's pipelined ring: every member forwards the data to the next once.
+  std::vector<detail::LinkLoad> loads;
+  const int next = (me + 1) % n;
+  if (next != root)
+    comm_->fabric.add_message(g_->ranks[size_t(me)], g_->ranks[size_t(next)],
+                              static_cast<double>(bytes), loads);
+  c.loads = std::move(loads);
+  c.plan.push_back(std::move(p));
+  c.uses = {buf};
+  return comm_->issue(*g_, std::move(c), stream, o);
+}
+
+std::optional<Event> Group::send_recv(int peer, const Buffer& send, std::size_t send_bytes,
+                                      const Buffer& recv, std::size_t recv_bytes, Stream& stream,
+                                      const CollOptions& o) {
+  const std::string op = describe("send_recv");
+  const int me = comm_->caller_member(*g_, stream, op);
+  if (peer < 0 || peer >= size() || peer == me)
+    throw UsageError(op + ": peer " + std::to_string(peer) +
+                     " must be another member's index (0.." + std::to_string(size() - 1) + ")");
+  check_buffer(send, send_bytes, stream, op, "send");
+  check_buffer(recv, recv_bytes, stream, op, "receive");
+  Call c;
+  c.kind = "send_recv";
+  c.text = "send_recv(peer rank " + std::to_string(g_->ranks[size_t(peer)]) + ", send " +
+           std::to_string(send_bytes) + " B, receive " + std::to_string(recv_bytes) + " B)";
+  const int lo = std::min(me, peer), hi = std::max(me, peer);
+  c.parties = {lo, hi};
+  c.party = me == lo ? 0 : 1;
+  const size_t other = size_t(1 - c.party);
+  c.p2p_peer = peer;
+  // NCCL runs point-to-point with one channel's worth of SMs; copy-engine p2p would take none.
+  c.sms = std::max(1, comm_->nccl_sms / 8);
+  PartyPhase p(2);
+  p.send_bytes[other] = send_bytes;
+  p.recv_bytes[other] = recv_bytes;
+  if (functional(stream)) {
+    if (send_bytes) p.send[other] = {{cptr(send, 0), send_bytes}};
+    if (recv_bytes) p.recv[other] = {{ptr(recv, 0), recv_bytes}};
+  }
+  c.plan.push_back(std::move(p));
+  c.uses = {send, recv};
+  return comm_->issue(*g_, std::move(c), stream, o);
+}
+
+}  // namespace nodeemu

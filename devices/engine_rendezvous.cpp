@@ -1,0 +1,303 @@
+// The engine's multi-party operations: rendezvous on both planes, the fabric's links and their
+// max-min fair sharing, and the reports that turn a hang into an error (see engine.hpp).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "devices/check.hpp"
+#include "devices/engine.hpp"
+#include "devices/errors.hpp"
+
+namespace nodeemu::detail {
+
+int Engine::add_link(std::string name, double bytes_per_s) {
+  NE_CHECK(bytes_per_s > 0, "a link needs a positive bandwidth");
+  links_.push_back({std::move(name), bytes_per_s / static_cast<double>(kPicosPerSecond)});
+  return static_cast<int>(links_.size()) - 1;
+}
+
+RendezvousId Engine::open_rendezvous(int parties, int phases, std::string label) {
+  NE_CHECK(parties >= 1 && phases >= 1, "a rendezvous needs a party and a phase");
+  NE_CHECK(rvs_.size() < kNoRendezvous, "too many rendezvous for 32-bit ids");
+  auto id = static_cast<RendezvousId>(rvs_.size());
+  Rendezvous& r = rvs_.emplace_back();
+  r.parties = parties;
+  r.phases = phases;
+  r.label = std::move(label);
+  if (hang_timeout_s_ > 0) {
+    std::lock_guard lk(hang_mu_);
+    hang_open_.push_back(
+        {id, {r.label + ": issued by none yet", std::chrono::steady_clock::now()}});
+  }
+  return id;
+}
+
+OpId Engine::join_rendezvous(RendezvousId rv, StreamState& s, std::string name, int sms,
+                             double host_cost_s, double latency_s, double alpha_s,
+                             std::vector<LinkLoad> loads,
+                             std::vector<std::function<void()>> phase_bodies,
+                             std::vector<std::shared_ptr<BufferState>> uses) {
+  Rendezvous& r = rvs_[rv];
+  NE_CHECK(r.joined < r.parties, "more parties joined a rendezvous than it has");
+  NE_CHECK(static_cast<int>(phase_bodies.size()) == r.phases || mode_ == Mode::Meta,
+           "a rendezvous party needs one body per phase");
+  for (const LinkLoad& l : loads)
+    NE_CHECK(l.link >= 0 && l.link < link_count() && l.bytes >= 0, "bad link load");
+  r.alpha_s = std::max(r.alpha_s, alpha_s);
+  r.loads.insert(r.loads.end(), loads.begin(), loads.end());
+  Issue in{OpKind::Comm,
+           sms > 0 ? ResourceKind::Sm : ResourceKind::None,
+           std::move(name),
+           host_cost_s,
+           latency_s,
+           0,
+           sms,
+           nullptr,
+           std::move(uses),
+           nullptr};
+  in.rendezvous = rv;
+  in.phase_bodies = std::move(phase_bodies);
+  OpId id = issue(s, std::move(in));
+  r.members.push_back(id);
+  ++r.joined;
+  if (hang_timeout_s_ > 0) {
+    std::lock_guard lk(hang_mu_);
+    auto it = std::find_if(hang_open_.begin(), hang_open_.end(),
+                           [&](const auto& e) { return e.first == rv; });
+    if (it != hang_open_.end()) {
+      if (r.joined == r.parties) {
+        hang_open_.erase(it);
+      } else {
+        std::string who;
+        for (OpId m : r.members) who += (who.empty() ? "" : ", ") + actors_[ops_[m].host].name;
+        it->second.label = r.label + ": issued by " + who + "; " +
+                           std::to_string(r.parties - r.joined) + " of " +
+                           std::to_string(r.parties) + " never issued it";
+      }
+    }
+  }
+  return id;
+}
+
+void Engine::wire_party(Rendezvous& r, StreamState& s, OpId id, const EventState* waits,
+                        std::vector<std::function<void()>> bodies,
+                        std::vector<std::shared_ptr<BufferState>> uses) {
+  Op& op = ops_[id];
+  const std::uint64_t seq = id;
+  if (r.barriers.empty()) {
+    for (int k = 0; k < r.phases; ++k)
+      r.barriers.push_back(exec_.make(seq, -1, "", r.label + " barrier", nullptr, nullptr));
+    r.done = exec_.make(seq, -1, "", r.label, nullptr, nullptr);
+  }
+  // Phase 0 opens once every party's stream has got here: no party's buffers are touched before
+  // their owner's earlier work is done.
+  exec_.depend(r.barriers[0], s.last_task);
+  if (waits) exec_.depend(r.barriers[0], waits->task);
+  const DeviceState& d = devices_[static_cast<size_t>(s.device)];
+  for (int k = 0; k < r.phases; ++k) {
+    auto t = exec_.make(seq, s.device, s.name, op.name, std::move(bodies[static_cast<size_t>(k)]),
+                        d.pool);
+    t->keep = uses;
+    exec_.depend(t, r.barriers[static_cast<size_t>(k)]);
+    exec_.arm(t);
+    // The next phase, or the end, waits for every party's part of this one.
+    exec_.depend(k + 1 < r.phases ? r.barriers[static_cast<size_t>(k + 1)] : r.done, t);
+  }
+  // Every party's stream continues after the whole operation: a peer may still be reading this
+  // party's send buffer until then.
+  op.task = r.done;
+  s.last_task = r.done;
+  if (r.joined + 1 == r.parties) {
+    for (auto& b : r.barriers) exec_.arm(b);
+    exec_.arm(r.done);
+  }
+}
+
+void Engine::drain_functional() {
+  for (Rendezvous& r : rvs_) {
+    if (r.joined == r.parties || r.barriers.empty()) continue;
+    // Never joined by every party: poison it so that its tasks skip their bodies, and open it.
+    {
+      std::lock_guard lk(r.barriers[0]->mu);
+      r.barriers[0]->failure = std::make_shared<KernelFailure>(
+          KernelFailure{r.barriers[0]->seq, -1, "", r.label,
+                        "the operation was never issued by every party (see the deadlock report)"});
+    }
+    for (auto& b : r.barriers) exec_.arm(b);
+    exec_.arm(r.done);
+    r.joined = r.parties;
+  }
+  exec_.drain();
+}
+
+void Engine::arrive(RendezvousId rv) {
+  Rendezvous& r = rvs_[rv];
+  if (++r.arrived == r.parties)
+    push(now_ + seconds_to_vtime(r.alpha_s), CalendarEntry::What::FlowStart, rv);
+}
+
+void Engine::start_flow(RendezvousId rv) {
+  Rendezvous& r = rvs_[rv];
+  // Sum the parties' loads per link, in link order so that the arithmetic is always the same.
+  std::vector<LinkLoad> per_link = r.loads;
+  std::sort(per_link.begin(), per_link.end(),
+            [](const LinkLoad& a, const LinkLoad& b) { return a.link < b.link; });
+  r.coef.clear();
+  double most = 0;
+  for (const LinkLoad& l : per_link) {
+    if (l.bytes <= 0) continue;
+    if (!r.coef.empty() && r.coef.back().first == l.link) {
+      r.coef.back().second += l.bytes;
+    } else {
+      r.coef.push_back({l.link, l.bytes});
+    }
+  }
+  for (auto& [link, bytes] : r.coef) most = std::max(most, bytes);
+  if (most <= 0) {
+    finish_rendezvous(rv);
+    return;
+  }
+  for (auto& c : r.coef) c.second /= most;
+  r.remaining = most;
+  r.rate = 0;
+  r.last_update = now_;
+  r.flowing = true;
+  flows_.push_back(rv);
+  rerate_network();
+}
+
+void Engine::rerate_network() {
+  for (RendezvousId id : flows_) {
+    Rendezvous& r = rvs_[id];
+    r.remaining -= static_cast<double>(now_ - r.last_update) * r.rate;
+    if (r.remaining < 0) r.remaining = 0;
+    r.last_update = now_;
+  }
+  // Max-min fairness by progressive filling: raise every unfrozen flow's rate together until a
+  // link fills, freeze the flows through it, repeat. A flow alone runs at the pace of its most
+  // loaded link; flows sharing a link share its bandwidth.
+  const size_t n = flows_.size();
+  std::vector<double> x(n, 0), residual(links_.size());
+  std::vector<char> frozen(n, 0);
+  for (size_t l = 0; l < links_.size(); ++l) residual[l] = links_[l].bytes_per_ps;
+  std::vector<double> demand(links_.size());
+  for (size_t left = n; left > 0;) {
+    std::fill(demand.begin(), demand.end(), 0.0);
+    for (size_t f = 0; f < n; ++f)
+      if (!frozen[f])
+        for (auto& [link, c] : rvs_[flows_[f]].coef) demand[static_cast<size_t>(link)] += c;
+    double delta = INFINITY;
+    for (size_t l = 0; l < links_.size(); ++l)
+      if (demand[l] > 0) delta = std::min(delta, residual[l] / demand[l]);
+    NE_CHECK(std::isfinite(delta), "a flow without links is flowing");
+    for (size_t l = 0; l < links_.size(); ++l) residual[l] -= delta * demand[l];
+    for (size_t f = 0; f < n; ++f) {
+      if (frozen[f]) continue;
+      x[f] += delta;
+      for (auto& [link, c] : rvs_[flows_[f]].coef) {
+        const size_t l = static_cast<size_t>(link);
+        if (residual[l] <= 1e-9 * links_[l].bytes_per_ps) {
+          frozen[f] = 1;
+          --left;
+          break;
+        }
+      }
+    }
+  }
+  for (size_t f = 0; f < n; ++f) {
+    Rendezvous& r = rvs_[flows_[f]];
+    r.rate = x[f];
+    ++r.version;
+    const double left = std::ceil(r.remaining / r.rate);
+    push(now_ + static_cast<VTime>(left), CalendarEntry::What::FlowComplete, flows_[f], r.version);
+  }
+}
+
+void Engine::finish_rendezvous(RendezvousId rv) {
+  Rendezvous& r = rvs_[rv];
+  r.complete = true;
+  if (r.flowing) {
+    r.flowing = false;
+    std::erase(flows_, rv);
+    if (!flows_.empty()) rerate_network();
+  }
+  for (OpId m : r.members) finish(m);
+}
+
+void Engine::set_hang_timeout(double seconds) {
+  NE_CHECK(rvs_.empty(), "set the hang timeout before the first rendezvous");
+  hang_timeout_s_ = seconds;
+  if (seconds > 0 && !hang_thread_.joinable())
+    hang_thread_ = std::thread([this] { watch_hangs(); });
+}
+
+void Engine::watch_hangs() {
+  const auto limit = std::chrono::duration<double>(hang_timeout_s_);
+  const auto period = std::chrono::duration<double>(std::min(0.1, hang_timeout_s_ / 4));
+  std::unique_lock lk(hang_mu_);
+  while (!hang_cv_.wait_for(lk, period, [&] { return hang_stop_; })) {
+    const auto now = std::chrono::steady_clock::now();
+    for (const auto& [rv, e] : hang_open_) {
+      if (now - e.since < limit) continue;
+      std::string waits;
+      for (const std::string& w : hang_waits_)
+        if (!w.empty()) waits += "; " + w;
+      std::fprintf(stderr,
+                   "nodeemu: hang: %s, for more than %.3g s of wall-clock time%s. A rank skipped "
+                   "or reordered a collective: make every rank of the group issue the same "
+                   "collectives in the same order.\n",
+                   e.label.c_str(), hang_timeout_s_, waits.c_str());
+      std::fflush(stderr);
+      // As NCCL's watchdog does: a collective that will never complete ends the job.
+      std::_Exit(3);
+    }
+  }
+}
+
+std::string Engine::describe_op(OpId id) const {
+  const Op& op = ops_[id];
+  std::string where = layout_.device_names[static_cast<size_t>(op.device)];
+  for (const auto& t : layout_.tracks)
+    if (t.device == op.device && t.track == op.track) where += "/" + t.name;
+  std::string out = "'" + op.name + "' on " + where;
+  if (op.rendezvous != kNoRendezvous) {
+    const Rendezvous& r = rvs_[op.rendezvous];
+    std::string who;
+    for (OpId m : r.members) who += (who.empty() ? "" : ", ") + actors_[ops_[m].host].name;
+    out += " (" + r.label + "; issued by " + who;
+    if (r.joined < r.parties) {
+      out += "; " + std::to_string(r.parties - r.joined) + " of " + std::to_string(r.parties) +
+             " parties never issued it";
+    } else if (r.arrived < r.parties) {
+      out += "; " + std::to_string(r.parties - r.arrived) +
+             " parties issued it behind work that never completes";
+    }
+    out += ")";
+  }
+  return out;
+}
+
+std::string Engine::deadlock_report() const {
+  std::string out = "every host is blocked and no device work is left.";
+  for (const Actor& a : actors_) {
+    if (a.live_children > 0) continue;  // a parent inside run(): its children say more
+    std::string what;
+    switch (a.state) {
+      case Actor::State::Done:
+        what = "finished";
+        break;
+      case Actor::State::Blocked:
+        what = a.waiting_on != kNoOp ? "waits on " + describe_op(a.waiting_on) : "is blocked";
+        break;
+      default:
+        what = "is runnable";
+        break;
+    }
+    out += " " + a.name + " " + what + ";";
+  }
+  out.pop_back();
+  return out;
+}
+
+}  // namespace nodeemu::detail
