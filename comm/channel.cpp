@@ -1,7 +1,6 @@
 #include "comm/channel.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <string>
 
 #include "comm/fast_copy.hpp"
@@ -9,6 +8,31 @@
 #include "devices/errors.hpp"
 #include "devices/numa_memory.hpp"
 
+// Tuning, measured on the development host (AMD EPYC Zen4 under KVM, 2 cores, 1 MiB L2 per
+// core, 32 MiB shared L3; median of 7, same source and destination reused, so 1-4 MiB copies are
+// cache-hot):
+//  - One thread with both roles is indifferent to the ring's shape: pass_through() keeps the
+//    data in L1 a 4 KiB piece at a time. 64 MiB: 1.1-1.2x memcpy (thanks to streaming stores,
+//    which glibc's memcpy does not use at that size here); 1-4 MiB: 0.77-0.82x.
+//  - A producer thread and a consumer thread depend on it. Each slot crosses from the producer's
+//    core to the consumer's, and lines still dirty in the other core's L2 move slowly: with
+//    4 x 64 KiB a 4 MiB transfer ran at 8 GB/s. Many slots and a ring larger than the L2 fix
+//    most of it (presumably because a slot then leaves both L2s before it is rewritten):
+//        ring            1 MiB    4 MiB    64 MiB   (GB/s; memcpy by 2 threads: 85, 90, 16)
+//        4 x 64 KiB        8        8        8
+//        16 x 64 KiB      29       29       11
+//        32 x 64 KiB      29       31       16      <- default
+//        16 x 128 KiB     28       31       15
+//        8 x 256 KiB      23       32       15
+//        64 x 64 KiB      28       28       15
+//    A cache-hot copy through a ring stays well below two threads each copying half (about
+//    0.35x at 1-4 MiB, 0.65x of one memcpy thread); from DRAM it matches them (0.8-1.0x).
+//  - Those figures need the two cores to share a cache. The hypervisor moves the vCPUs: while a
+//    cross-core ping-pong took ~320 ns instead of ~55, the producer/consumer pair fell to
+//    2.4 GB/s at every size, because each slot line is pulled out of the other core's cache. A
+//    producer that wrote slots with streaming stores (through DRAM) held 15-23 GB/s there, but
+//    ran at 17/17/13/11 GB/s instead of 29/32/21/14 in the good placement; plain stores are
+//    kept, which is also what a shared-L3 host wants.
 namespace nodeemu::detail {
 
 // Counters written by one thread and polled by another get a line pair of their own: sharing a
@@ -44,6 +68,11 @@ struct Ring {
 
 namespace {
 
+// The piece size of pass_through(): small enough that a piece written to the slot is still in L1
+// when it is read back (Zen4: 32 KiB L1d), large enough to amortise the per-piece calls. 2, 4 and
+// 8 KiB measured within noise of each other.
+constexpr std::size_t kPassPiece = 4096;
+
 // A try-lock that never waits: the role is either free now or somebody else is moving it. The
 // relaxed pre-check keeps spinning pumps from bouncing the flag's line with writes. Acquire on
 // success, paired with the release in unlock(), hands the role's cursor from one holder to the
@@ -63,13 +92,16 @@ void gather(const std::vector<ConstSegment>& segments, std::size_t& segment, std
     NE_CHECK(segment < segments.size(), "transfer source shorter than its byte count");
     const ConstSegment& s = segments[segment];
     const std::size_t piece = std::min(n, s.bytes - offset);
-    if (piece > 0) std::memcpy(out, s.ptr + offset, piece);
+    copy_bytes(out, s.ptr + offset, piece, /*streaming=*/false);
     out += piece, n -= piece, offset += piece;
     if (offset == s.bytes) ++segment, offset = 0;
   }
 }
 
-// Applies n bytes at `in` to the destination stream at (segment, offset).
+// Applies n bytes at `in` to the destination stream at (segment, offset). Streaming stores are
+// left unfenced: a fence per piece stalls until the pieces reach memory (measured: a 1-thread
+// 8 MiB transfer ran at 14 GB/s instead of 26), so the role holder fences once before it
+// publishes.
 void scatter(const std::vector<Segment>& segments, std::size_t& segment, std::size_t& offset,
              const std::byte* in, std::size_t n, Consume mode, bool streaming) {
   while (n > 0) {
@@ -78,10 +110,14 @@ void scatter(const std::vector<Segment>& segments, std::size_t& segment, std::si
     const std::size_t piece = std::min(n, s.bytes - offset);
     if (piece > 0) {
       std::byte* to = s.ptr + offset;
-      if (mode == Consume::AddF32)
+      if (mode == Consume::AddF32) {
         add_f32(reinterpret_cast<float*>(to), reinterpret_cast<const float*>(in), piece / 4);
-      else if (to != in)  // an in-place local copy has nothing to move
-        copy_bytes(to, in, piece, streaming);
+      } else if (to != in) {  // an in-place local copy has nothing to move
+        if (streaming)
+          stream_bytes_unfenced(to, in, piece);  // the caller fences before publishing
+        else
+          copy_bytes(to, in, piece, /*streaming=*/false);
+      }
     }
     in += piece, n -= piece, offset += piece;
     if (offset == s.bytes) ++segment, offset = 0;
@@ -239,19 +275,23 @@ bool Transfer::pump(Role roles) {
   if (done()) return true;
   if (src_device_ == dst_device_) return pump_local();
   Ring& ring = *bind_ring();
-  // Alternate the roles until neither moves anything: alone with Both this fills every slot,
-  // drains them while they are still in cache, and repeats to the end; with a peer holding one
-  // role it keeps up with the peer as long as the peer keeps moving.
+  // Repeat until nothing moves: with a peer holding one role, this keeps up with the peer for as
+  // long as the peer keeps moving, and returns as soon as it would have to wait for it.
   for (;;) {
+    const bool producer = (roles & Producer) != 0 && try_lock(producing_);
+    const bool consumer = (roles & Consumer) != 0 && try_lock(consuming_);
     bool moved = false;
-    if ((roles & Producer) != 0 && try_lock(producing_)) {
-      moved |= produce(ring);
-      unlock(producing_);
+    if (producer && consumer) {
+      // Alone on the ring: drain what an earlier producer left (in order), then pass the rest
+      // through the now empty ring.
+      moved = consume(ring);
+      moved |= pass_through(ring);
+    } else {
+      if (producer) moved |= produce(ring);
+      if (consumer) moved |= consume(ring);
     }
-    if ((roles & Consumer) != 0 && try_lock(consuming_)) {
-      moved |= consume(ring);
-      unlock(consuming_);
-    }
+    if (consumer) unlock(consuming_);
+    if (producer) unlock(producing_);
     if (!moved) break;
   }
   return done();
@@ -270,8 +310,9 @@ bool Transfer::pump_local() {
               streaming_);
       ++src_segment, src_offset = 0;
     }
-    // Release: whoever sees done() sees the destination (copy_bytes has already fenced any
-    // streaming stores).
+    // Release: whoever sees done() sees the destination. Streaming stores are not ordered by a
+    // release store, hence the fence first.
+    if (streaming_) store_fence();
     done_.store(true, std::memory_order_release);
   }
   unlock(producing_);
@@ -299,6 +340,39 @@ bool Transfer::produce(Ring& ring) {
   return moved;
 }
 
+bool Transfer::pass_through(Ring& ring) {
+  // With both roles there is nobody to pipeline with, and filling all the slots before draining
+  // them (the obvious way) costs two copies through L2. Instead each slot is filled and drained
+  // kPassPiece bytes at a time, so every byte is read back from L1 right after it was written:
+  // on the development host that made one thread moving 1 MiB (hot) go from 0.48x to ~0.95x of
+  // a memcpy. The data still goes through the ring's memory on the receiver's node.
+  std::uint64_t head = ring.head.value.load(std::memory_order_relaxed);
+  NE_CHECK(head == ring.tail.value.load(std::memory_order_relaxed), "pass-through on a full ring");
+  bool moved = false;
+  while (produced_ < bytes_) {
+    const std::size_t n = std::min<std::size_t>(ring.slot_bytes, bytes_ - produced_);
+    // Every piece of the slot goes through the slot's first kPassPiece bytes: walking the
+    // whole slot instead would make each piece's stores miss L1 (measured: 28 instead of 37
+    // GB/s for 1 MiB).
+    std::byte* slot = ring.slot(head);
+    for (std::size_t at = 0; at < n; at += kPassPiece) {
+      const std::size_t piece = std::min(kPassPiece, n - at);
+      gather(src_, src_cursor_.segment, src_cursor_.offset, slot, piece);
+      scatter(dst_, dst_cursor_.segment, dst_cursor_.offset, slot, piece, consume_, streaming_);
+    }
+    produced_ += n;
+    consumed_ += n;
+    // Kept consistent for whoever takes a role next (the role unlocks publish them too).
+    ++head;
+    ring.head.value.store(head, std::memory_order_release);
+    ring.tail.value.store(head, std::memory_order_release);
+    moved = true;
+  }
+  if (streaming_) store_fence();
+  if (moved) done_.store(true, std::memory_order_release);
+  return moved;
+}
+
 bool Transfer::consume(Ring& ring) {
   std::uint64_t tail = ring.tail.value.load(std::memory_order_relaxed);  // only we write it
   std::uint64_t head = ring.head.value.load(std::memory_order_acquire);
@@ -319,8 +393,13 @@ bool Transfer::consume(Ring& ring) {
     consumed_ += n;
     moved = true;
   }
-  // Release after the last slot is applied (streaming stores fenced by copy_bytes): done()
-  // acquires it, so a thread that sees done() sees the whole destination.
+  // Once per call, not per slot: the streaming stores must be visible before the role is
+  // unlocked (a later holder may be the one that publishes done) and before done itself.
+  // Overwriting a slot needs no fence: the slot was read with ordinary loads, which x86 keeps
+  // ordered before the release store of tail.
+  if (moved && streaming_) store_fence();
+  // Release after the last slot is applied: done() acquires it, so a thread that sees done()
+  // sees the whole destination.
   if (moved && consumed_ == bytes_) done_.store(true, std::memory_order_release);
   return moved;
 }

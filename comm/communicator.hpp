@@ -34,9 +34,11 @@ struct CommState;
 }  // namespace detail
 
 struct CommOptions {
-  int nccl_sms = 0;                   // SMs of NCCL-like kernels; 0 = comm_kernels.nccl_sms
-  std::size_t slot_bytes = 64 << 10;  // channel ring slots (see comm/channel.hpp)
-  int slots = 4;
+  int nccl_sms = 0;  // SMs of NCCL-like kernels; 0 = comm_kernels.nccl_sms
+  // Channel rings (see comm/channel.hpp): 16 x 64 KiB, 1 MiB per device pair that talks. More
+  // slots help only when a sender's and a receiver's worker pump a ring at once.
+  std::size_t slot_bytes = 64 << 10;
+  int slots = 16;
 };
 
 class Communicator {

@@ -35,7 +35,6 @@ __attribute__((target("avx512f"))) void stream_avx512(std::byte* dst, const std:
   for (; n >= 64; dst += 64, src += 64, n -= 64)
     _mm512_stream_si512(reinterpret_cast<__m512i*>(dst), _mm512_loadu_si512(src));
   std::memcpy(dst, src, n);
-  _mm_sfence();
 }
 
 __attribute__((target("avx2"))) void stream_avx2(std::byte* dst, const std::byte* src,
@@ -57,7 +56,6 @@ __attribute__((target("avx2"))) void stream_avx2(std::byte* dst, const std::byte
     _mm256_stream_si256(reinterpret_cast<__m256i*>(dst),
                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
   std::memcpy(dst, src, n);
-  _mm_sfence();
 }
 
 // Plain-store copies for cache-resident data. glibc's memcpy switches to `rep movsb` between a
@@ -79,8 +77,7 @@ __attribute__((target("avx512f"))) void cached_avx512(std::byte* dst, const std:
     _mm512_storeu_si512(dst + 128, c);
     _mm512_storeu_si512(dst + 192, d);
   }
-  for (; n >= 64; dst += 64, src += 64, n -= 64)
-    _mm512_storeu_si512(dst, _mm512_loadu_si512(src));
+  for (; n >= 64; dst += 64, src += 64, n -= 64) _mm512_storeu_si512(dst, _mm512_loadu_si512(src));
   std::memcpy(dst, src, n);
 }
 
@@ -128,7 +125,7 @@ using StreamFn = void (*)(std::byte*, const std::byte*, std::size_t);
 using AddFn = void (*)(float*, const float*, std::size_t);
 
 struct Kernels {
-  StreamFn stream;  // non-temporal stores, then sfence
+  StreamFn stream;  // non-temporal stores, not fenced
   StreamFn cached;  // plain stores, for copies below kLoopMax
   AddFn add;
 };
@@ -153,12 +150,23 @@ void copy_bytes(void* dst, const void* src, std::size_t n, bool streaming) {
   if (n == 0) return;
   auto* to = static_cast<std::byte*>(dst);
   const auto* from = static_cast<const std::byte*>(src);
-  if (streaming)
+  if (streaming) {
     kernels().stream(to, from, n);
-  else if (n < kLoopMax)
+    store_fence();
+  } else if (n < kLoopMax) {
     kernels().cached(to, from, n);
-  else
+  } else {
     std::memcpy(to, from, n);
+  }
+}
+
+void stream_bytes_unfenced(void* dst, const void* src, std::size_t n) {
+  if (n == 0) return;
+  kernels().stream(static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), n);
+}
+
+void store_fence() {
+  _mm_sfence();
 }
 
 void add_f32(float* dst, const float* src, std::size_t n) {

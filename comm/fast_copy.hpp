@@ -14,9 +14,15 @@ namespace nodeemu::detail {
 // vector loop below 1 MiB (faster than glibc's memcpy for cache-sized copies here), else memcpy.
 void copy_bytes(void* dst, const void* src, std::size_t n, bool streaming);
 
+// copy_bytes(dst, src, n, true) without the closing sfence, for a caller that streams many
+// pieces: it must call store_fence() before anything that publishes the destination (a release
+// store, an unlock), because non-temporal stores are not ordered by those.
+void stream_bytes_unfenced(void* dst, const void* src, std::size_t n);
+void store_fence();
+
 // dst[i] += src[i] for i < n. Each element is one IEEE single-precision addition whatever the
 // vector width or the position of i in the call, so the result does not depend on how a sum is
-// split into calls. dst and src must not overlap.
+// split into calls. dst == src is allowed (it doubles); otherwise they must not overlap.
 void add_f32(float* dst, const float* src, std::size_t n);
 
 // The copy size in bytes from which streaming stores beat memcpy on this machine.

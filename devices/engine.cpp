@@ -123,6 +123,7 @@ OpId Engine::new_op(StreamState& s, OpKind kind, std::string name, ResourceKind 
   op.sms = 0;
   op.name = std::move(name);
   // In-stream order: an operation starts after its predecessor on the stream completed.
+  op.prev = s.last;
   add_dependency_on_completion(id, s.last);
   return id;
 }
@@ -479,7 +480,7 @@ void Engine::host_wait(OpId id, const std::shared_ptr<FuncTask>& task) {
     if (hang_timeout_s_ > 0) {
       std::lock_guard lk(hang_mu_);
       hang_waits_.resize(actors_.size());
-      hang_waits_[static_cast<size_t>(a.id)] = a.name + " waits on " + describe_op(id);
+      hang_waits_[static_cast<size_t>(a.id)] = a.name + " waits on " + describe_wait(id);
     }
     try {
       block_current();

@@ -101,6 +101,7 @@ struct Op {
   std::vector<OpId> on_complete;
   OpId queue_next = kNoOp;
   OpId waits_for = kNoOp;
+  OpId prev = kNoOp;  // the operation before it on its stream (for reports)
   std::vector<int> waiting_hosts;
   std::vector<std::shared_ptr<PendingRelease>> releases;
   std::shared_ptr<FuncTask> task;
@@ -331,6 +332,9 @@ class Engine {
   void finish_rendezvous(RendezvousId rv);
   void rerate_network();
   std::string describe_op(OpId id) const;
+  // `id`, and what holds it up: the earliest unfinished operation its stream order and event
+  // waits lead back to.
+  std::string describe_wait(OpId id) const;
   std::string deadlock_report() const;
   void watch_hangs();
 

@@ -278,6 +278,21 @@ std::string Engine::describe_op(OpId id) const {
   return out;
 }
 
+std::string Engine::describe_wait(OpId id) const {
+  OpId cur = id;
+  for (;;) {
+    const Op& op = ops_[cur];
+    if (op.prev != kNoOp && !ops_[op.prev].complete()) {
+      cur = op.prev;
+    } else if (op.waits_for != kNoOp && !ops_[op.waits_for].complete()) {
+      cur = op.waits_for;
+    } else {
+      break;
+    }
+  }
+  return cur == id ? describe_op(id) : describe_op(id) + ", behind " + describe_op(cur);
+}
+
 std::string Engine::deadlock_report() const {
   std::string out = "every host is blocked and no device work is left.";
   for (const Actor& a : actors_) {
@@ -288,7 +303,7 @@ std::string Engine::deadlock_report() const {
         what = "finished";
         break;
       case Actor::State::Blocked:
-        what = a.waiting_on != kNoOp ? "waits on " + describe_op(a.waiting_on) : "is blocked";
+        what = a.waiting_on != kNoOp ? "waits on " + describe_wait(a.waiting_on) : "is blocked";
         break;
       default:
         what = "is runnable";

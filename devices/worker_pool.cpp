@@ -47,16 +47,29 @@ void ExecutionBudget::release() {
   free_.notify_one();
 }
 
+namespace {
+// At most half the hardware threads spin at once. Emulated devices outnumber real cores many
+// times over (16 pools and 16 host threads on 2 cores): when every idle thread spun, the spinners
+// took the cores from the one thread moving bytes, and a 64-byte all-to-all on 8 ranks cost
+// half a millisecond.
+std::atomic<int> g_spinners{0};
+const int g_max_spinners = [] {
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  return hw > 1 ? hw / 2 : 0;
+}();
+}  // namespace
+
 void spin_then_wait(const std::atomic<std::uint32_t>& word, std::uint32_t seen) {
-  auto deadline = std::chrono::steady_clock::now() + kSpinFor;
-  int n = 0;
-  while (word.load(std::memory_order_acquire) == seen) {
-    cpu_relax();
-    if ((++n & 63) == 0 && std::chrono::steady_clock::now() >= deadline) {
-      word.wait(seen, std::memory_order_acquire);
-      return;
+  if (g_spinners.fetch_add(1, std::memory_order_relaxed) < g_max_spinners) {
+    auto deadline = std::chrono::steady_clock::now() + kSpinFor;
+    int n = 0;
+    while (word.load(std::memory_order_acquire) == seen) {
+      cpu_relax();
+      if ((++n & 63) == 0 && std::chrono::steady_clock::now() >= deadline) break;
     }
   }
+  g_spinners.fetch_sub(1, std::memory_order_relaxed);
+  while (word.load(std::memory_order_acquire) == seen) word.wait(seen, std::memory_order_acquire);
 }
 
 // A parallel_for in flight: chunks are claimed through `next`, so any number of threads can

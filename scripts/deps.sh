@@ -1,7 +1,7 @@
 # Sourced by scripts/run and scripts/test: installs the Debian packages NodeEmu builds with,
 # and only those that are missing, so a second run costs nothing.
 nodeemu_packages=(cmake g++ make pkg-config libhwloc-dev libnuma-dev libopenblas-dev
-                  libyaml-cpp-dev libgtest-dev googletest libbenchmark-dev)
+                  libyaml-cpp-dev libgtest-dev libgmock-dev googletest libbenchmark-dev)
 
 nodeemu_install_missing() {
   local missing=()
@@ -26,4 +26,14 @@ nodeemu_build() {
     cmake --preset "$preset" >&2
   fi
   cmake --build --preset "$preset" -j "$(nproc)" >&2
+}
+
+# Optional, benchmarks only: MPI for bench_mpi_alltoall, the reference of bench_comm. Installed by
+# bench/run_comm_vs_mpi.sh, never by scripts/run or scripts/test; bench/CMakeLists.txt builds that
+# benchmark only when CMake finds MPI (re-run cmake after installing).
+nodeemu_bench_packages=(openmpi-bin libopenmpi-dev)
+
+nodeemu_install_bench_extras() {
+  local nodeemu_packages=("${nodeemu_bench_packages[@]}")  # bash scoping: seen by the call below
+  nodeemu_install_missing
 }

@@ -1,0 +1,159 @@
+// Golden virtual timings of the fabric model: alpha-beta per link, contention on shared links,
+// NIC-bound traffic across nodes, and the SMs that communication kernels take from compute.
+#include <gtest/gtest.h>
+
+#include "comm/communicator.hpp"
+#include "tests/comm/comm_test_support.hpp"
+
+namespace nodeemu {
+namespace {
+
+using testing::comm_options;
+using testing::us;
+
+// The first record on `device` named `name`.
+TraceRecorder::Op find_op(const Node& node, int device, const std::string& name, int nth = 0) {
+  for (const auto& op : node.trace().ops())
+    if (op.device == device && op.name == name && nth-- == 0) return op;
+  ADD_FAILURE() << "no op '" << name << "' on device " << device;
+  return {};
+}
+
+std::vector<int> iota(int n) {
+  std::vector<int> v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) v[size_t(i)] = i;
+  return v;
+}
+
+TEST(FabricTiming, TwoNodeAllToAllIsBoundByTheNics) {
+  // 16 ranks on two 8-GPU nodes, 1 MB per peer. Each rank's launch costs 1 us of host time and
+  // 1 us of latency: every part is ready at 2 us. The transfer starts one NIC latency later
+  // (4 us). Every NIC sends 8 MB at 10 GB/s (800 us) while every NVLink port moves 7 MB at
+  // 100 GB/s (70 us): the NICs set the pace, and all 16 parts end at 804 us.
+  Node node(comm_options(16, Mode::Meta));
+  Communicator comm(node);
+  std::vector<VTime> host_done(16);
+  node.run([&](Host& host) {
+    Group g = comm.group(iota(16), "ep");
+    Buffer send = host.device().allocate(16'000'000), recv = host.device().allocate(16'000'000);
+    Stream s = host.device().default_stream();
+    g.all_to_all(send, recv, 1'000'000, s);
+    host_done[size_t(host.rank())] = host.now();
+  });
+  for (int d = 0; d < 16; ++d) {
+    auto op = find_op(node, d, "all_to_all_v");
+    EXPECT_EQ(op.kind, OpKind::Comm);
+    EXPECT_EQ(op.start, us(2)) << "device " << d;
+    EXPECT_EQ(op.end, us(804)) << "device " << d;
+    EXPECT_EQ(host_done[size_t(d)], us(804)) << "the sync form returns when it completes";
+  }
+}
+
+TEST(FabricTiming, OneNodeAllToAllIsBoundByNvlink) {
+  // 8 ranks, 1 MB per peer: each port moves 7 MB at 100 GB/s = 70 us after 1 us of latency.
+  Node node(comm_options(8, Mode::Meta));
+  Communicator comm(node);
+  node.run([&](Host& host) {
+    Group g = comm.group(iota(8), "ep");
+    Buffer b = host.device().allocate(8'000'000);
+    Stream s = host.device().default_stream();
+    g.all_to_all(b, b, 1'000'000, s, {.async = true});
+    s.synchronize();
+  });
+  for (int d = 0; d < 8; ++d) EXPECT_EQ(find_op(node, d, "all_to_all_v").end, us(73));
+}
+
+TEST(FabricTiming, ConcurrentCollectivesShareTheirLinks) {
+  // Two all-to-alls on two streams of 2 ranks, 1 MB per peer (10 us alone). A is ready at
+  // 2 us and flows from 3 us; B is ready at 3 us and flows from 4 us. A moves 1 us alone, then
+  // both share every port at half rate: A's other 0.9 MB take 18 us (end 22 us), then B
+  // finishes its last 0.1 MB alone in 1 us (end 23 us).
+  Node node(comm_options(2, Mode::Meta));
+  Communicator comm(node);
+  node.run([&](Host& host) {
+    Group g = comm.group({0, 1}, "ep");
+    Buffer b = host.device().allocate(2'000'000);
+    Stream sa = host.device().create_stream(Priority::Normal, "a");
+    Stream sb = host.device().create_stream(Priority::Normal, "b");
+    g.all_to_all(b, b, 1'000'000, sa, {.async = true, .name = "a2a A"});
+    g.all_to_all(b, b, 1'000'000, sb, {.async = true, .name = "a2a B"});
+    host.device().synchronize();
+  });
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_EQ(find_op(node, d, "a2a A").end, us(22));
+    EXPECT_EQ(find_op(node, d, "a2a B").end, us(23));
+  }
+}
+
+TEST(FabricTiming, CommunicationKernelsTakeTheirSmsFromCompute) {
+  // A 100 us compute kernel (ready at 2 us) next to an all-to-all that holds 20 of the 100 SMs
+  // from 3 us to 14 us: compute runs at 80% for those 11 us and ends 2.2 us late, at 104.2 us.
+  Node node(comm_options(2, Mode::Meta));
+  Communicator comm(node);
+  node.run([&](Host& host) {
+    Group g = comm.group({0, 1}, "ep");
+    Buffer b = host.device().allocate(2'000'000);
+    Stream comp = host.device().default_stream();
+    Stream cs = host.device().create_stream(Priority::High, "comm");
+    comp.launch({"gemm", Work{.fixed_s = 100e-6}});
+    g.all_to_all(b, b, 1'000'000, cs, {.async = true});
+    host.device().synchronize();
+  });
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_EQ(find_op(node, d, "all_to_all_v").start, us(3));
+    EXPECT_EQ(find_op(node, d, "all_to_all_v").end, us(14));
+    EXPECT_EQ(find_op(node, d, "gemm").end, us(104.2));
+  }
+}
+
+TEST(FabricTiming, AKernelWaitingForItsPeersHoldsItsSms) {
+  // Rank 1 issues its part 50 us late; rank 0's kernel starts at 2 us and spins (holding its
+  // SMs, as an NCCL kernel does) until the transfer can start.
+  Node node(comm_options(2, Mode::Meta));
+  Communicator comm(node);
+  node.run([&](Host& host) {
+    Group g = comm.group({0, 1}, "ep");
+    Buffer b = host.device().allocate(2'000'000);
+    Stream cs = host.device().create_stream(Priority::High, "comm");
+    if (host.rank() == 1) host.compute(50e-6);
+    g.all_to_all(b, b, 1'000'000, cs, {.async = true});
+    cs.synchronize();
+  });
+  auto a0 = find_op(node, 0, "all_to_all_v"), a1 = find_op(node, 1, "all_to_all_v");
+  EXPECT_EQ(a0.start, us(2));
+  EXPECT_EQ(a1.start, us(52));
+  EXPECT_EQ(a0.end, us(63));  // 52 + 1 us alpha + 10 us
+  EXPECT_EQ(a1.end, us(63));
+}
+
+TEST(FabricTiming, SmallMessagesRunBelowLinkPeak) {
+  // The shipped H100 fabric: per-peer messages far below nvlink.half_kb get a fraction of the
+  // bandwidth that large ones do.
+  auto algbw = [](std::size_t per_peer) {
+    NodeOptions o;
+    o.topology_path = testing::topology_path("dgx_h100");
+    o.mode = Mode::Meta;
+    Node node(o);
+    Communicator comm(node);
+    double seconds = 0;
+    node.run([&](Host& host) {
+      Group g = comm.group(iota(8), "ep");
+      Buffer b = host.device().allocate(per_peer * 8);
+      Stream s = host.device().default_stream();
+      Event start, end;
+      s.record(start);
+      g.all_to_all(b, b, per_peer, s);
+      s.record(end);
+      end.synchronize();
+      if (host.rank() == 0) seconds = Event::elapsed_s(start, end);
+    });
+    return 7.0 * static_cast<double>(per_peer) / seconds;
+  };
+  const double small = algbw(64 << 10), large = algbw(64 << 20);
+  EXPECT_LT(small, 0.25 * large);
+  EXPECT_GT(large, 0.8 * 450e9 * 0.85);  // near nvlink.gb_s x efficiency
+  EXPECT_LT(large, 450e9 * 0.85);
+}
+
+}  // namespace
+}  // namespace nodeemu

@@ -1,0 +1,142 @@
+// The collective-order checker: a mismatch, a missing rank and a reordering are reports, never
+// hangs (Megatron-LM #1810, DeepEP #496).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "comm/communicator.hpp"
+#include "comm/errors.hpp"
+#include "tests/comm/comm_test_support.hpp"
+
+namespace nodeemu {
+namespace {
+
+using testing::comm_options;
+using ::testing::HasSubstr;
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(OrderChecker, DifferentCollectivesAtTheSamePositionAreAMismatch) {
+  Node node(comm_options(4));
+  Communicator comm(node);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    node.run([&](Host& host) {
+      Group g = comm.group({0, 1, 2, 3}, "ep");
+      Buffer send = host.device().allocate(4096), recv = host.device().allocate(4096);
+      Stream s = host.device().default_stream();
+      if (host.rank() == 2)
+        g.all_gather(send, recv, 1024, s);
+      else
+        g.all_to_all(send, recv, 1024, s);
+    });
+    FAIL() << "expected a CollectiveMismatchError";
+  } catch (const CollectiveMismatchError& e) {
+    const std::string m = e.what();
+    EXPECT_THAT(m, HasSubstr("group 'ep' (ranks 0,1,2,3)"));
+    EXPECT_THAT(m, HasSubstr("call #0"));
+    EXPECT_THAT(m, HasSubstr("rank 0 issued all_to_all_v(send [1024,1024,1024,1024] B"));
+    EXPECT_THAT(m, HasSubstr("rank 2 issued all_gather_v(send 1024 B"));
+    EXPECT_EQ(e.seq(), 0u);
+    EXPECT_EQ(e.rank_b(), 2);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+TEST(OrderChecker, SizesThatDoNotPairUpAreAMismatch) {
+  Node node(comm_options(2));
+  Communicator comm(node);
+  std::string m = message_of([&] {
+    node.run([&](Host& host) {
+      Group g = comm.group({0, 1}, "ep");
+      Buffer b = host.device().allocate(4096);
+      Stream s = host.device().default_stream();
+      g.all_reduce(b, b, 16, s);  // call #0 agrees
+      // Rank 1 means to send 100 bytes to rank 0, which expects 50.
+      std::vector<std::size_t> sb = {10, 10}, rb = {10, 10};
+      if (host.rank() == 0) rb[1] = 50;
+      if (host.rank() == 1) sb[0] = 100;
+      g.all_to_all_v(b, sb, b, rb, s);
+    });
+  });
+  EXPECT_THAT(m, HasSubstr("call #1"));
+  EXPECT_THAT(m, HasSubstr("rank 0 issued all_to_all_v(send [10,10] B, receive [10,50] B)"));
+  EXPECT_THAT(m, HasSubstr("rank 1 issued all_to_all_v(send [100,10] B, receive [10,10] B)"));
+}
+
+TEST(OrderChecker, ARankThatNeverIssuesTheCollectiveIsReportedWithEveryRanksWait) {
+  Node node(comm_options(4));
+  Communicator comm(node);
+  std::string m = message_of([&] {
+    node.run([&](Host& host) {
+      Group g = comm.group({0, 1, 2, 3}, "ep");
+      Buffer b = host.device().allocate(4096);
+      Stream s = host.device().create_stream(Priority::High, "comm");
+      if (host.rank() != 3) g.all_to_all(b, b, 1024, s);
+    });
+  });
+  EXPECT_THAT(m, HasSubstr("every host is blocked"));
+  EXPECT_THAT(m, HasSubstr("rank 0 waits on 'record' on node 0 GPU 0 (H100-SXM5-80GB)/comm, behind "
+                           "'all_to_all_v' on node 0 GPU 0 (H100-SXM5-80GB)/comm"));
+  EXPECT_THAT(m, HasSubstr("all_to_all_v #0 on group 'ep' (ranks 0,1,2,3); issued by rank 0, "
+                           "rank 1, rank 2; 1 of 4 parties never issued it"));
+  EXPECT_THAT(m, HasSubstr("rank 3 finished"));
+}
+
+TEST(OrderChecker, CollectivesIssuedInDifferentOrdersAreReportedNotHung) {
+  // Megatron-LM #1810's shape: two groups, and two ranks that issue their collectives on them
+  // in opposite orders on one stream.
+  Node node(comm_options(2));
+  Communicator comm(node);
+  std::string m = message_of([&] {
+    node.run([&](Host& host) {
+      Group ep = comm.group({0, 1}, "ep"), dp = comm.group({0, 1}, "dp");
+      Buffer b = host.device().allocate(4096);
+      Stream s = host.device().default_stream();
+      if (host.rank() == 0) {
+        ep.all_to_all(b, b, 1024, s, {.async = true});
+        dp.all_reduce(b, b, 256, s);
+      } else {
+        dp.all_reduce(b, b, 256, s, {.async = true});
+        ep.all_to_all(b, b, 1024, s);
+      }
+    });
+  });
+  EXPECT_THAT(m, HasSubstr("all_to_all_v #0 on group 'ep'"));
+  EXPECT_THAT(m, HasSubstr("all_reduce #0 on group 'dp'"));
+  EXPECT_THAT(m, HasSubstr("parties issued it behind work that never completes"));
+}
+
+TEST(OrderCheckerDeathTest, AWatchdogEndsAHangWhileAnotherHostKeepsRunning) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        NodeOptions o = comm_options(4);
+        o.collective_timeout_s = 0.5;
+        Node node(o);
+        Communicator comm(node);
+        node.run([&](Host& host) {
+          Group g = comm.group({0, 1, 2, 3}, "ep");
+          Buffer b = host.device().allocate(4096);
+          Stream s = host.device().default_stream();
+          if (host.rank() == 3) {
+            for (;;) host.compute(1e-6);  // never issues the collective, never blocks
+          }
+          g.all_to_all(b, b, 1024, s);
+        });
+      },
+      ::testing::ExitedWithCode(3),
+      "hang: all_to_all_v #0 on group 'ep' \\(ranks 0,1,2,3\\): issued by rank 0, rank 1, rank "
+      "2; 1 of 4 never issued it, for more than 0.5 s.*rank 0 waits on");
+}
+
+}  // namespace
+}  // namespace nodeemu
