@@ -37,7 +37,7 @@ Engine::~Engine() {
   hang_cv_.notify_all();
   if (hang_thread_.joinable()) hang_thread_.join();
   // Kernels still queued hold pointers into buffers and pools: let them finish first.
-  drain_functional();
+  drain_functional(true);
 }
 
 int Engine::add_device(const GpuSpec* spec, WorkerPool* pool, std::string name) {
@@ -440,7 +440,7 @@ void Engine::schedule(Actor& self) {
         // A parent waiting for its children is woken by them, not by the detector.
         if (a.state != Actor::State::Blocked || a.live_children > 0) continue;
         if (!any) report = deadlock_report();
-        any = true;
+        any = deadlocked_ = true;
         a.deadlock = "host '" + a.name + "' waits for work that can never complete: " + report;
         wake(a, now_);
       }

@@ -215,7 +215,8 @@ class Engine {
   bool on_host_thread() const;
   // Lets every functional task run out: a rendezvous that some party never joined is poisoned
   // first, so its tasks skip their bodies instead of waiting for ever.
-  void drain_functional();
+  // `final`: the node is being torn down, so the calendar may be run to its end first.
+  void drain_functional(bool final = false);
   VTime host_clock() { return current().clock; }
   void host_charge(double seconds, const std::string& what);
   OpId launch(StreamState& s, OpKind kind, ResourceKind res, double duration_s, int sms,
@@ -357,6 +358,7 @@ class Engine {
   std::vector<Link> links_;
   std::deque<Rendezvous> rvs_;
   std::vector<RendezvousId> flows_;  // flowing rendezvous, in start order
+  bool deadlocked_ = false;          // a deadlock was reported: stuck operations stay stuck
   // The hang watchdog reads only what is under hang_mu_: the engine itself belongs to the actor
   // holding the baton.
   struct HangEntry {

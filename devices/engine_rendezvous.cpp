@@ -114,19 +114,20 @@ void Engine::wire_party(Rendezvous& r, StreamState& s, OpId id, const EventState
   }
 }
 
-void Engine::drain_functional() {
+void Engine::drain_functional(bool final) {
+  // At teardown nobody can issue any more: let the timing plane run out, so that whatever is
+  // still incomplete there is stuck for good.
+  if (final)
+    while (!calendar_.empty()) advance();
   for (Rendezvous& r : rvs_) {
-    if (r.joined == r.parties || r.barriers.empty()) continue;
-    // Never joined by every party: poison it so that its tasks skip their bodies, and open it.
-    {
-      std::lock_guard lk(r.barriers[0]->mu);
-      r.barriers[0]->failure = std::make_shared<KernelFailure>(
-          KernelFailure{r.barriers[0]->seq, -1, "", r.label,
-                        "the operation was never issued by every party (see the deadlock report)"});
-    }
-    for (auto& b : r.barriers) exec_.arm(b);
-    exec_.arm(r.done);
-    r.joined = r.parties;
+    if (r.complete || r.barriers.empty()) continue;
+    // A party never joined, or the operation is part of a cycle (ranks issuing collectives in
+    // different orders): its functional graph can never complete on its own. Abandon it, so
+    // that its tasks skip their bodies and everything behind it is poisoned.
+    if (!(final || deadlocked_ || r.joined < r.parties)) continue;
+    const std::string why = "'" + r.label + "' never completed (see the deadlock report)";
+    for (auto& b : r.barriers) exec_.abandon(b, why);
+    exec_.abandon(r.done, why);
   }
   exec_.drain();
 }

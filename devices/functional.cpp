@@ -63,10 +63,22 @@ void FunctionalExecutor::dispatch(std::shared_ptr<FuncTask> task) {
   tls_inline = nullptr;
 }
 
+void FunctionalExecutor::abandon(const std::shared_ptr<FuncTask>& task, const std::string& why) {
+  {
+    std::lock_guard lk(task->mu);
+    if (task->done) return;
+    if (!task->failure)
+      task->failure = std::make_shared<KernelFailure>(
+          KernelFailure{task->seq, task->device, task->stream, task->name, why});
+  }
+  complete(task);
+}
+
 void FunctionalExecutor::run(const std::shared_ptr<FuncTask>& task) {
   bool poisoned;
   {
     std::lock_guard lk(task->mu);
+    if (task->done) return;  // abandoned before its dependencies came through
     poisoned = task->failure != nullptr;
   }
   // A poisoned stream skips its work, as CUDA does after a sticky error.

@@ -52,6 +52,9 @@ class FunctionalExecutor {
                                  std::string name, std::function<void()> body, WorkerPool* pool);
   void depend(const std::shared_ptr<FuncTask>& task, const std::shared_ptr<FuncTask>& dep);
   void arm(const std::shared_ptr<FuncTask>& task);
+  // Completes a task that can never run (part of a dependency cycle the program built, or
+  // waiting for a party that never came) as failed with `why`, and releases what waits on it.
+  void abandon(const std::shared_ptr<FuncTask>& task, const std::string& why);
   // Blocks the calling host thread until the task has run for real.
   static void wait(const FuncTask& task);
   // Blocks until every task made so far has run (Node teardown).

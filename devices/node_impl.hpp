@@ -26,7 +26,7 @@ struct NodeImpl {
   TraceRecorder recorder;
 
   ~NodeImpl() {
-    if (engine) engine->drain_functional();
+    if (engine) engine->drain_functional(true);
   }
 };
 
