@@ -41,7 +41,11 @@ struct Call {
   std::optional<std::vector<LinkLoad>> loads;
   std::vector<Buffer> uses;
   std::shared_ptr<void> keep;  // host-side memory the call's functional work needs
-  int p2p_peer = -1;           // member index of the peer for point-to-point calls
+  // Functional mode, routing the host never saw: plan = {zeros, declared sizes}, and this
+  // computes the real phase-1 plan on the party's worker (see Exchange::set_deferred).
+  Exchange::Planner planner;
+  Exchange::Receiver receiver;
+  int p2p_peer = -1;  // member index of the peer for point-to-point calls
 };
 
 struct OpenCall {

@@ -134,7 +134,12 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
 
   oc.kinds[size_t(c.party)] = c.kind;
   oc.texts[size_t(c.party)] = c.text;
-  oc.exchange->set(c.party, std::move(c.plan));
+  if (c.planner && e.mode() == Mode::Functional) {
+    oc.exchange->set_deferred(c.party, std::move(c.plan[1]), std::move(c.planner),
+                              std::move(c.receiver));
+  } else {
+    oc.exchange->set(c.party, std::move(c.plan));
+  }
   const bool last = ++oc.joined == parties;
   if (last && e.mode() == Mode::Functional) oc.exchange->build(channels);
 

@@ -20,10 +20,22 @@ void Exchange::set(int party, std::vector<PartyPhase> plan) {
   plans_[size_t(party)] = std::move(plan);
 }
 
+void Exchange::set_deferred(int party, PartyPhase declared, Planner planner, Receiver receiver) {
+  NE_CHECK(phases_ == 2, "a deferred plan has a planning phase and a transfer phase");
+  const size_t n = declared.send_bytes.size();
+  plans_[size_t(party)] = {PartyPhase(n), std::move(declared)};
+  planners_.resize(size_t(parties_));
+  planners_[size_t(party)] = std::move(planner);
+  receivers_.resize(size_t(parties_));
+  receivers_[size_t(party)] = std::move(receiver);
+}
+
 void Exchange::build(ChannelPool& pool) {
+  pool_ = &pool;
+  for (auto& t : transfers_) t.resize(size_t(parties_ * parties_));
+  if (!planners_.empty()) return;  // every receiver builds its own, in phase 1
   for (int k = 0; k < phases_; ++k) {
     auto& row = transfers_[size_t(k)];
-    row.resize(size_t(parties_ * parties_));
     for (int s = 0; s < parties_; ++s) {
       const PartyPhase& from = plans_[size_t(s)][size_t(k)];
       for (int d = 0; d < parties_; ++d) {
@@ -40,6 +52,27 @@ void Exchange::build(ChannelPool& pool) {
 }
 
 void Exchange::run(int party, int phase) {
+  if (!planners_.empty()) {
+    if (phase == 0) {
+      // Only this party's slot is written, and phase 1 starts after every party's phase 0.
+      plans_[size_t(party)][1] = planners_[size_t(party)]();
+      return;
+    }
+    // The receiver alone builds and drains what comes to it: no other thread touches these.
+    std::vector<std::size_t> incoming(static_cast<size_t>(parties_));
+    for (int s = 0; s < parties_; ++s)
+      incoming[size_t(s)] = plans_[size_t(s)][1].send_bytes[size_t(party)];
+    const PartyPhase to = receivers_[size_t(party)](incoming);
+    for (int s = 0; s < parties_; ++s) {
+      if (incoming[size_t(s)] == 0) continue;
+      Transfer t(*pool_, devices_[size_t(s)], devices_[size_t(party)],
+                 plans_[size_t(s)][1].send[size_t(party)], to.recv[size_t(s)],
+                 to.consume[size_t(s)]);
+      while (!t.pump(Transfer::Both)) {
+      }
+    }
+    return;
+  }
   const PartyPhase& me = plans_[size_t(party)][size_t(phase)];
   for (;;) {
     bool pending = false;

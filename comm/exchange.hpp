@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -33,6 +34,15 @@ class Exchange {
   Exchange(int parties, int phases, std::vector<int> devices);
   // Host side, under the engine's baton: one call per party.
   void set(int party, std::vector<PartyPhase> plan);
+  // A plan only the device knows (routing that the host never synchronised on): the operation
+  // then has two phases. In phase 0 every party runs `planner` on its worker, once every
+  // party's stream has got here (so the routing it reads is computed), for its send side. In
+  // phase 1 every party runs `receiver` with the bytes each peer sends it, for its receive
+  // side, and drains its incoming transfers alone. `declared` holds the sizes the host declared
+  // (a capacity), for the order checker and the timing plane.
+  using Planner = std::function<PartyPhase()>;
+  using Receiver = std::function<PartyPhase(const std::vector<std::size_t>& incoming)>;
+  void set_deferred(int party, PartyPhase declared, Planner planner, Receiver receiver);
   const std::vector<PartyPhase>& plan(int party) const { return plans_[size_t(party)]; }
   // Host side, once every party is set: binds every pair with bytes to move to a Transfer.
   void build(ChannelPool& pool);
@@ -51,6 +61,9 @@ class Exchange {
   std::vector<int> devices_;
   std::vector<std::vector<PartyPhase>> plans_;                     // [party][phase]
   std::vector<std::vector<std::unique_ptr<Transfer>>> transfers_;  // [phase][src * P + dst]
+  std::vector<Planner> planners_;                                  // deferred plans only
+  std::vector<Receiver> receivers_;
+  ChannelPool* pool_ = nullptr;
 };
 
 }  // namespace nodeemu::detail

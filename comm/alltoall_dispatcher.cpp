@@ -1,0 +1,99 @@
+#include "comm/alltoall_dispatcher.hpp"
+
+#include "devices/errors.hpp"
+#include "devices/node.hpp"
+
+namespace nodeemu {
+
+AlltoallDispatcher::AlltoallDispatcher(Group ep, int num_experts, std::size_t row_bytes,
+                                       std::optional<std::size_t> capacity_per_expert)
+    : ep_(std::move(ep)),
+      num_experts_(num_experts),
+      local_experts_(0),
+      row_bytes_(row_bytes),
+      capacity_(capacity_per_expert) {
+  if (num_experts <= 0 || num_experts % ep_.size() != 0)
+    throw UsageError("alltoall dispatcher: " + std::to_string(num_experts) +
+                     " experts do not divide over the " + std::to_string(ep_.size()) +
+                     " ranks of group '" + ep_.name() + "'; use a multiple of the EP size");
+  local_experts_ = num_experts / ep_.size();
+}
+
+std::vector<std::size_t> AlltoallDispatcher::bytes(const std::vector<std::size_t>& rows) const {
+  std::vector<std::size_t> out(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) out[i] = rows[i] * row_bytes_;
+  return out;
+}
+
+AlltoallSplits AlltoallDispatcher::splits_from(const std::int64_t* counts, int me) const {
+  const int n = ep_.size();
+  AlltoallSplits s;
+  s.send_rows.assign(size_t(n), 0);
+  s.recv_rows.assign(size_t(n), 0);
+  s.recv_rows_per_expert.assign(size_t(n), std::vector<std::int64_t>(size_t(local_experts_)));
+  for (int d = 0; d < n; ++d)
+    for (int e = 0; e < local_experts_; ++e)
+      s.send_rows[size_t(d)] += size_t(counts[me * num_experts_ + d * local_experts_ + e]);
+  for (int src = 0; src < n; ++src)
+    for (int e = 0; e < local_experts_; ++e) {
+      const std::int64_t c = counts[src * num_experts_ + me * local_experts_ + e];
+      s.recv_rows_per_expert[size_t(src)][size_t(e)] = c;
+      s.recv_rows[size_t(src)] += size_t(c);
+    }
+  return s;
+}
+
+AlltoallSplits AlltoallDispatcher::exchange_counts(const Buffer& tokens_per_expert, Stream& stream,
+                                                   const std::vector<std::int64_t>& meta_counts) {
+  const int n = ep_.size();
+  const int me = ep_.index_of(stream.device().id());
+  if (me < 0)
+    throw UsageError("alltoall dispatcher: " + stream.device().name() + " is not in group '" +
+                     ep_.name() + "'");
+  if (capacity_) {
+    // Drop-and-pad: every expert gets exactly `capacity` rows from every rank.
+    std::vector<std::int64_t> counts(size_t(n * num_experts_), std::int64_t(*capacity_));
+    return splits_from(counts.data(), me);
+  }
+  Device& dev = stream.device();
+  Node& node = dev.node();
+  const std::size_t row = size_t(num_experts_) * sizeof(std::int64_t);
+  Buffer all = dev.allocate(row * size_t(n));
+  ep_.all_gather(tokens_per_expert, all, row, stream, {.async = true, .name = "gather counts"});
+  Buffer host =
+      node.allocate_host(row * size_t(n), dev.placement().emulated_numa, true, dev.node_index());
+  stream.copy(host, all, row * size_t(n), "counts D2H");
+  // The sync point: the host cannot size the all-to-all until the counts are on the host.
+  Event ready;
+  stream.record(ready);
+  ready.synchronize();
+  if (node.mode() == Mode::Meta) {
+    if (meta_counts.size() != size_t(n * num_experts_))
+      throw UsageError(
+          "alltoall dispatcher: meta mode has no routing to read; pass the counts "
+          "(" +
+          std::to_string(n * num_experts_) + " values: [ep][num_experts])");
+    return splits_from(meta_counts.data(), me);
+  }
+  return splits_from(host.as<std::int64_t>(), me);
+}
+
+std::optional<Event> AlltoallDispatcher::dispatch(const Buffer& permuted, const Buffer& recv,
+                                                  const AlltoallSplits& splits, Stream& stream,
+                                                  const CollOptions& o) {
+  CollOptions named = o;
+  if (named.name.empty()) named.name = "dispatch a2a";
+  return ep_.all_to_all_v(permuted, bytes(splits.send_rows), recv, bytes(splits.recv_rows), stream,
+                          named);
+}
+
+std::optional<Event> AlltoallDispatcher::combine(const Buffer& expert_out, const Buffer& back,
+                                                 const AlltoallSplits& splits, Stream& stream,
+                                                 const CollOptions& o) {
+  CollOptions named = o;
+  if (named.name.empty()) named.name = "combine a2a";
+  return ep_.all_to_all_v(expert_out, bytes(splits.recv_rows), back, bytes(splits.send_rows),
+                          stream, named);
+}
+
+}  // namespace nodeemu

@@ -1,0 +1,63 @@
+// The communication of Megatron-Core's alltoall token dispatcher (REFERENCE.md section 2): the
+// per-expert token counts are all-gathered over the EP group and copied to the host, the host
+// blocks on them (the sync point that breaks overlap, in virtual time too), and the permuted
+// tokens go out in an all-to-all-v whose splits those counts give; combine is the reverse
+// all-to-all. With drop-and-pad every rank sends `capacity` rows per expert: the splits are
+// static and nothing waits on the host.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "comm/group.hpp"
+
+namespace nodeemu {
+
+struct AlltoallSplits {
+  std::vector<std::size_t> send_rows;  // [member]: rows this rank sends there
+  std::vector<std::size_t> recv_rows;  // [member]: rows it receives from there
+  // [member][local expert]: rows received from each member for each local expert, in the order
+  // they arrive (the input of the sort by local expert).
+  std::vector<std::vector<std::int64_t>> recv_rows_per_expert;
+};
+
+class AlltoallDispatcher {
+ public:
+  // `num_experts` over the whole EP group; `row_bytes` per token row. `capacity_per_expert`
+  // turns on drop-and-pad. Throws UsageError if the experts do not divide over the group.
+  AlltoallDispatcher(Group ep, int num_experts, std::size_t row_bytes,
+                     std::optional<std::size_t> capacity_per_expert = std::nullopt);
+
+  int local_experts() const { return local_experts_; }
+  bool syncs_host() const { return !capacity_; }
+
+  // tokens_per_expert: int64[num_experts] on this rank's device. Issues the all-gather and the
+  // device-to-host copy on `stream` and blocks the host on them, then returns the splits. In
+  // meta mode there are no counts to read: pass them in `meta_counts` (int64[ep][num_experts],
+  // row-major). With drop-and-pad, issues nothing and returns the static splits.
+  AlltoallSplits exchange_counts(const Buffer& tokens_per_expert, Stream& stream,
+                                 const std::vector<std::int64_t>& meta_counts = {});
+  // The token all-to-all: `permuted` holds send_rows[0] rows for member 0, then member 1's...
+  std::optional<Event> dispatch(const Buffer& permuted, const Buffer& recv,
+                                const AlltoallSplits& splits, Stream& stream,
+                                const CollOptions& o = {});
+  // The way back: expert outputs (recv layout) return to the rows they came from.
+  std::optional<Event> combine(const Buffer& expert_out, const Buffer& back,
+                               const AlltoallSplits& splits, Stream& stream,
+                               const CollOptions& o = {});
+
+ private:
+  // counts: [ep][num_experts]; me: this rank's member index
+  AlltoallSplits splits_from(const std::int64_t* counts, int me) const;
+  std::vector<std::size_t> bytes(const std::vector<std::size_t>& rows) const;
+
+  Group ep_;
+  int num_experts_;
+  int local_experts_;
+  std::size_t row_bytes_;
+  std::optional<std::size_t> capacity_;
+};
+
+}  // namespace nodeemu
