@@ -100,6 +100,15 @@ FlexDispatcher::FlexDispatcher(Group ep, int num_experts, int hidden, int topk, 
   if (config.capacity < 0) throw ConfigError(file, "capacity", "must be >= 0 (0 = host sync)");
 }
 
+void FlexDispatcher::describe_and_cost(detail::Call& c, int me) {
+  // The last phase holds what the host knows this party sends: the real sizes after a sync,
+  // the declared budget otherwise.
+  const std::vector<std::size_t>& send = c.plan.back().send_bytes;
+  for (auto b : send) bytes_sent_ += b;
+  c.text = c.kind + "(send " + detail::sizes_text(send) + " B)";
+  c.loads = loads(send, me);
+}
+
 std::vector<detail::LinkLoad> FlexDispatcher::loads(const std::vector<std::size_t>& send_bytes,
                                                     int me) const {
   // Both backends cross nodes as the real ones do: RDMA to the GPU with the sender's local
@@ -265,11 +274,7 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
       };
     }
   }
-  std::size_t sent = 0;
-  for (auto b : c.plan.back().send_bytes) sent += b;
-  bytes_sent_ += sent;
-  c.text = c.kind + "(send " + detail::sizes_text(c.plan.back().send_bytes) + " B)";
-  c.loads = loads(c.plan.back().send_bytes, me);
+  describe_and_cost(c, me);
   c.uses = {x, topk_idx, topk_weight, out.x, out.topk_idx, out.topk_weight};
   CollOptions oo = o;
   oo.previous.reset();
@@ -362,13 +367,10 @@ std::optional<Event> FlexDispatcher::move_rows(const Buffer& src, const Buffer& 
   }
   const bool known = h.num_recv >= 0;  // the host knows the routing (it synchronised)
   if (known) {
+    // Known only after a sync, which needs functional mode (meta mode requires a capacity).
     PartyPhase q(static_cast<size_t>(n));
-    if (functional) {
-      sender(q);
-      receiver(q);
-    } else {
-      q = PartyPhase(static_cast<size_t>(n));
-    }
+    sender(q);
+    receiver(q);
     c.plan.push_back(std::move(q));
   } else {
     PartyPhase declared(static_cast<size_t>(n));
@@ -389,11 +391,7 @@ std::optional<Event> FlexDispatcher::move_rows(const Buffer& src, const Buffer& 
       };
     }
   }
-  std::size_t sent = 0;
-  for (auto b : c.plan.back().send_bytes) sent += b;
-  bytes_sent_ += sent;
-  c.text = c.kind + "(send " + detail::sizes_text(c.plan.back().send_bytes) + " B)";
-  c.loads = loads(c.plan.back().send_bytes, me);
+  describe_and_cost(c, me);
   c.uses = {src, dst};
   CollOptions oo = o;
   if (oo.name.empty()) oo.name = std::string(backend_name(config_.backend)) + " " + what;

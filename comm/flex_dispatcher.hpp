@@ -41,6 +41,7 @@ struct FlexConfig {
 namespace detail {
 struct FlexRouting;
 struct LinkLoad;
+struct Call;
 }  // namespace detail
 
 // What combine (and both backwards) reuse from a dispatch.
@@ -90,7 +91,8 @@ class FlexDispatcher {
   Buffer combine_backward(const Buffer& grad_out, const FlexHandle& handle, Stream& stream,
                           const CollOptions& o = {}, std::optional<Event>* done = nullptr);
 
-  // Bytes this rank has put on the fabric through this dispatcher (tokens and their metadata).
+  // Bytes this rank has put on the fabric through this dispatcher (tokens and their metadata);
+  // in capacity mode, the budget the timing plane charged.
   std::uint64_t bytes_sent() const { return bytes_sent_; }
 
  private:
@@ -98,6 +100,7 @@ class FlexDispatcher {
                                  bool forward, Stream& stream, const CollOptions& o,
                                  const char* what);
   std::vector<detail::LinkLoad> loads(const std::vector<std::size_t>& send_bytes, int me) const;
+  void describe_and_cost(detail::Call& c, int me);
 
   Group ep_;
   int num_experts_, hidden_, topk_, local_experts_;

@@ -153,9 +153,10 @@ TEST_P(Collectives, ReduceScatterSumsInMemberOrder) {
     }
     at += count(r);
     ASSERT_EQ(got[size_t(r)].size(), want.size());
-    if (!want.empty())  // memcmp must not see the null data() of an empty vector
+    if (!want.empty()) {  // memcmp must not see the null data() of an empty vector
       EXPECT_EQ(0, std::memcmp(got[size_t(r)].data(), want.data(), want.size() * 4))
           << "rank " << r;
+    }
   }
 }
 
