@@ -1,0 +1,198 @@
+// The alltoall dispatcher (MoEAlltoAllTokenDispatcher): counts all-gathered and copied to the
+// host (the sync point), permute by expert, all-to-all-v of the rows and of their probabilities,
+// sort by local expert; and the reverse. With pad-to-capacity every expert gets exactly
+// `capacity` rows, the splits are static and the host never waits.
+#include <optional>
+
+#include "comm/alltoall_dispatcher.hpp"
+#include "devices/errors.hpp"
+#include "layers/token_dispatcher.hpp"
+#include "layers/token_permute.hpp"
+
+namespace nodeemu::layers::detail {
+
+namespace {
+
+class AlltoallTokenDispatcher;
+
+class AlltoallPlan final : public DispatchPlan {
+ public:
+  AlltoallPlan(const AlltoallTokenDispatcher& d, std::int64_t tokens);
+  void preprocess(ops::At at) override;
+  void dispatch(ops::At at) override;
+  void sort(ops::At at) override;
+  void unsort(ops::At at) override;
+  void combine(ops::At at) override;
+  void combine_backward(ops::At at) override;
+  void unsort_backward(ops::At at) override;
+  void sort_backward(ops::At at) override;
+  void dispatch_backward(ops::At at) override;
+  void preprocess_backward(ops::At at) override;
+  bool frees_dispatch_input() const override { return true; }
+
+ private:
+  const AlltoallTokenDispatcher& d_;
+  std::int64_t tokens_;
+  std::int64_t capacity_ = 0;  // per expert, with pad-to-capacity
+  AlltoallDispatcher rows_, probs_;
+  AlltoallSplits splits_;
+  std::vector<RowBlock> sort_blocks_;  // (source, expert) order -> (expert, source) order
+  std::int64_t sent_ = 0, received_ = 0;
+  Sorted perm_;
+  Tensor recv_, recv_probs_, back_rows_;
+};
+
+class AlltoallTokenDispatcher final : public TokenDispatcher {
+ public:
+  AlltoallTokenDispatcher(const ModelConfig& cfg, Group ep, Mode mode, int rank)
+      : TokenDispatcher(cfg, ep, rank), cfg_(cfg), ep_(std::move(ep)), mode_(mode) {
+    if (mode == Mode::Meta && !cfg.router.force_load_balancing && !cfg.router.pad_to_capacity)
+      throw ConfigError("model", "moe_router_force_load_balancing",
+                        "meta mode has no routing data: the alltoall dispatcher needs "
+                        "moe_router_force_load_balancing=true or "
+                        "moe_pad_expert_input_to_capacity=true to know its splits");
+  }
+  std::unique_ptr<DispatchPlan> plan(std::int64_t tokens, std::int64_t) override {
+    return std::make_unique<AlltoallPlan>(*this, tokens);
+  }
+  const ModelConfig& cfg() const { return cfg_; }
+  const Group& ep() const { return ep_; }
+  Mode mode() const { return mode_; }
+
+ private:
+  ModelConfig cfg_;
+  Group ep_;
+  Mode mode_;
+};
+
+std::size_t row_bytes(const ModelConfig& c) {
+  return std::size_t(c.hidden_size) * dtype_bytes(c.dtype);
+}
+
+std::optional<std::size_t> capacity_of(const ModelConfig& c, std::int64_t tokens) {
+  if (!c.router.pad_to_capacity) return std::nullopt;
+  return std::size_t(c.router.capacity(long(tokens)));
+}
+
+AlltoallPlan::AlltoallPlan(const AlltoallTokenDispatcher& d, std::int64_t tokens)
+    : d_(d),
+      tokens_(tokens),
+      capacity_(std::int64_t(capacity_of(d.cfg(), tokens).value_or(0))),
+      rows_(d.ep(), d.cfg().num_moe_experts, row_bytes(d.cfg()), capacity_of(d.cfg(), tokens)),
+      probs_(d.ep(), d.cfg().num_moe_experts, sizeof(float), capacity_of(d.cfg(), tokens)) {}
+
+void AlltoallPlan::preprocess(ops::At at) {
+  const auto& c = d_.cfg();
+  const int E = c.num_moe_experts, k = c.router.topk, L = d_.local_experts();
+  std::vector<std::int64_t> meta_counts;
+  if (d_.mode() == Mode::Meta && !capacity_) {
+    const auto one = balanced_counts(tokens_, k, E);  // every rank routes the same way
+    for (int r = 0; r < d_.ep().size(); ++r)
+      meta_counts.insert(meta_counts.end(), one.begin(), one.end());
+  }
+  // The sync point: counts all-gathered over EP, copied to the host, and the host waits.
+  splits_ = rows_.exchange_counts(io.tokens_per_expert.buffer(), at.stream, meta_counts);
+  sent_ = received_ = 0;
+  for (auto n : splits_.send_rows) sent_ += std::int64_t(n);
+  for (auto n : splits_.recv_rows) received_ += std::int64_t(n);
+  perm_ = sort_by_expert(at, "permute", io.hidden, io.topk_idx, io.topk_probs, k, 0, E, capacity_,
+                         sent_);
+  // Received rows arrive by (source, local expert); the experts want (local expert, source).
+  const std::size_t members = splits_.recv_rows_per_expert.size();
+  std::vector<std::vector<std::int64_t>> src_off(members, std::vector<std::int64_t>(size_t(L)));
+  std::int64_t at_row = 0;
+  for (std::size_t m = 0; m < members; ++m)
+    for (int e = 0; e < L; ++e) {
+      src_off[m][size_t(e)] = at_row;
+      at_row += splits_.recv_rows_per_expert[m][size_t(e)];
+    }
+  sort_blocks_.clear();
+  io.rows_per_expert.assign(size_t(L), 0);
+  std::int64_t dst = 0;
+  for (int e = 0; e < L; ++e)
+    for (std::size_t m = 0; m < members; ++m) {
+      const std::int64_t n = splits_.recv_rows_per_expert[m][size_t(e)];
+      sort_blocks_.push_back({src_off[m][size_t(e)], dst, n});
+      dst += n;
+      io.rows_per_expert[size_t(e)] += n;
+    }
+}
+
+void AlltoallPlan::dispatch(ops::At at) {
+  const auto& c = d_.cfg();
+  recv_ = at.empty({received_, c.hidden_size}, c.dtype);
+  recv_probs_ = at.empty({received_}, DType::F32);
+  rows_.dispatch(perm_.rows.buffer(), recv_.buffer(), splits_, at.stream,
+                 {.async = true, .name = "moe_dispatch_a2a"});
+  probs_.dispatch(perm_.probs.buffer(), recv_probs_.buffer(), splits_, at.stream,
+                  {.async = true, .name = "moe_dispatch_probs_a2a"});
+  perm_.rows = Tensor();  // freed after dispatch, as Megatron's alltoall path does
+  perm_.probs = Tensor();
+}
+
+void AlltoallPlan::sort(ops::At at) {
+  io.expert_in = permute_blocks(at, "sort_chunks_by_local_expert", recv_, sort_blocks_);
+  io.expert_probs = permute_blocks(at, "sort_probs_by_local_expert", recv_probs_, sort_blocks_);
+  recv_ = recv_probs_ = Tensor();
+}
+
+void AlltoallPlan::unsort(ops::At at) {
+  back_rows_ = permute_blocks(at, "unsort_chunks", io.expert_out, inverse(sort_blocks_));
+}
+
+void AlltoallPlan::combine(ops::At at) {
+  const auto& c = d_.cfg();
+  Tensor back = at.empty({sent_, c.hidden_size}, c.dtype);
+  rows_.combine(back_rows_.buffer(), back.buffer(), splits_, at.stream,
+                {.async = true, .name = "moe_combine_a2a"});
+  back_rows_ = Tensor();
+  io.moe_out = unpermute(at, "unpermute", back, Tensor(), perm_.slots, c.router.topk, tokens_);
+}
+
+void AlltoallPlan::combine_backward(ops::At at) {
+  const auto& c = d_.cfg();
+  Tensor g_back = gather_rows(at, "unpermute_bwd", io.grad_moe_out, perm_.slots, c.router.topk);
+  recv_ = at.empty({received_, c.hidden_size}, c.dtype);
+  rows_.dispatch(g_back.buffer(), recv_.buffer(), splits_, at.stream,
+                 {.async = true, .name = "moe_combine_bwd_a2a"});
+}
+
+void AlltoallPlan::unsort_backward(ops::At at) {
+  io.grad_expert_out = permute_blocks(at, "unsort_chunks_bwd", recv_, sort_blocks_);
+  recv_ = Tensor();
+}
+
+void AlltoallPlan::sort_backward(ops::At at) {
+  const auto inv = inverse(sort_blocks_);
+  recv_ = permute_blocks(at, "sort_chunks_bwd", io.grad_expert_in, inv);
+  recv_probs_ = permute_blocks(at, "sort_probs_bwd", io.grad_expert_probs, inv);
+}
+
+void AlltoallPlan::dispatch_backward(ops::At at) {
+  const auto& c = d_.cfg();
+  perm_.rows = at.empty({sent_, c.hidden_size}, c.dtype);
+  perm_.probs = at.empty({sent_}, DType::F32);
+  rows_.combine(recv_.buffer(), perm_.rows.buffer(), splits_, at.stream,
+                {.async = true, .name = "moe_dispatch_bwd_a2a"});
+  probs_.combine(recv_probs_.buffer(), perm_.probs.buffer(), splits_, at.stream,
+                 {.async = true, .name = "moe_dispatch_probs_bwd_a2a"});
+  recv_ = recv_probs_ = Tensor();
+}
+
+void AlltoallPlan::preprocess_backward(ops::At at) {
+  const auto& c = d_.cfg();
+  Tensor packed =
+      unpermute(at, "permute_bwd", perm_.rows, perm_.probs, perm_.slots, c.router.topk, tokens_);
+  split_packed(at, "permute_bwd_split", packed, c.hidden_size, c.router.topk, c.dtype,
+               io.grad_hidden, io.grad_probs);
+  perm_ = Sorted();
+}
+
+}  // namespace
+
+std::unique_ptr<TokenDispatcher> make_alltoall(const ModelConfig& cfg, Group ep, Mode mode,
+                                               int rank) {
+  return std::make_unique<AlltoallTokenDispatcher>(cfg, std::move(ep), mode, rank);
+}
+
+}  // namespace nodeemu::layers::detail

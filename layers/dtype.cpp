@@ -1,0 +1,131 @@
+#include "layers/dtype.hpp"
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "devices/check.hpp"
+#include "devices/errors.hpp"
+
+namespace nodeemu::layers {
+
+std::size_t dtype_bytes(DType t) {
+  switch (t) {
+    case DType::F32:
+    case DType::I32:
+      return 4;
+    case DType::BF16:
+    case DType::F16:
+      return 2;
+    case DType::I64:
+      return 8;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32:
+      return "fp32";
+    case DType::BF16:
+      return "bf16";
+    case DType::F16:
+      return "fp16";
+    case DType::I32:
+      return "int32";
+    case DType::I64:
+      return "int64";
+  }
+  return "?";
+}
+
+DType parse_dtype(const std::string& s) {
+  if (s == "fp32" || s == "float32") return DType::F32;
+  if (s == "bf16" || s == "bfloat16") return DType::BF16;
+  if (s == "fp16" || s == "float16") return DType::F16;
+  throw UsageError("dtype '" + s + "': use fp32, bf16 or fp16");
+}
+
+std::uint16_t f32_to_bf16(float f) {
+  std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu))
+    return static_cast<std::uint16_t>((u >> 16) | 0x40);  // quiet NaN, sign kept
+  // Ties to even: add 0x7fff plus the lowest kept bit, then truncate.
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+float bf16_to_f32(std::uint16_t h) {
+  return std::bit_cast<float>(std::uint32_t(h) << 16);
+}
+
+std::uint16_t f32_to_f16(float f) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t sign = (u >> 16) & 0x8000u;
+  const std::uint32_t absu = u & 0x7fffffffu;
+  if (absu >= 0x7f800000u)  // inf or NaN
+    return static_cast<std::uint16_t>(sign | 0x7c00u | (absu > 0x7f800000u ? 0x200u : 0u));
+  if (absu >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds to inf
+  if (absu < 0x38800000u) {
+    // Subnormal half (or zero): scale by 2^24 so the half's units are integers, round to even.
+    const float a = std::bit_cast<float>(absu) * 16777216.0f;
+    return static_cast<std::uint16_t>(sign | static_cast<std::uint32_t>(std::nearbyint(a)));
+  }
+  // Normal: rebias the exponent (127 -> 15), keep 10 mantissa bits, ties to even.
+  std::uint32_t v = absu - 0x38000000u;
+  v += 0xfffu + ((v >> 13) & 1u);
+  return static_cast<std::uint16_t>(sign | (v >> 13));
+}
+
+float f16_to_f32(std::uint16_t h) {
+  const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
+  const std::uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) {
+    const float v = static_cast<float>(m) / 16777216.0f;  // m x 2^-24
+    return sign ? -v : v;
+  }
+  if (e == 31) return std::bit_cast<float>(sign | 0x7f800000u | (m << 13));
+  return std::bit_cast<float>(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+void to_f32(DType t, const void* src, float* dst, std::size_t n) {
+  NE_CHECK(t != DType::I32 && t != DType::I64, "to_f32 of an index tensor");
+  if (t == DType::F32) {
+    std::memcpy(dst, src, n * 4);
+    return;
+  }
+  const auto* h = static_cast<const std::uint16_t*>(src);
+  if (t == DType::BF16)
+    for (std::size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
+  else
+    for (std::size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(h[i]);
+}
+
+void from_f32(DType t, const float* src, void* dst, std::size_t n) {
+  NE_CHECK(t != DType::I32 && t != DType::I64, "from_f32 into an index tensor");
+  if (t == DType::F32) {
+    std::memcpy(dst, src, n * 4);
+    return;
+  }
+  auto* h = static_cast<std::uint16_t*>(dst);
+  if (t == DType::BF16)
+    for (std::size_t i = 0; i < n; ++i) h[i] = f32_to_bf16(src[i]);
+  else
+    for (std::size_t i = 0; i < n; ++i) h[i] = f32_to_f16(src[i]);
+}
+
+float round_to(DType t, float f) {
+  switch (t) {
+    case DType::F32:
+      return f;
+    case DType::BF16:
+      return bf16_to_f32(f32_to_bf16(f));
+    case DType::F16:
+      return f16_to_f32(f32_to_f16(f));
+    default:
+      break;
+  }
+  return f;
+}
+
+}  // namespace nodeemu::layers

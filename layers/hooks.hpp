@@ -1,0 +1,35 @@
+// Where offload/ and selective recompute plug into the model. Every module of a layer (by
+// Megatron's offload_modules names: attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm,
+// router, shared_experts, expert_fc1, moe_act, expert_fc2) reports its start and end on the
+// stream it runs on, and every tensor it keeps for backward passes through tensor_saved when it
+// is kept and tensor_needed just before backward reads it. Both may replace the tensor (an
+// offloaded copy, a reloaded one, a recomputed one).
+#pragma once
+#include <string>
+
+#include "devices/stream.hpp"
+#include "layers/tensor.hpp"
+
+namespace nodeemu::layers {
+
+struct ModuleId {
+  int layer = 0;       // global layer number
+  int microbatch = 0;  // within the step
+  std::string module;  // e.g. "expert_fc1"
+};
+
+struct SavedTensorId {
+  ModuleId owner;
+  std::string tensor;  // e.g. "input", or LoongForge's "dispatched_input"
+};
+
+class ActivationHooks {
+ public:
+  virtual ~ActivationHooks() = default;
+  virtual void module_start(const ModuleId&, Stream&) {}
+  virtual void module_end(const ModuleId&, Stream&) {}
+  virtual void tensor_saved(const SavedTensorId&, Tensor&, Stream&) {}
+  virtual void tensor_needed(const SavedTensorId&, Tensor&, Stream&) {}
+};
+
+}  // namespace nodeemu::layers

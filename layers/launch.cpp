@@ -1,0 +1,55 @@
+#include "layers/launch.hpp"
+
+namespace nodeemu::layers {
+
+View view(const Tensor& t) {
+  return View{t.is_meta() ? nullptr : t.buffer().data(), t.dtype(), t.numel()};
+}
+
+F32Scope::~F32Scope() {
+  for (auto& p : outputs_)
+    if (p.dst.numel > 0) from_f32(p.dst.dtype, p.buf.data(), p.dst.data, std::size_t(p.dst.numel));
+}
+
+const float* F32Scope::in(const View& v) {
+  if (v.dtype == DType::F32) return v.as<const float>();
+  auto& b = inputs_.emplace_back(std::size_t(v.numel));
+  if (v.numel > 0) to_f32(v.dtype, v.data, b.data(), b.size());
+  return b.data();
+}
+
+float* F32Scope::out(const View& v) {
+  if (v.dtype == DType::F32) return v.as<float>();
+  auto& p = outputs_.emplace_back(Pending{v, std::vector<float>(std::size_t(v.numel))});
+  return p.buf.data();
+}
+
+float* F32Scope::inout(const View& v) {
+  if (v.dtype == DType::F32) return v.as<float>();
+  auto& p = outputs_.emplace_back(Pending{v, std::vector<float>(std::size_t(v.numel))});
+  if (v.numel > 0) to_f32(v.dtype, v.data, p.buf.data(), p.buf.size());
+  return p.buf.data();
+}
+
+void launch(Stream& stream, std::string name, const Work& work, std::function<void()> body,
+            std::vector<Tensor> uses, WorkTally* tally) {
+  Kernel k{std::move(name), work, std::move(body), {}};
+  k.uses.reserve(uses.size());
+  for (auto& t : uses)
+    if (t) k.uses.push_back(t.buffer());
+  if (tally) {
+    tally->flops += work.flops;
+    tally->bytes += work.bytes;
+    ++tally->kernels;
+  }
+  stream.launch(std::move(k));
+}
+
+double bytes_of(std::initializer_list<const Tensor*> ts) {
+  double b = 0;
+  for (auto* t : ts)
+    if (t && *t) b += double(t->bytes());
+  return b;
+}
+
+}  // namespace nodeemu::layers

@@ -1,0 +1,62 @@
+// How layer code puts a kernel on a stream: the kernel's cost for the timing plane (flops and
+// HBM bytes, from shapes only, so meta mode costs it too), and a body that reads and writes raw
+// views of its tensors (never Buffer handles: the buffers ride in Kernel::uses, which keeps them
+// alive exactly as long as the engine needs them).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "devices/stream.hpp"
+#include "layers/tensor.hpp"
+
+namespace nodeemu::layers {
+
+// A tensor as a kernel body sees it. Null data in meta mode (the body never runs there).
+struct View {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  std::int64_t numel = 0;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(data);
+  }
+};
+View view(const Tensor& t);
+
+// fp32 access to views of any type inside a kernel body: inputs are widened (no copy for fp32),
+// outputs are written in fp32 and rounded to their type when the scope ends.
+class F32Scope {
+ public:
+  F32Scope() = default;
+  F32Scope(const F32Scope&) = delete;
+  F32Scope& operator=(const F32Scope&) = delete;
+  ~F32Scope();
+  const float* in(const View& v);
+  float* out(const View& v);    // contents undefined until written
+  float* inout(const View& v);  // widened, then written back
+ private:
+  struct Pending {
+    View dst;
+    std::vector<float> buf;
+  };
+  std::vector<std::vector<float>> inputs_;
+  std::vector<Pending> outputs_;
+};
+
+// Flops and bytes of the kernels a piece of the model launched: what `meta` mode reports.
+struct WorkTally {
+  double flops = 0, bytes = 0;
+  std::uint64_t kernels = 0;
+};
+
+// Launches `body` as kernel `name` on `stream`, with the timing plane's Work, keeping `uses`
+// alive; adds the cost to `tally` when given.
+void launch(Stream& stream, std::string name, const Work& work, std::function<void()> body,
+            std::vector<Tensor> uses, WorkTally* tally);
+
+// Bytes of a set of tensors (what an elementwise kernel reads and writes).
+double bytes_of(std::initializer_list<const Tensor*> ts);
+
+}  // namespace nodeemu::layers

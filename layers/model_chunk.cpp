@@ -1,0 +1,253 @@
+#include "layers/model_chunk.hpp"
+
+#include <cstring>
+
+#include "devices/device.hpp"
+#include "devices/errors.hpp"
+#include "layers/kernels/rmsnorm.hpp"
+#include "layers/kernels/vocab.hpp"
+
+namespace nodeemu::layers {
+
+MicroBatch synthetic_microbatch(const ModelConfig& cfg, std::int64_t batch, std::int64_t seq,
+                                std::uint64_t seed, int dp_rank, int index) {
+  MicroBatch mb;
+  mb.batch = batch;
+  mb.seq = seq;
+  const std::uint64_t stream =
+      name_hash("data") ^ (std::uint64_t(dp_rank) << 32) ^ std::uint64_t(index);
+  // A token stream per sequence; the label of each position is the next token.
+  for (std::int64_t b = 0; b < batch; ++b) {
+    std::vector<std::int32_t> s(static_cast<std::size_t>(seq + 1));
+    for (std::int64_t t = 0; t <= seq; ++t) {
+      const double u = counter_normal(seed, stream, std::uint64_t(b * (seq + 1) + t));
+      s[std::size_t(t)] =
+          std::int32_t(std::uint64_t(std::abs(u) * 1e6) % std::uint64_t(cfg.vocab_size));
+    }
+    mb.tokens.insert(mb.tokens.end(), s.begin(), s.end() - 1);
+    mb.labels.insert(mb.labels.end(), s.begin() + 1, s.end());
+  }
+  return mb;
+}
+
+ModelChunk::ModelChunk(const ModelConfig& cfg, ChunkSpec spec, Device& device, std::uint64_t seed,
+                       Group ep, int rank)
+    : cfg_(cfg), spec_(spec), device_(device) {
+  cfg.validate();
+  if (spec.first_layer < 0 || spec.num_layers < 0 ||
+      spec.first_layer + spec.num_layers > cfg.num_layers)
+    throw ConfigError("model", "num_layers",
+                      "chunk layers [" + std::to_string(spec.first_layer) + ", " +
+                          std::to_string(spec.first_layer + spec.num_layers) + ") exceed " +
+                          std::to_string(cfg.num_layers) + " layers");
+  const std::int64_t H = cfg.hidden_size, V = cfg.vocab_size;
+  if (spec.pre_process)
+    embedding_ = make_parameter(device, "embedding.word_embeddings.weight", {V, H}, cfg.dtype,
+                                Init::Normal, cfg.init_method_std, seed);
+  for (int l = spec.first_layer; l < spec.first_layer + spec.num_layers; ++l)
+    layers_.push_back(std::make_unique<TransformerLayer>(cfg, l, device, seed, ep, rank));
+  if (spec.post_process) {
+    final_norm_ = make_parameter(device, "decoder.final_layernorm.weight", {H}, cfg.dtype,
+                                 Init::Ones, 0, seed);
+    // The output layer and the loss run in fp32 (fp32 logits, as Megatron's fused
+    // cross-entropy upcasts them).
+    output_ = make_parameter(device, "output_layer.weight", {V, H}, DType::F32, Init::Normal,
+                             cfg.init_method_std, seed);
+  }
+}
+
+ModelChunk::~ModelChunk() = default;
+
+std::vector<Parameter*> ModelChunk::parameters() {
+  std::vector<Parameter*> out;
+  if (embedding_.value) out.push_back(&embedding_);
+  for (auto& l : layers_)
+    for (auto* p : l->parameters()) out.push_back(p);
+  if (final_norm_.value) {
+    out.push_back(&final_norm_);
+    out.push_back(&output_);
+  }
+  return out;
+}
+
+void ModelChunk::zero_grad(Stream& s, WorkTally* tally) {
+  for (auto* p : parameters()) {
+    View v = view(p->main_grad);
+    const std::size_t bytes = p->main_grad.bytes();
+    launch(
+        s, "zero_grad", Work{.bytes = double(bytes)}, [=] { std::memset(v.data, 0, bytes); },
+        {p->main_grad}, tally);
+  }
+}
+
+std::unique_ptr<ChunkPlan> ModelChunk::plan(ExecContext& ctx, int microbatch,
+                                            const MicroBatch& data, double loss_scale) {
+  return std::make_unique<ChunkPlan>(*this, ctx, microbatch, data, loss_scale);
+}
+
+ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const MicroBatch& data,
+                     double loss_scale)
+    : chunk_(chunk), ctx_(ctx), data_(data), loss_scale_(loss_scale) {
+  const ModelConfig& c = chunk.cfg_;
+  const std::int64_t T = data.batch * data.seq;
+  if (std::int64_t(data.tokens.size()) != T || std::int64_t(data.labels.size()) != T)
+    throw UsageError("micro-batch " + std::to_string(microbatch) + ": " +
+                     std::to_string(data.tokens.size()) +
+                     " tokens for batch x seq = " + std::to_string(T));
+  Device& dev = chunk.device_;
+  tokens_ = Tensor::empty(dev, {T}, DType::I32);
+  labels_ = Tensor::empty(dev, {T}, DType::I32);
+  if (!tokens_.is_meta()) {
+    // The data loader's batch, already on the device (its H2D copy is not modelled).
+    std::memcpy(tokens_.data<std::int32_t>(), data.tokens.data(), std::size_t(T) * 4);
+    std::memcpy(labels_.data<std::int32_t>(), data.labels.data(), std::size_t(T) * 4);
+  }
+  for (auto& l : chunk.layers_)
+    layers.push_back(l->plan(ctx, &event, microbatch, data.batch, data.seq, loss_scale));
+  // Each layer reads the previous one's output, and its output gradient is the next one's
+  // input gradient (or the loss's, or the next stage's).
+  for (std::size_t i = 0; i < layers.size(); ++i)
+    layers[i]->connect(
+        i == 0 ? (chunk.spec_.pre_process ? &embedded_ : &input) : &layers[i - 1]->output,
+        i + 1 < layers.size()      ? &layers[i + 1]->grad_input
+        : chunk.spec_.post_process ? &grad_hidden_
+                                   : &grad_output);
+  const Tensor* last =
+      layers.empty() ? (chunk.spec_.pre_process ? &embedded_ : &input) : &layers.back()->output;
+  if (chunk.spec_.pre_process) {
+    embedding = ScheduleNode(
+        "embedding", StreamKind::Compute, &ctx, &event,
+        [this, T, &c](Stream& s) {
+          embedded_ = Tensor::empty(s.device(), {T, c.hidden_size}, c.dtype);
+          View vt = view(tokens_), vw = view(chunk_.embedding_.value), vy = view(embedded_);
+          const std::int64_t H = c.hidden_size;
+          launch(
+              s, "embedding", Work{.bytes = 2.0 * double(embedded_.bytes())},
+              [=] {
+                F32Scope f;
+                kernels::embedding_forward(vt.as<const std::int32_t>(), f.in(vw), f.out(vy), T, H);
+              },
+              {tokens_, chunk_.embedding_.value, embedded_}, ctx_.tally);
+        },
+        [](Stream&) {},
+        [this, T, &c](Stream& s) {
+          const Tensor& g = layers.empty() ? grad_hidden_ : layers.front()->grad_input;
+          View vt = view(tokens_), vg = view(g), vw = view(chunk_.embedding_.main_grad);
+          const std::int64_t H = c.hidden_size;
+          launch(
+              s, "embedding_wgrad", Work{.bytes = 3.0 * double(g.bytes())},
+              [=] {
+                F32Scope f;
+                kernels::embedding_wgrad(vt.as<const std::int32_t>(), f.in(vg), vw.as<float>(), T,
+                                         H);
+              },
+              {tokens_, g, chunk_.embedding_.main_grad}, ctx_.tally);
+          embedded_ = Tensor();
+        });
+  }
+  if (chunk.spec_.post_process) {
+    loss = ScheduleNode(
+        "loss", StreamKind::Compute, &ctx, &event,
+        [this, T, last, &c](Stream& s) {
+          ops::At at{s, ctx_.tally};
+          hidden_ = *last;
+          ops::rmsnorm_forward(at, "final_layernorm", hidden_, chunk_.final_norm_,
+                               c.layernorm_epsilon, lnf_, rstd_);
+          logits_ = ops::linear_forward(at, "output_layer", lnf_, chunk_.output_.value,
+                                        ops::one_group(lnf_), DType::F32);
+          View vl = view(logits_), vy = view(labels_);
+          const std::int64_t V = c.vocab_size;
+          auto sum = loss_sum_;
+          launch(
+              s, "cross_entropy",
+              Work{.flops = 4.0 * double(T * V),
+                   .bytes = double(logits_.bytes()),
+                   .precision = Precision::FP32},
+              [=] {
+                std::vector<float> per(static_cast<std::size_t>(T));
+                kernels::cross_entropy_forward(vl.as<const float>(), vy.as<const std::int32_t>(),
+                                               per.data(), T, V);
+                double total = 0;  // token order: a fixed reduction order
+                for (float v : per) total += v;
+                *sum = total;
+              },
+              {logits_, labels_}, ctx_.tally);
+        },
+        [this, T, &c](Stream& s) {
+          ops::At at{s, ctx_.tally};
+          g_logits_ = at.empty({T, c.vocab_size}, DType::F32);
+          View vl = view(logits_), vy = view(labels_), vg = view(g_logits_);
+          const std::int64_t V = c.vocab_size;
+          const double scale = loss_scale_;
+          launch(
+              s, "cross_entropy_bwd",
+              Work{.flops = 4.0 * double(T * V),
+                   .bytes = 2.0 * double(logits_.bytes()),
+                   .precision = Precision::FP32},
+              [=] {
+                kernels::cross_entropy_backward(vl.as<const float>(), vy.as<const std::int32_t>(),
+                                                vg.as<float>(), T, V, scale);
+              },
+              {logits_, labels_, g_logits_}, ctx_.tally);
+          logits_ = Tensor();
+          g_lnf_ = ops::linear_dgrad(at, "output_layer", g_logits_, chunk_.output_.value,
+                                     ops::one_group(g_logits_), c.dtype);
+          grad_hidden_ =
+              ops::rmsnorm_dgrad(at, "final_layernorm", g_lnf_, hidden_, chunk_.final_norm_, rstd_);
+        },
+        [this](Stream& s) {
+          ops::At at{s, ctx_.tally};
+          ops::linear_wgrad(at, "output_layer", g_logits_, lnf_, ops::one_group(lnf_),
+                            chunk_.output_);
+          ops::rmsnorm_wgrad(at, "final_layernorm", g_lnf_, hidden_, rstd_, chunk_.final_norm_);
+          g_logits_ = g_lnf_ = lnf_ = hidden_ = rstd_ = Tensor();
+        });
+  }
+}
+
+ChunkPlan::~ChunkPlan() = default;
+
+const Tensor& ChunkPlan::output() const {
+  return layers.empty() ? input : layers.back()->output;
+}
+
+const Tensor& ChunkPlan::grad_input() const {
+  return layers.empty() ? grad_output : layers.front()->grad_input;
+}
+
+void ChunkPlan::forward_all() {
+  embedding.forward();
+  for (auto& l : layers) {
+    l->pre_dispatch.forward();
+    l->dispatch.forward();
+    l->mlp.forward();
+    l->combine.forward();
+    l->mtp.forward();
+  }
+  loss.forward();
+}
+
+void ChunkPlan::backward_all() {
+  loss.backward();
+  for (auto it = layers.rbegin(); it != layers.rend(); ++it) {
+    auto& l = **it;
+    l.mtp.backward();
+    l.combine.backward();
+    l.mlp.backward();
+    l.dispatch.backward();
+    l.pre_dispatch.backward();
+  }
+  embedding.backward();
+}
+
+void reduce_gradients(ModelChunk& chunk, Group dp, Group edp, Stream& s) {
+  for (auto* p : chunk.parameters()) {
+    Group& g = p->expert ? edp : dp;
+    if (g.size() == 1) continue;
+    g.all_reduce(p->main_grad.buffer(), p->main_grad.buffer(),
+                 static_cast<std::size_t>(p->main_grad.numel()), s,
+                 {.async = true, .name = "grad_allreduce"});
+  }
+}
+
+}  // namespace nodeemu::layers

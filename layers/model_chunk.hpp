@@ -1,0 +1,97 @@
+// A model chunk: the layers one pipeline stage (or one virtual stage) holds, with the embedding
+// on the first and the final norm, output layer and cross-entropy loss on the last, so that a
+// schedule can cut the model anywhere. A ChunkPlan is one micro-batch through the chunk: its
+// schedule nodes, one event shared by all of them, and the tensors that enter and leave.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "layers/transformer_layer.hpp"
+
+namespace nodeemu::layers {
+
+struct ChunkSpec {
+  int first_layer = 0;
+  int num_layers = 0;        // layers [first_layer, first_layer + num_layers)
+  bool pre_process = true;   // holds the embedding
+  bool post_process = true;  // holds the final norm, output layer and loss
+};
+
+// One micro-batch of token ids: [batch][seq] in sequence order.
+struct MicroBatch {
+  std::int64_t batch = 1, seq = 0;
+  std::vector<std::int32_t> tokens, labels;
+};
+
+// Deterministic synthetic data: micro-batch `index` of data-parallel rank `dp_rank`.
+MicroBatch synthetic_microbatch(const ModelConfig& cfg, std::int64_t batch, std::int64_t seq,
+                                std::uint64_t seed, int dp_rank, int index);
+
+class ChunkPlan;
+
+class ModelChunk {
+ public:
+  // `ep` is this rank's EP group, used by MoE layers.
+  ModelChunk(const ModelConfig& cfg, ChunkSpec spec, Device& device, std::uint64_t seed, Group ep,
+             int rank);
+  ~ModelChunk();
+  const ChunkSpec& spec() const { return spec_; }
+  const ModelConfig& config() const { return cfg_; }
+  std::vector<Parameter*> parameters();
+  std::vector<std::unique_ptr<TransformerLayer>>& layers() { return layers_; }
+  // Zeroes every main_grad, as a device operation on `s`.
+  void zero_grad(Stream& s, WorkTally* tally = nullptr);
+  // `loss_scale` multiplies the loss's (and the router losses') gradient: 1 / (tokens of the
+  // global batch) for a token-mean loss.
+  std::unique_ptr<ChunkPlan> plan(ExecContext& ctx, int microbatch, const MicroBatch& data,
+                                  double loss_scale);
+
+ private:
+  friend class ChunkPlan;
+  ModelConfig cfg_;
+  ChunkSpec spec_;
+  Device& device_;
+  Parameter embedding_, final_norm_, output_;
+  std::vector<std::unique_ptr<TransformerLayer>> layers_;
+};
+
+class ChunkPlan {
+ public:
+  ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const MicroBatch& data,
+            double loss_scale);
+  ~ChunkPlan();
+  Event event;             // shared by every node of this plan (declared first: nodes point at it)
+  ScheduleNode embedding;  // forward: lookup; backward_dw: the table's gradient
+  std::vector<std::unique_ptr<LayerPlan>> layers;
+  ScheduleNode loss;  // final norm, output layer, cross-entropy (and their backward)
+  // Set by the schedule when the chunk does not start (end) the model: the activation from the
+  // previous stage, and the gradient from the next.
+  Tensor input, grad_output;
+  // The chunk's output activation (no post_process), and the gradient of its input (no
+  // pre_process), for the pipeline sends.
+  const Tensor& output() const;
+  const Tensor& grad_input() const;
+  // The summed token loss of this micro-batch (host, once the loss kernel has run for real).
+  double loss_sum() const { return *loss_sum_; }
+  // Everything in order on the context's streams: embedding, then each layer's nodes, then the
+  // loss; backward in reverse. The sequential reference, and what schedules are checked against.
+  void forward_all();
+  void backward_all();
+
+ private:
+  ModelChunk& chunk_;
+  ExecContext& ctx_;
+  MicroBatch data_;
+  double loss_scale_;
+  Tensor tokens_, labels_, embedded_, hidden_, rstd_, logits_, lnf_, grad_hidden_, g_lnf_,
+      g_logits_, g_embedded_;
+  std::shared_ptr<double> loss_sum_ = std::make_shared<double>(0);
+};
+
+// All-reduces gradients over data parallelism: dense weights over `dp`, expert weights over
+// `edp` (either may be a one-member group). fp32 sums in member order.
+void reduce_gradients(ModelChunk& chunk, Group dp, Group edp, Stream& s);
+
+}  // namespace nodeemu::layers

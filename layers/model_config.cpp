@@ -1,0 +1,45 @@
+#include "layers/model_config.hpp"
+
+#include "devices/errors.hpp"
+
+namespace nodeemu::layers {
+
+const char* dispatcher_name(DispatcherType t) {
+  switch (t) {
+    case DispatcherType::AllToAll:
+      return "alltoall";
+    case DispatcherType::AllGather:
+      return "allgather";
+    case DispatcherType::Flex:
+      return "flex";
+  }
+  return "?";
+}
+
+void ModelConfig::validate() const {
+  auto fail = [](const std::string& key, const std::string& what) {
+    throw ConfigError("model", key, what);
+  };
+  if (num_layers < 1) fail("num_layers", "must be at least 1");
+  if (hidden_size < 1) fail("hidden_size", "must be at least 1");
+  if (num_attention_heads < 1 || (kv_channels == 0 && hidden_size % num_attention_heads))
+    fail("num_attention_heads", "must divide hidden_size (or set kv_channels)");
+  if (num_query_groups < 1 || num_attention_heads % num_query_groups)
+    fail("num_query_groups", "must divide num_attention_heads");
+  if (head_dim() % 2) fail("kv_channels", "the head dimension must be even for rotary embeddings");
+  if (vocab_size < 2) fail("vocab_size", "must be at least 2");
+  if (ffn_hidden_size < 1) fail("ffn_hidden_size", "must be at least 1");
+  if (moe_layer_freq < 1) fail("moe_layer_freq", "must be at least 1");
+  if (mtp_num_layers > 0)
+    fail("mtp_num_layers",
+         "multi-token prediction is not modelled yet; set 0 (the mtp schedule "
+         "node exists and is a no-op)");
+  if (num_moe_experts > 0) {
+    if (moe_ffn_hidden_size < 1) fail("moe_ffn_hidden_size", "must be at least 1");
+    if (router.num_experts != num_moe_experts)
+      fail("num_moe_experts", "the router's expert count disagrees");
+    router.validate();
+  }
+}
+
+}  // namespace nodeemu::layers

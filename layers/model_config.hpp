@@ -1,0 +1,46 @@
+// The model's architecture, by Megatron-Core's TransformerConfig names, so that a recipe can copy
+// them across (emu/ maps the YAML keys onto this struct).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "comm/flex_dispatcher.hpp"
+#include "layers/dtype.hpp"
+#include "layers/router_config.hpp"
+
+namespace nodeemu::layers {
+
+enum class DispatcherType { AllToAll, AllGather, Flex };
+const char* dispatcher_name(DispatcherType t);
+
+struct ModelConfig {
+  int num_layers = 4;
+  int hidden_size = 64;
+  int num_attention_heads = 4;
+  int num_query_groups = 2;   // KV heads (GQA); = heads for plain multi-head attention
+  int kv_channels = 0;        // head dim; 0 = hidden_size / num_attention_heads
+  int ffn_hidden_size = 128;  // dense layers' MLP
+  int vocab_size = 256;
+  double rotary_base = 10000;
+  double layernorm_epsilon = 1e-6;
+  double init_method_std = 0.02;
+  DType dtype = DType::F32;  // bf16: true -> BF16, fp16: true -> F16
+
+  // MoE. num_moe_experts = 0 makes every layer dense.
+  int num_moe_experts = 8;
+  int moe_ffn_hidden_size = 128;
+  int moe_shared_expert_intermediate_size = 0;  // 0: no shared experts
+  // moe_layer_freq as a pattern: 1 = every layer is MoE; N = every Nth layer (0, N, 2N...).
+  int moe_layer_freq = 1;
+  RouterConfig router;  // num_experts/topk mirror num_moe_experts/moe_router_topk
+  DispatcherType moe_token_dispatcher_type = DispatcherType::AllToAll;
+  FlexBackend moe_flex_dispatcher_backend = FlexBackend::DeepEP;
+  int mtp_num_layers = 0;
+
+  int head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
+  bool is_moe_layer(int layer) const { return num_moe_experts > 0 && layer % moe_layer_freq == 0; }
+  // Throws ConfigError naming the Megatron key.
+  void validate() const;
+};
+
+}  // namespace nodeemu::layers

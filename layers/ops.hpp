@@ -1,0 +1,64 @@
+// The model's kernels as device operations: each allocates its outputs, states its flops and
+// HBM bytes for the timing plane, and runs the fp32 math of layers/kernels/ on the device's
+// workers (widening 16-bit tensors, and rounding what it stores). Names follow the modules
+// Megatron-Core runs, so traces read like an nsys profile of the real layer.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "layers/kernels/attention.hpp"
+#include "layers/launch.hpp"
+#include "layers/parameter.hpp"
+
+namespace nodeemu::layers::ops {
+
+// Everything an op needs to launch: the stream, and where its cost is tallied.
+struct At {
+  Stream& stream;
+  WorkTally* tally;
+  // A new zero-filled tensor on the stream's device.
+  Tensor empty(Shape shape, DType dtype) const;
+};
+
+// y = rmsnorm(x) * w; rstd saved (fp32).
+void rmsnorm_forward(At at, const std::string& name, const Tensor& x, const Parameter& w,
+                     double eps, Tensor& y, Tensor& rstd);
+Tensor rmsnorm_dgrad(At at, const std::string& name, const Tensor& dy, const Tensor& x,
+                     const Parameter& w, const Tensor& rstd);
+void rmsnorm_wgrad(At at, const std::string& name, const Tensor& dy, const Tensor& x,
+                   const Tensor& rstd, Parameter& w);
+
+// Grouped linear (a plain linear layer is one group): x [rows][in], w [groups][out][in].
+// `rows` per group is host-known (the dispatcher's splits).
+Tensor linear_forward(At at, const std::string& name, const Tensor& x, const Tensor& w,
+                      const std::vector<std::int64_t>& rows, DType out_dtype);
+Tensor linear_dgrad(At at, const std::string& name, const Tensor& dy, const Tensor& w,
+                    const std::vector<std::int64_t>& rows, DType out_dtype);
+// main_grad += dy^T x, in fp32.
+void linear_wgrad(At at, const std::string& name, const Tensor& dy, const Tensor& x,
+                  const std::vector<std::int64_t>& rows, Parameter& w);
+std::vector<std::int64_t> one_group(const Tensor& x);
+
+void rope(At at, const std::string& name, Tensor& qkv, const kernels::AttentionShape& s,
+          double base, bool inverse);
+void attention_forward(At at, const Tensor& qkv, const kernels::AttentionShape& s, Tensor& out,
+                       Tensor& lse);
+Tensor attention_backward(At at, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                          const Tensor& lse, const kernels::AttentionShape& s);
+
+// a = swiglu(h) * probs (probs: fp32 [rows] or empty).
+Tensor swiglu_forward(At at, const std::string& name, const Tensor& h, const Tensor& probs);
+// dh, and dprobs when probs is given.
+void swiglu_backward(At at, const std::string& name, const Tensor& da, const Tensor& h,
+                     const Tensor& probs, Tensor& dh, Tensor& dprobs);
+
+// out = a + b (elementwise, any types; out has a's type unless given).
+Tensor add(At at, const std::string& name, const Tensor& a, const Tensor& b);
+// (a + b) + c in fp32, rounded once to `out` (c may be empty).
+Tensor add3(At at, const std::string& name, const Tensor& a, const Tensor& b, const Tensor& c,
+            DType out);
+// A copy converted to `dtype`.
+Tensor cast(At at, const std::string& name, const Tensor& x, DType dtype);
+
+}  // namespace nodeemu::layers::ops

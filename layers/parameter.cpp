@@ -1,0 +1,54 @@
+#include "layers/parameter.hpp"
+
+#include <cmath>
+#include <numbers>
+
+#include "devices/device.hpp"
+
+namespace nodeemu::layers {
+
+namespace {
+std::uint64_t splitmix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+std::uint64_t name_hash(const std::string& s) {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+double counter_normal(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
+  const std::uint64_t a = splitmix(seed ^ splitmix(stream ^ splitmix(2 * index)));
+  const std::uint64_t b = splitmix(seed ^ splitmix(stream ^ splitmix(2 * index + 1)));
+  const double u1 = (double(a >> 11) + 1.0) / 9007199254740993.0;  // (0, 1]
+  const double u2 = double(b >> 11) / 9007199254740992.0;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+}
+
+Parameter make_parameter(Device& device, std::string name, Shape shape, DType dtype, Init init,
+                         double std, std::uint64_t seed, std::int64_t global_offset, bool expert) {
+  Parameter p;
+  p.value = Tensor::empty(device, shape, dtype);
+  p.main_grad = Tensor::empty(device, shape, DType::F32);
+  p.expert = expert;
+  if (!p.value.is_meta()) {
+    std::vector<float> v(static_cast<std::size_t>(p.value.numel()));
+    // Expert shards share one stream per weight name with the shard index stripped by the
+    // caller, so the offset alone places a shard.
+    const std::uint64_t stream = name_hash(name);
+    for (std::size_t i = 0; i < v.size(); ++i)
+      v[i] = init == Init::Ones
+                 ? 1.0f
+                 : float(std * counter_normal(seed, stream, std::uint64_t(global_offset) + i));
+    p.value.copy_from_f32(v);
+  }
+  p.name = std::move(name);
+  return p;
+}
+
+}  // namespace nodeemu::layers

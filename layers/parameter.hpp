@@ -1,0 +1,40 @@
+// A trainable weight and its fp32 gradient (Megatron's main_grad: gradients accumulate in fp32
+// whatever the parameter's type).
+//
+// Initial values come from a counter-based generator keyed by (seed, name, global element
+// index), so a weight has the same values whatever the parallel layout: expert e's weights are
+// the same on the one device of the reference and on the EP rank that owns it.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "layers/tensor.hpp"
+
+namespace nodeemu {
+class Device;
+}
+
+namespace nodeemu::layers {
+
+enum class Init { Normal, Ones };
+
+struct Parameter {
+  std::string name;  // Megatron's state-dict name, e.g. "decoder.layers.0.mlp.router.weight"
+  Tensor value;
+  Tensor main_grad;     // fp32, zeroed by zero_grad()
+  bool expert = false;  // expert weights reduce over the expert-data-parallel group
+};
+
+// Allocates and initialises a parameter. `global_offset` is the index of this shard's first
+// element in the whole (unsharded) weight: for local expert i of EP rank r, (r * local + i) *
+// per-expert elements. Values are drawn on the host (setup, not a timed kernel); in meta mode
+// nothing is drawn.
+Parameter make_parameter(Device& device, std::string name, Shape shape, DType dtype, Init init,
+                         double std, std::uint64_t seed, std::int64_t global_offset = 0,
+                         bool expert = false);
+
+// A standard-normal draw that depends only on (seed, stream, index).
+double counter_normal(std::uint64_t seed, std::uint64_t stream, std::uint64_t index);
+std::uint64_t name_hash(const std::string& s);
+
+}  // namespace nodeemu::layers

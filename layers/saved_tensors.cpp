@@ -1,0 +1,36 @@
+#include "layers/saved_tensors.hpp"
+
+#include "devices/errors.hpp"
+
+namespace nodeemu::layers {
+
+void SavedTensors::save(const std::string& module, const std::string& name, Tensor t, Stream& s) {
+  if (hooks_) hooks_->tensor_saved({this->module(module), name}, t, s);
+  saved_[{module, name}] = std::move(t);
+}
+
+Tensor SavedTensors::need(const std::string& module, const std::string& name, Stream& s) {
+  auto it = saved_.find({module, name});
+  if (it == saved_.end())
+    throw UsageError("layer " + std::to_string(layer_) + ", micro-batch " +
+                     std::to_string(microbatch_) + ": backward needs " + module + "." + name +
+                     ", which forward did not save or backward already released; run each "
+                     "node's forward once before its backward");
+  if (hooks_) hooks_->tensor_needed({this->module(module), name}, it->second, s);
+  return it->second;
+}
+
+void SavedTensors::release(const std::string& module, const std::string& name) {
+  saved_.erase({module, name});
+}
+
+ModuleScope::ModuleScope(SavedTensors& saved, const std::string& module, Stream& s)
+    : saved_(saved), id_(saved.module(module)), stream_(s) {
+  if (saved_.hooks()) saved_.hooks()->module_start(id_, stream_);
+}
+
+ModuleScope::~ModuleScope() {
+  if (saved_.hooks()) saved_.hooks()->module_end(id_, stream_);
+}
+
+}  // namespace nodeemu::layers

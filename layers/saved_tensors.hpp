@@ -1,0 +1,45 @@
+// The tensors one layer keeps from forward for backward, each passing through the activation
+// hooks when kept and when needed, and dropped as soon as backward is done with it (so device
+// memory is accounted as Megatron's caching allocator would see it).
+#pragma once
+#include <map>
+#include <string>
+#include <utility>
+
+#include "layers/hooks.hpp"
+
+namespace nodeemu::layers {
+
+class SavedTensors {
+ public:
+  SavedTensors(ActivationHooks* hooks, int layer, int microbatch)
+      : hooks_(hooks), layer_(layer), microbatch_(microbatch) {}
+  void save(const std::string& module, const std::string& name, Tensor t, Stream& s);
+  // The tensor, made resident by the hooks. Throws UsageError if it was never saved (or already
+  // released): a schedule that runs a backward twice, or before its forward.
+  Tensor need(const std::string& module, const std::string& name, Stream& s);
+  void release(const std::string& module, const std::string& name);
+  ModuleId module(const std::string& name) const { return {layer_, microbatch_, name}; }
+  ActivationHooks* hooks() const { return hooks_; }
+
+ private:
+  ActivationHooks* hooks_;
+  int layer_, microbatch_;
+  std::map<std::pair<std::string, std::string>, Tensor> saved_;
+};
+
+// Reports a module's start and end to the hooks around a scope.
+class ModuleScope {
+ public:
+  ModuleScope(SavedTensors& saved, const std::string& module, Stream& s);
+  ~ModuleScope();
+  ModuleScope(const ModuleScope&) = delete;
+  ModuleScope& operator=(const ModuleScope&) = delete;
+
+ private:
+  SavedTensors& saved_;
+  ModuleId id_;
+  Stream& stream_;
+};
+
+}  // namespace nodeemu::layers

@@ -1,0 +1,61 @@
+// The unit a schedule orders: one piece of a layer for one micro-batch, with a forward, an
+// activation-gradient backward and, where it has weights, a weight-gradient step (Megatron-Core's
+// ScheduleNode in model_chunk_schedule_plan.py).
+//
+// Every node of a micro-batch plan shares that plan's event: forward() and backward() wait on
+// it, enqueue on the node's stream and record it, so one micro-batch is a strict chain across
+// the compute and comm streams while another micro-batch's chain is free to overlap it.
+// backward_dw() neither waits nor records: only its stream's order places it (REFERENCE §1).
+#pragma once
+#include <functional>
+#include <string>
+
+#include "devices/event.hpp"
+#include "devices/stream.hpp"
+#include "layers/launch.hpp"
+
+namespace nodeemu::layers {
+
+class ActivationHooks;
+
+enum class StreamKind { Compute, Comm };
+
+// The streams and switches one rank's model runs with.
+struct ExecContext {
+  Stream compute;
+  Stream comm;
+  // Delayed wgrad (delay_wgrad_compute): backward() runs only the dgrad; the schedule calls
+  // backward_dw() later.
+  bool delay_wgrad = false;
+  ActivationHooks* hooks = nullptr;
+  WorkTally* tally = nullptr;
+  Stream& stream(StreamKind k) { return k == StreamKind::Compute ? compute : comm; }
+};
+
+class ScheduleNode {
+ public:
+  using Body = std::function<void(Stream&)>;
+  ScheduleNode() = default;  // a no-op node (dense layers' dispatch and combine, absent mtp)
+  ScheduleNode(std::string name, StreamKind kind, ExecContext* ctx, Event* plan_event, Body forward,
+               Body backward, Body backward_dw = {});
+
+  const std::string& name() const { return name_; }
+  StreamKind stream_kind() const { return kind_; }
+  bool is_noop() const { return !forward_; }
+  bool has_weights() const { return static_cast<bool>(backward_dw_); }
+
+  void forward();
+  void backward();  // dgrad; also the wgrad unless the context delays it
+  void backward_dw();
+
+ private:
+  void run(const Body& body, bool chained);
+  std::string name_ = "noop";
+  StreamKind kind_ = StreamKind::Compute;
+  ExecContext* ctx_ = nullptr;
+  Event* event_ = nullptr;
+  Body forward_, backward_, backward_dw_;
+  bool dw_pending_ = false;
+};
+
+}  // namespace nodeemu::layers

@@ -1,0 +1,94 @@
+// Megatron-Core's token dispatchers (REFERENCE §2) over comm/: alltoall, allgather and flex
+// (DeepEP-like or HybridEP-like). A TokenDispatcher belongs to one MoE layer on one rank; each
+// micro-batch gets its own DispatchPlan, which carries the tokens through
+//
+//   preprocess  (compute, in pre_dispatch)  permute / layout; the alltoall counts sync point
+//   dispatch    (comm)                      the tokens' all-to-all (or all-gather)
+//   sort        (compute, start of mlp)     rows grouped by local expert
+//   unsort      (compute, end of mlp)       back to the order the way home needs
+//   combine     (comm)                      the way back, and the unpermute sum
+//
+// and the same steps backwards. Every step is one or more device operations on the stream it is
+// given; the host blocks only where Megatron's does (the counts of a dropless alltoall, DeepEP's
+// received counts, the allgather dispatcher's local counts).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/group.hpp"
+#include "layers/model_config.hpp"
+#include "layers/ops.hpp"
+
+namespace nodeemu::layers {
+
+// The tensors a dispatch plan consumes and produces; the MoE layer fills in the inputs.
+struct MoeTokens {
+  // Forward inputs, from pre_dispatch.
+  Tensor hidden;             // [tokens][h], model dtype: the pre-MLP norm's output
+  Tensor topk_idx;           // int64 [tokens][topk]: global expert ids, -1 where dropped
+  Tensor topk_probs;         // fp32 [tokens][topk]
+  Tensor tokens_per_expert;  // int64 [experts]: kept pairs per expert on this rank
+  // Set by sort: the experts' input, grouped by local expert.
+  Tensor expert_in;                           // [rows][h]
+  Tensor expert_probs;                        // fp32 [rows]
+  std::vector<std::int64_t> rows_per_expert;  // [local experts], host-known
+  Tensor expert_out;                          // [rows][h], set by the mlp node
+  Tensor moe_out;                             // [tokens][h] fp32, set by combine
+  // Backward.
+  Tensor grad_moe_out;       // [tokens][h]: set before combine_backward
+  Tensor grad_expert_out;    // set by unsort_backward
+  Tensor grad_expert_in;     // [rows][h]: set by the mlp node's backward
+  Tensor grad_expert_probs;  // fp32 [rows]: likewise
+  Tensor grad_hidden;        // [tokens][h]: set by preprocess_backward
+  Tensor grad_probs;         // fp32 [tokens][topk]: likewise
+};
+
+class DispatchPlan {
+ public:
+  virtual ~DispatchPlan() = default;
+  MoeTokens io;
+  virtual void preprocess(ops::At at) = 0;
+  virtual void dispatch(ops::At at) = 0;
+  virtual void sort(ops::At at) = 0;
+  virtual void unsort(ops::At at) = 0;
+  virtual void combine(ops::At at) = 0;
+  virtual void combine_backward(ops::At at) = 0;
+  virtual void unsort_backward(ops::At at) = 0;
+  virtual void sort_backward(ops::At at) = 0;
+  virtual void dispatch_backward(ops::At at) = 0;
+  virtual void preprocess_backward(ops::At at) = 0;
+  // Megatron frees moe_dispatch's input after forward only with the alltoall dispatcher
+  // (should_free_input in megatron/core/models/common/utils.py).
+  virtual bool frees_dispatch_input() const { return false; }
+};
+
+class TokenDispatcher {
+ public:
+  virtual ~TokenDispatcher() = default;
+  // The dispatcher `cfg.moe_token_dispatcher_type` names, over `ep` (this rank's EP group).
+  // Throws ConfigError for what the chosen one cannot do (meta mode without host-known
+  // routing, flex in meta mode, experts that do not divide EP).
+  // `rank` is this rank's global device id.
+  static std::unique_ptr<TokenDispatcher> create(const ModelConfig& cfg, Group ep, Mode mode,
+                                                 int rank);
+  virtual std::unique_ptr<DispatchPlan> plan(std::int64_t tokens, std::int64_t seq) = 0;
+  int local_experts() const { return local_experts_; }
+  int first_expert() const { return first_expert_; }
+
+ protected:
+  TokenDispatcher(const ModelConfig& cfg, const Group& ep, int rank)
+      : local_experts_(cfg.num_moe_experts / ep.size()),
+        first_expert_(ep.index_of(rank) * local_experts_) {}
+  int local_experts_, first_expert_;
+};
+
+namespace detail {
+std::unique_ptr<TokenDispatcher> make_alltoall(const ModelConfig& cfg, Group ep, Mode mode,
+                                               int rank);
+std::unique_ptr<TokenDispatcher> make_allgather(const ModelConfig& cfg, Group ep, Mode mode,
+                                                int rank);
+std::unique_ptr<TokenDispatcher> make_flex(const ModelConfig& cfg, Group ep, Mode mode, int rank);
+}  // namespace detail
+
+}  // namespace nodeemu::layers

@@ -1,0 +1,56 @@
+// The token shuffles around the experts, as device kernels: Megatron's permute / unpermute and
+// the sort by local expert (REFERENCE §2). A "slot" names one (token, top-k choice) pair as
+// token * topk + choice; a row that carries slot s came from token s / topk.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "layers/ops.hpp"
+
+namespace nodeemu::layers {
+
+struct Sorted {
+  Tensor rows;   // [n][h]: the input's rows, one per kept (token, expert) pair
+  Tensor probs;  // f32 [n]
+  Tensor slots;  // int32 [n]: token * topk + choice, -1 for padding rows
+};
+
+// Rows grouped by expert for experts [first, first + count), token order within an expert:
+// for each slot whose idx is in range, its token's row of x and its probability. With `pad`
+// > 0 every expert gets exactly `pad` rows (zero rows, probability 0, slot -1 after its own).
+// `total` (the output rows) must be host-known: the caller got it from the dispatcher's counts.
+Sorted sort_by_expert(ops::At at, const std::string& name, const Tensor& x, const Tensor& idx,
+                      const Tensor& probs, int topk, std::int64_t first, std::int64_t count,
+                      std::int64_t pad, std::int64_t total);
+
+// The reverse: out[s / topk] += rows[i] for every row i with slot s >= 0, in row order, summed
+// in fp32. With `probs` (fp32 [n]) the output is [tokens][h + topk] and column h + s % topk of
+// token s / topk receives probs[i] (how the probabilities' gradients travel back). fp32 out.
+Tensor unpermute(ops::At at, const std::string& name, const Tensor& rows, const Tensor& probs,
+                 const Tensor& slots, int topk, std::int64_t tokens);
+
+// out[i] = src[slots[i] / topk] (zero for slot -1): unpermute's backward. out has src's type.
+Tensor gather_rows(ops::At at, const std::string& name, const Tensor& src, const Tensor& slots,
+                   int topk);
+
+// A host-known reordering of row blocks: out rows [dst, dst + n) = in rows [src, src + n).
+struct RowBlock {
+  std::int64_t src, dst, n;
+};
+Tensor permute_blocks(ops::At at, const std::string& name, const Tensor& in,
+                      const std::vector<RowBlock>& blocks);
+// The inverse reordering of the same blocks.
+std::vector<RowBlock> inverse(const std::vector<RowBlock>& blocks);
+
+// Splits [tokens][h + topk] fp32 into the hidden gradient (`dtype`) and fp32 [tokens][topk].
+void split_packed(ops::At at, const std::string& name, const Tensor& packed, std::int64_t h,
+                  int topk, DType dtype, Tensor& hidden, Tensor& probs);
+
+// Kept pairs per expert in [first, first + count) of an idx table [rows][topk] (host-side,
+// after the host has synchronized on it).
+std::vector<std::int64_t> count_per_expert(const std::int64_t* idx, std::int64_t rows, int topk,
+                                           std::int64_t first, std::int64_t count);
+// The counts round-robin routing (moe_router_force_load_balancing) gives `tokens` tokens.
+std::vector<std::int64_t> balanced_counts(std::int64_t tokens, int topk, std::int64_t experts);
+
+}  // namespace nodeemu::layers

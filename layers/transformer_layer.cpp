@@ -1,0 +1,492 @@
+#include "layers/transformer_layer.hpp"
+
+#include "devices/device.hpp"
+#include "devices/errors.hpp"
+#include "devices/node.hpp"
+#include "layers/router.hpp"
+#include "layers/saved_tensors.hpp"
+
+namespace nodeemu::layers {
+
+namespace {
+
+std::string prefix(int layer) {
+  return "decoder.layers." + std::to_string(layer) + ".";
+}
+
+}  // namespace
+
+TransformerLayer::TransformerLayer(const ModelConfig& cfg, int layer, Device& device,
+                                   std::uint64_t seed, Group ep, int rank)
+    : cfg_(cfg), layer_(layer) {
+  cfg.validate();
+  const std::string p = prefix(layer);
+  const std::int64_t H = cfg.hidden_size, d = cfg.head_dim();
+  const std::int64_t qkv_out = (cfg.num_attention_heads + 2 * cfg.num_query_groups) * d;
+  const double sd = cfg.init_method_std;
+  const DType dt = cfg.dtype;
+  input_norm_ = make_parameter(device, p + "input_layernorm.weight", {H}, dt, Init::Ones, 0, seed);
+  qkv_ = make_parameter(device, p + "self_attention.linear_qkv.weight", {qkv_out, H}, dt,
+                        Init::Normal, sd, seed);
+  proj_ = make_parameter(device, p + "self_attention.linear_proj.weight",
+                         {H, cfg.num_attention_heads * d}, dt, Init::Normal, sd, seed);
+  mlp_norm_ = make_parameter(device, p + "pre_mlp_layernorm.weight", {H}, dt, Init::Ones, 0, seed);
+  if (!cfg.is_moe_layer(layer)) {
+    const std::int64_t F = cfg.ffn_hidden_size;
+    fc1_ =
+        make_parameter(device, p + "mlp.linear_fc1.weight", {2 * F, H}, dt, Init::Normal, sd, seed);
+    fc2_ = make_parameter(device, p + "mlp.linear_fc2.weight", {H, F}, dt, Init::Normal, sd, seed);
+    return;
+  }
+  dispatcher_ = TokenDispatcher::create(cfg, ep, device.node().mode(), rank);
+  const std::int64_t E = cfg.num_moe_experts, F = cfg.moe_ffn_hidden_size;
+  const std::int64_t local = dispatcher_->local_experts(), first = dispatcher_->first_expert();
+  router_ =
+      make_parameter(device, p + "mlp.router.weight", {E, H}, DType::F32, Init::Normal, sd, seed);
+  if (cfg.router.enable_expert_bias) expert_bias_ = Tensor::empty(device, {E}, DType::F32);
+  // Expert e's weights are drawn at offset e * per-expert elements of one stream per name, so
+  // they do not depend on how the experts are sharded.
+  fc1_ = make_parameter(device, p + "mlp.experts.linear_fc1.weight", {local, 2 * F, H}, dt,
+                        Init::Normal, sd, seed, first * 2 * F * H, true);
+  fc2_ = make_parameter(device, p + "mlp.experts.linear_fc2.weight", {local, H, F}, dt,
+                        Init::Normal, sd, seed, first * H * F, true);
+  if (cfg.moe_shared_expert_intermediate_size > 0) {
+    const std::int64_t S = cfg.moe_shared_expert_intermediate_size;
+    shared_fc1_ = make_parameter(device, p + "mlp.shared_experts.linear_fc1.weight", {2 * S, H}, dt,
+                                 Init::Normal, sd, seed);
+    shared_fc2_ = make_parameter(device, p + "mlp.shared_experts.linear_fc2.weight", {H, S}, dt,
+                                 Init::Normal, sd, seed);
+  }
+}
+
+TransformerLayer::~TransformerLayer() = default;
+
+std::vector<Parameter*> TransformerLayer::parameters() {
+  std::vector<Parameter*> out{&input_norm_, &qkv_, &proj_, &mlp_norm_};
+  if (router_.value) out.push_back(&router_);
+  out.push_back(&fc1_);
+  out.push_back(&fc2_);
+  if (shared_fc1_.value) {
+    out.push_back(&shared_fc1_);
+    out.push_back(&shared_fc2_);
+  }
+  return out;
+}
+
+std::unique_ptr<LayerPlan> TransformerLayer::plan(ExecContext& ctx, Event* plan_event,
+                                                  int microbatch, std::int64_t batch,
+                                                  std::int64_t seq, double loss_scale) {
+  return std::make_unique<LayerPlan>(*this, ctx, plan_event, microbatch, batch, seq, loss_scale);
+}
+
+// Everything one micro-batch of one layer carries between its nodes.
+struct LayerPlan::State {
+  State(ActivationHooks* hooks, int layer, int mb) : saved(hooks, layer, mb) {}
+  std::int64_t batch = 0, seq = 0;
+  double loss_scale = 1;
+  const Tensor* input = nullptr;
+  const Tensor* grad_output = nullptr;
+  SavedTensors saved;
+  std::unique_ptr<DispatchPlan> dispatch;
+  std::shared_ptr<Routing<float>> routing;
+  Tensor h;           // attention block's output + residual (the combine's residual input)
+  Tensor shared_out;  // shared experts' output
+  std::vector<std::int64_t> dense_rows;
+  // dgrad results kept for the wgrad step
+  Tensor g_h, g_qkv, g_ln1, g_ln2, g_logits, g_shared_out, g_shared_fc1, g_fc2_out, g_fc1_out;
+  Tensor g_dense_ln2;  // dense layers: the MLP's input gradient, for pre_dispatch's backward
+  Tensor grad_out;     // the layer's output gradient, for the residual and shared paths
+  kernels::AttentionShape attn() const;
+  const ModelConfig* cfg = nullptr;
+};
+
+kernels::AttentionShape LayerPlan::State::attn() const {
+  return {batch, seq, cfg->num_attention_heads, cfg->num_query_groups, cfg->head_dim()};
+}
+
+LayerPlan::LayerPlan(TransformerLayer& layer, ExecContext& ctx, Event* plan_event, int microbatch,
+                     std::int64_t batch, std::int64_t seq, double loss_scale)
+    : L_(layer),
+      ctx_(ctx),
+      st_(std::make_unique<State>(ctx.hooks, layer.layer(), microbatch)),
+      stats_(std::make_shared<RouterStats>()) {
+  st_->batch = batch;
+  st_->seq = seq;
+  st_->loss_scale = loss_scale;
+  st_->cfg = &L_.cfg_;
+  const std::string n = "layer" + std::to_string(layer.layer()) + ".";
+  pre_dispatch = ScheduleNode(
+      n + "pre_dispatch", StreamKind::Compute, &ctx, plan_event,
+      [this](Stream& s) { pre_dispatch_forward(s); },
+      [this](Stream& s) { pre_dispatch_backward(s); }, [this](Stream& s) { pre_dispatch_dw(s); });
+  mlp = ScheduleNode(
+      n + "mlp", StreamKind::Compute, &ctx, plan_event, [this](Stream& s) { mlp_forward(s); },
+      [this](Stream& s) { mlp_backward(s); }, [this](Stream& s) { mlp_dw(s); });
+  if (L_.is_moe()) {
+    st_->dispatch = L_.dispatcher_->plan(batch * seq, seq);
+    dispatch = ScheduleNode(
+        n + "dispatch", StreamKind::Comm, &ctx, plan_event,
+        [this](Stream& s) {
+          st_->dispatch->dispatch({s, ctx_.tally});
+        },
+        [this](Stream& s) {
+          st_->dispatch->dispatch_backward({s, ctx_.tally});
+        });
+    combine = ScheduleNode(
+        n + "combine", StreamKind::Comm, &ctx, plan_event,
+        [this](Stream& s) { combine_forward(s); }, [this](Stream& s) { combine_backward(s); });
+  }
+}
+
+LayerPlan::~LayerPlan() = default;
+
+void LayerPlan::connect(const Tensor* input, const Tensor* grad_output) {
+  st_->input = input;
+  st_->grad_output = grad_output;
+}
+
+void LayerPlan::pre_dispatch_forward(Stream& s) {
+  const ModelConfig& c = L_.cfg_;
+  State& st = *st_;
+  ops::At at{s, ctx_.tally};
+  SavedTensors& sv = st.saved;
+  if (!st.input || !*st.input)
+    throw UsageError("layer " + std::to_string(L_.layer_) +
+                     ": pre_dispatch forward before its input exists");
+  const Tensor x = *st.input;
+  Tensor ln1, rstd1, qkv, ctx, lse;
+  {
+    ModuleScope m(sv, "attn_norm", s);
+    ops::rmsnorm_forward(at, "input_layernorm", x, L_.input_norm_, c.layernorm_epsilon, ln1, rstd1);
+    sv.save("attn_norm", "input", x, s);
+    sv.save("attn_norm", "rstd", rstd1, s);
+  }
+  {
+    ModuleScope m(sv, "qkv_linear", s);
+    qkv = ops::linear_forward(at, "linear_qkv", ln1, L_.qkv_.value, ops::one_group(ln1), c.dtype);
+    ops::rope(at, "rotary_pos_emb", qkv, st.attn(), c.rotary_base, false);
+    sv.save("qkv_linear", "input", ln1, s);
+  }
+  {
+    ModuleScope m(sv, "core_attn", s);
+    ops::attention_forward(at, qkv, st.attn(), ctx, lse);
+    sv.save("core_attn", "input", qkv, s);
+    sv.save("core_attn", "lse", lse, s);
+  }
+  Tensor attn_out;
+  {
+    ModuleScope m(sv, "attn_proj", s);
+    attn_out =
+        ops::linear_forward(at, "linear_proj", ctx, L_.proj_.value, ops::one_group(ctx), c.dtype);
+    sv.save("attn_proj", "input", ctx, s);  // also core_attn's output, for its backward
+  }
+  st.h = ops::add(at, "attn_residual_add", x, attn_out);
+  Tensor ln2, rstd2;
+  {
+    ModuleScope m(sv, "mlp_norm", s);
+    ops::rmsnorm_forward(at, "pre_mlp_layernorm", st.h, L_.mlp_norm_, c.layernorm_epsilon, ln2,
+                         rstd2);
+    sv.save("mlp_norm", "input", st.h, s);
+    sv.save("mlp_norm", "rstd", rstd2, s);
+    sv.save("mlp_norm", "pre_mlp_layernorm_output", ln2, s);
+  }
+  if (!L_.is_moe()) return;
+
+  if (L_.shared_fc1_.value) {
+    ModuleScope m(sv, "shared_experts", s);
+    Tensor f1 = ops::linear_forward(at, "shared_fc1", ln2, L_.shared_fc1_.value,
+                                    ops::one_group(ln2), c.dtype);
+    Tensor a = ops::swiglu_forward(at, "shared_act", f1, Tensor());
+    st.shared_out =
+        ops::linear_forward(at, "shared_fc2", a, L_.shared_fc2_.value, ops::one_group(a), c.dtype);
+    sv.save("shared_experts", "fc1_output", f1, s);
+    sv.save("shared_experts", "act_output", a, s);
+  }
+  {
+    ModuleScope m(sv, "router", s);
+    const std::int64_t T = st.batch * st.seq, E = c.num_moe_experts, k = c.router.topk;
+    Tensor logits = ops::linear_forward(at, "router_gating", ln2, L_.router_.value,
+                                        ops::one_group(ln2), DType::F32);
+    MoeTokens& io = st.dispatch->io;
+    io.hidden = ln2;
+    io.topk_idx = at.empty({T, k}, DType::I64);
+    io.topk_probs = at.empty({T, k}, DType::F32);
+    io.tokens_per_expert = at.empty({E}, DType::I64);
+    st.routing = std::make_shared<Routing<float>>();
+    View vl = view(logits), vb = L_.expert_bias_ ? view(L_.expert_bias_) : View{},
+         vi = view(io.topk_idx), vp = view(io.topk_probs), vc = view(io.tokens_per_expert);
+    auto routing = st.routing;
+    auto stats = stats_;
+    const RouterConfig rc = c.router;
+    const std::int64_t seq = st.seq;
+    launch(
+        s, "router_topk",
+        Work{.flops = 12.0 * double(T * E),
+             .bytes = double(logits.bytes() + 3 * T * k * 8),
+             .precision = Precision::FP32},
+        [=] {
+          *routing = route(rc, vl.as<const float>(), T, seq, vb.as<const float>());
+          std::copy(routing->idx.begin(), routing->idx.end(), vi.as<std::int64_t>());
+          std::copy(routing->probs.begin(), routing->probs.end(), vp.as<float>());
+          std::copy(routing->tokens_per_expert.begin(), routing->tokens_per_expert.end(),
+                    vc.as<std::int64_t>());
+          stats->aux_loss = routing->aux_loss;
+          stats->seq_aux_loss = routing->seq_aux_loss;
+          stats->z_loss = routing->z_loss;
+          stats->tokens_per_expert = routing->tokens_per_expert;
+        },
+        {logits, L_.expert_bias_, io.topk_idx, io.topk_probs, io.tokens_per_expert}, ctx_.tally);
+    sv.save("router", "logits", logits, s);
+  }
+  st.dispatch->preprocess(at);
+}
+
+void LayerPlan::mlp_forward(Stream& s) {
+  const ModelConfig& c = L_.cfg_;
+  State& st = *st_;
+  ops::At at{s, ctx_.tally};
+  SavedTensors& sv = st.saved;
+  const bool moe = L_.is_moe();
+  Tensor in, probs;
+  std::vector<std::int64_t> rows;
+  if (moe) {
+    st.dispatch->sort(at);
+    in = st.dispatch->io.expert_in;
+    probs = st.dispatch->io.expert_probs;
+    rows = st.dispatch->io.rows_per_expert;
+  } else {
+    in = sv.need("mlp_norm", "pre_mlp_layernorm_output", s);
+    rows = ops::one_group(in);
+  }
+  const char* fc1 = moe ? "expert_fc1" : "dense_fc1";
+  const char* act = moe ? "moe_act" : "dense_act";
+  const char* fc2 = moe ? "expert_fc2" : "dense_fc2";
+  Tensor h1, a, y;
+  {
+    ModuleScope m(sv, fc1, s);
+    h1 = ops::linear_forward(at, fc1, in, L_.fc1_.value, rows, c.dtype);
+    if (moe) sv.save(fc1, "input", in, s);
+  }
+  {
+    ModuleScope m(sv, act, s);
+    a = ops::swiglu_forward(at, act, h1, probs);
+    sv.save(act, "input", h1, s);
+    if (moe) sv.save(act, "probs", probs, s);
+  }
+  {
+    ModuleScope m(sv, fc2, s);
+    y = ops::linear_forward(at, fc2, a, L_.fc2_.value, rows, c.dtype);
+    sv.save(fc2, "input", a, s);
+  }
+  if (moe) {
+    st.dispatch->io.expert_in = st.dispatch->io.expert_probs = Tensor();
+    st.dispatch->io.expert_out = y;
+    st.dispatch->unsort(at);
+    st.dispatch->io.expert_out = Tensor();
+    return;
+  }
+  output = ops::add(at, "mlp_residual_add", y, st.h);
+  st.h = Tensor();
+}
+
+void LayerPlan::combine_forward(Stream& s) {
+  State& st = *st_;
+  ops::At at{s, ctx_.tally};
+  st.dispatch->combine(at);
+  // Megatron's combine node also adds the shared experts' output and the residual.
+  output = ops::add3(at, "moe_output_residual_add", st.dispatch->io.moe_out,
+                     st.shared_out ? st.shared_out : st.h, st.shared_out ? st.h : Tensor(),
+                     L_.cfg_.dtype);
+  st.dispatch->io.moe_out = Tensor();
+  st.shared_out = st.h = Tensor();
+  if (st.dispatch->frees_dispatch_input()) st.dispatch->io.hidden = Tensor();
+}
+
+static Tensor grad_output_of(const Tensor* slot, int layer) {
+  if (!slot || !*slot)
+    throw UsageError("layer " + std::to_string(layer) +
+                     ": backward before its output gradient exists");
+  return *slot;
+}
+
+void LayerPlan::combine_backward(Stream& s) {
+  State& st = *st_;
+  st.grad_out = grad_output_of(st.grad_output, L_.layer_);
+  st.dispatch->io.grad_moe_out = st.grad_out;
+  st.dispatch->combine_backward({s, ctx_.tally});
+  st.dispatch->io.grad_moe_out = Tensor();
+}
+
+void LayerPlan::mlp_backward(Stream& s) {
+  const ModelConfig& c = L_.cfg_;
+  State& st = *st_;
+  ops::At at{s, ctx_.tally};
+  SavedTensors& sv = st.saved;
+  const bool moe = L_.is_moe();
+  Tensor gy;
+  std::vector<std::int64_t> rows;
+  if (moe) {
+    st.dispatch->unsort_backward(at);
+    gy = st.dispatch->io.grad_expert_out;
+    st.dispatch->io.grad_expert_out = Tensor();
+    rows = st.dispatch->io.rows_per_expert;
+  } else {
+    st.grad_out = grad_output_of(st.grad_output, L_.layer_);
+    gy = st.grad_out;
+    rows = {st.batch * st.seq};
+  }
+  const char* act = moe ? "moe_act" : "dense_act";
+  Tensor ga =
+      ops::linear_dgrad(at, moe ? "expert_fc2" : "dense_fc2", gy, L_.fc2_.value, rows, c.dtype);
+  Tensor g1, gprobs;
+  {
+    Tensor h1 = sv.need(act, "input", s);
+    Tensor probs = moe ? sv.need(act, "probs", s) : Tensor();
+    ops::swiglu_backward(at, act, ga, h1, probs, g1, gprobs);
+    sv.release(act, "input");
+    sv.release(act, "probs");
+  }
+  Tensor gin =
+      ops::linear_dgrad(at, moe ? "expert_fc1" : "dense_fc1", g1, L_.fc1_.value, rows, c.dtype);
+  st.g_fc2_out = gy;
+  st.g_fc1_out = g1;
+  if (moe) {
+    st.dispatch->io.grad_expert_in = gin;
+    st.dispatch->io.grad_expert_probs = gprobs;
+    st.dispatch->sort_backward(at);
+    st.dispatch->io.grad_expert_in = st.dispatch->io.grad_expert_probs = Tensor();
+  } else {
+    st.g_dense_ln2 = gin;
+  }
+}
+
+void LayerPlan::mlp_dw(Stream& s) {
+  State& st = *st_;
+  ops::At at{s, ctx_.tally};
+  SavedTensors& sv = st.saved;
+  const bool moe = L_.is_moe();
+  const std::vector<std::int64_t> rows =
+      moe ? st.dispatch->io.rows_per_expert : std::vector<std::int64_t>{st.batch * st.seq};
+  const char* fc1 = moe ? "expert_fc1" : "dense_fc1";
+  const char* fc2 = moe ? "expert_fc2" : "dense_fc2";
+  // fc2 first, then fc1 (the order Megatron's delayed expert wgrad runs them in).
+  ops::linear_wgrad(at, fc2, st.g_fc2_out, sv.need(fc2, "input", s), rows, L_.fc2_);
+  sv.release(fc2, "input");
+  const Tensor in =
+      moe ? sv.need(fc1, "input", s) : sv.need("mlp_norm", "pre_mlp_layernorm_output", s);
+  ops::linear_wgrad(at, fc1, st.g_fc1_out, in, rows, L_.fc1_);
+  if (moe) sv.release(fc1, "input");
+  st.g_fc2_out = st.g_fc1_out = Tensor();
+}
+
+void LayerPlan::pre_dispatch_backward(Stream& s) {
+  const ModelConfig& c = L_.cfg_;
+  State& st = *st_;
+  ops::At at{s, ctx_.tally};
+  SavedTensors& sv = st.saved;
+  if (!st.grad_out) st.grad_out = grad_output_of(st.grad_output, L_.layer_);
+  Tensor g_ln2;
+  if (L_.is_moe()) {
+    MoeTokens& io = st.dispatch->io;
+    st.dispatch->preprocess_backward(at);
+    const std::int64_t T = st.batch * st.seq, E = c.num_moe_experts;
+    Tensor logits = sv.need("router", "logits", s);
+    Tensor ln2 = sv.need("mlp_norm", "pre_mlp_layernorm_output", s);
+    st.g_logits = at.empty({T, E}, DType::F32);
+    {
+      View vl = view(logits), vg = view(io.grad_probs), vd = view(st.g_logits);
+      auto routing = st.routing;
+      const RouterConfig rc = c.router;
+      const double scale = st.loss_scale;
+      const std::int64_t seq = st.seq;
+      launch(
+          s, "router_topk_bwd",
+          Work{.flops = 12.0 * double(T * E),
+               .bytes = 2.0 * double(st.g_logits.bytes()),
+               .precision = Precision::FP32},
+          [=] {
+            route_backward(rc, vl.as<const float>(), *routing, vg.as<const float>(), scale, seq,
+                           vd.as<float>());
+          },
+          {logits, io.grad_probs, st.g_logits}, ctx_.tally);
+    }
+    Tensor g_router = ops::linear_dgrad(at, "router_gating", st.g_logits, L_.router_.value,
+                                        ops::one_group(ln2), c.dtype);
+    Tensor g_shared;
+    if (L_.shared_fc1_.value) {
+      st.g_shared_out = st.grad_out;
+      Tensor ga = ops::linear_dgrad(at, "shared_fc2", st.grad_out, L_.shared_fc2_.value,
+                                    ops::one_group(ln2), c.dtype);
+      Tensor dummy;
+      ops::swiglu_backward(at, "shared_act", ga, sv.need("shared_experts", "fc1_output", s),
+                           Tensor(), st.g_shared_fc1, dummy);
+      sv.release("shared_experts", "fc1_output");
+      g_shared = ops::linear_dgrad(at, "shared_fc1", st.g_shared_fc1, L_.shared_fc1_.value,
+                                   ops::one_group(ln2), c.dtype);
+    }
+    g_ln2 = ops::add3(at, "pre_mlp_grad_sum", io.grad_hidden, g_router, g_shared, c.dtype);
+    io.grad_hidden = io.grad_probs = Tensor();
+  } else {
+    g_ln2 = st.g_dense_ln2;
+    st.g_dense_ln2 = Tensor();
+  }
+  st.g_ln2 = g_ln2;
+  Tensor h = sv.need("mlp_norm", "input", s);
+  Tensor g_hn = ops::rmsnorm_dgrad(at, "pre_mlp_layernorm", g_ln2, h, L_.mlp_norm_,
+                                   sv.need("mlp_norm", "rstd", s));
+  st.g_h = ops::add(at, "attn_residual_add_bwd", g_hn, st.grad_out);
+  Tensor g_ctx =
+      ops::linear_dgrad(at, "linear_proj", st.g_h, L_.proj_.value, ops::one_group(st.g_h), c.dtype);
+  Tensor g_qkv = ops::attention_backward(at, g_ctx, sv.need("core_attn", "input", s),
+                                         sv.need("attn_proj", "input", s),
+                                         sv.need("core_attn", "lse", s), st.attn());
+  sv.release("core_attn", "input");
+  sv.release("core_attn", "lse");
+  ops::rope(at, "rotary_pos_emb_bwd", g_qkv, st.attn(), c.rotary_base, true);
+  st.g_qkv = g_qkv;
+  st.g_ln1 =
+      ops::linear_dgrad(at, "linear_qkv", g_qkv, L_.qkv_.value, ops::one_group(g_qkv), c.dtype);
+  const Tensor x = sv.need("attn_norm", "input", s);
+  Tensor g_xn = ops::rmsnorm_dgrad(at, "input_layernorm", st.g_ln1, x, L_.input_norm_,
+                                   sv.need("attn_norm", "rstd", s));
+  grad_input = ops::add(at, "input_residual_bwd", g_xn, st.g_h);
+  st.grad_out = Tensor();
+}
+
+void LayerPlan::pre_dispatch_dw(Stream& s) {
+  State& st = *st_;
+  ops::At at{s, ctx_.tally};
+  SavedTensors& sv = st.saved;
+  if (L_.is_moe()) {
+    Tensor ln2 = sv.need("mlp_norm", "pre_mlp_layernorm_output", s);
+    ops::linear_wgrad(at, "router_gating", st.g_logits, ln2, ops::one_group(ln2), L_.router_);
+    sv.release("router", "logits");
+    if (L_.shared_fc1_.value) {
+      ops::linear_wgrad(at, "shared_fc2", st.g_shared_out,
+                        sv.need("shared_experts", "act_output", s), ops::one_group(ln2),
+                        L_.shared_fc2_);
+      ops::linear_wgrad(at, "shared_fc1", st.g_shared_fc1, ln2, ops::one_group(ln2),
+                        L_.shared_fc1_);
+      sv.release("shared_experts", "act_output");
+    }
+    st.g_logits = st.g_shared_out = st.g_shared_fc1 = Tensor();
+  }
+  sv.release("mlp_norm", "pre_mlp_layernorm_output");
+  ops::rmsnorm_wgrad(at, "pre_mlp_layernorm", st.g_ln2, sv.need("mlp_norm", "input", s),
+                     sv.need("mlp_norm", "rstd", s), L_.mlp_norm_);
+  sv.release("mlp_norm", "input");
+  sv.release("mlp_norm", "rstd");
+  const Tensor ctxt = sv.need("attn_proj", "input", s);
+  ops::linear_wgrad(at, "linear_proj", st.g_h, ctxt, ops::one_group(ctxt), L_.proj_);
+  sv.release("attn_proj", "input");
+  const Tensor ln1 = sv.need("qkv_linear", "input", s);
+  ops::linear_wgrad(at, "linear_qkv", st.g_qkv, ln1, ops::one_group(ln1), L_.qkv_);
+  sv.release("qkv_linear", "input");
+  ops::rmsnorm_wgrad(at, "input_layernorm", st.g_ln1, sv.need("attn_norm", "input", s),
+                     sv.need("attn_norm", "rstd", s), L_.input_norm_);
+  sv.release("attn_norm", "input");
+  sv.release("attn_norm", "rstd");
+  st.g_ln2 = st.g_h = st.g_qkv = st.g_ln1 = Tensor();
+}
+
+}  // namespace nodeemu::layers

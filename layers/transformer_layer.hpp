@@ -1,0 +1,94 @@
+// One transformer layer on one rank, and its per-micro-batch plan split into Megatron-Core's
+// schedule nodes (REFERENCE §1):
+//
+//   pre_dispatch (compute)  input norm, QKV, RoPE, causal GQA attention, projection, residual,
+//                           pre-MLP norm, shared experts, router, dispatch preprocess (permute)
+//   dispatch     (comm)     the tokens' all-to-all
+//   mlp          (compute)  sort by local expert, grouped fc1, SwiGLU x probs, grouped fc2, unsort
+//   combine      (comm)     the way back, unpermute, + shared experts, + residual
+//   mtp          (compute)  multi-token prediction: a no-op node (mtp_num_layers must be 0)
+//
+// A dense layer runs its MLP (and the residual add) in `mlp`; its dispatch and combine are no-op
+// nodes. TP = CP = 1: attention is data-parallel over the EP ranks, experts are sharded by EP.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "comm/group.hpp"
+#include "layers/model_config.hpp"
+#include "layers/parameter.hpp"
+#include "layers/schedule_node.hpp"
+#include "layers/token_dispatcher.hpp"
+
+namespace nodeemu::layers {
+
+// What the router reports for one micro-batch, on the host once its kernel has run.
+struct RouterStats {
+  double aux_loss = 0, seq_aux_loss = 0, z_loss = 0;
+  std::vector<std::int64_t> tokens_per_expert;
+};
+
+class LayerPlan;
+
+class TransformerLayer {
+ public:
+  // `ep` is this rank's EP group (ignored by dense layers); `rank` its global device id.
+  TransformerLayer(const ModelConfig& cfg, int layer, Device& device, std::uint64_t seed, Group ep,
+                   int rank);
+  ~TransformerLayer();
+  bool is_moe() const { return dispatcher_ != nullptr; }
+  int layer() const { return layer_; }
+  std::vector<Parameter*> parameters();
+  const ModelConfig& config() const { return cfg_; }
+
+  // The plan of one micro-batch; connect() it before running it. `loss_scale` multiplies the
+  // router losses' gradients.
+  std::unique_ptr<LayerPlan> plan(ExecContext& ctx, Event* plan_event, int microbatch,
+                                  std::int64_t batch, std::int64_t seq, double loss_scale);
+
+ private:
+  friend class LayerPlan;
+  ModelConfig cfg_;
+  int layer_;
+  Parameter input_norm_, qkv_, proj_, mlp_norm_;
+  Parameter router_;                   // fp32 [experts][hidden]
+  Tensor expert_bias_;                 // fp32 [experts] (moe_router_enable_expert_bias)
+  Parameter fc1_, fc2_;                // experts: [local][2f][h], [local][h][f]; dense: 2-D
+  Parameter shared_fc1_, shared_fc2_;  // optional
+  std::unique_ptr<TokenDispatcher> dispatcher_;
+};
+
+class LayerPlan {
+ public:
+  LayerPlan(TransformerLayer& layer, ExecContext& ctx, Event* plan_event, int microbatch,
+            std::int64_t batch, std::int64_t seq, double loss_scale);
+  ~LayerPlan();
+  // Where the input is read when pre_dispatch runs forward, and the output gradient when the
+  // first backward node runs: a chunk chains its layers through these slots.
+  void connect(const Tensor* input, const Tensor* grad_output);
+  ScheduleNode pre_dispatch, dispatch, mlp, combine, mtp;
+  Tensor output;      // after combine's forward (mlp's, for a dense layer)
+  Tensor grad_input;  // after pre_dispatch's backward
+  // The router's losses and counts for this micro-batch (valid once the router kernel has run
+  // for real: after a synchronize).
+  const RouterStats& router_stats() const { return *stats_; }
+
+ private:
+  struct State;
+  void pre_dispatch_forward(Stream& s);
+  void pre_dispatch_backward(Stream& s);
+  void pre_dispatch_dw(Stream& s);
+  void mlp_forward(Stream& s);
+  void mlp_backward(Stream& s);
+  void mlp_dw(Stream& s);
+  void combine_forward(Stream& s);
+  void combine_backward(Stream& s);
+  TransformerLayer& L_;
+  ExecContext& ctx_;
+  std::unique_ptr<State> st_;
+  std::shared_ptr<RouterStats> stats_;
+};
+
+}  // namespace nodeemu::layers

@@ -1,0 +1,139 @@
+// Shared set-up for the model tests: a tiny MoE, a runner for the sequential reference on one
+// device, and a runner for the same step on EP ranks.
+#pragma once
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "layers/model_chunk.hpp"
+#include "tests/comm/comm_test_support.hpp"
+
+namespace nodeemu::testing {
+
+inline layers::ModelConfig tiny_moe(layers::DType dt = layers::DType::F32) {
+  layers::ModelConfig c;
+  c.num_layers = 4;
+  c.hidden_size = 64;
+  c.num_attention_heads = 4;
+  c.num_query_groups = 2;
+  c.ffn_hidden_size = 96;
+  c.vocab_size = 128;
+  c.num_moe_experts = 8;
+  c.moe_ffn_hidden_size = 48;
+  c.moe_shared_expert_intermediate_size = 32;
+  c.moe_layer_freq = 1;
+  c.router.num_experts = 8;
+  c.router.topk = 2;
+  c.router.aux_loss_coeff = 0.01;
+  c.router.z_loss_coeff = 0.001;
+  c.init_method_std = 0.05;
+  c.dtype = dt;
+  return c;
+}
+
+constexpr std::int64_t kSeq = 16;
+constexpr std::uint64_t kSeed = 1234;
+
+struct StepResult {
+  std::vector<double> losses;                       // per micro-batch (reference) / rank
+  std::map<std::string, std::vector<float>> grads;  // whole weights, experts concatenated
+  double loss() const {
+    double s = 0;
+    for (double l : losses) s += l;
+    return s;
+  }
+};
+
+// `ranks` GPUs on `nodes` emulated nodes.
+inline NodeOptions model_options(int ranks, int nodes = 1, int workers = 1,
+                                 Mode mode = Mode::Functional) {
+  auto t = std::make_shared<NodeTopology>(*round_fabric());
+  t->gpus = ranks / nodes;
+  t->host.gpu_numa.resize(static_cast<size_t>(t->gpus));
+  t->nic.per_node = t->gpus;
+  NodeOptions o = options(t, 8, workers, mode);
+  o.nodes = nodes;
+  o.record_trace = false;
+  return o;
+}
+
+// Perturbation hook for finite differences: called with every parameter before the step.
+using Perturb = std::function<void(layers::Parameter&)>;
+
+// The sequential reference: one device, `mbs` micro-batches (micro-batch r holds what rank r
+// holds in the distributed run), forward then backward each, gradients accumulated.
+inline StepResult run_reference(const layers::ModelConfig& cfg, int mbs, bool delay_wgrad = false,
+                                const Perturb& perturb = {}) {
+  Node node(model_options(1));
+  Communicator comm(node);
+  StepResult out;
+  node.run([&](Host& host) {
+    Device& dev = host.device();
+    layers::ModelChunk chunk(cfg, {0, cfg.num_layers, true, true}, dev, kSeed,
+                             comm.group({0}, "ep"), 0);
+    if (perturb)
+      for (auto* p : chunk.parameters()) perturb(*p);
+    layers::ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
+    ctx.delay_wgrad = delay_wgrad;
+    chunk.zero_grad(ctx.compute);
+    const double scale = 1.0 / double(mbs * kSeq);
+    std::vector<std::unique_ptr<layers::ChunkPlan>> plans;
+    for (int r = 0; r < mbs; ++r) {
+      plans.push_back(
+          chunk.plan(ctx, r, layers::synthetic_microbatch(cfg, 1, kSeq, kSeed, r, 0), scale));
+      plans.back()->forward_all();
+      plans.back()->backward_all();
+      if (delay_wgrad) {
+        plans.back()->loss.backward_dw();
+        for (auto it = plans.back()->layers.rbegin(); it != plans.back()->layers.rend(); ++it) {
+          (*it)->mlp.backward_dw();
+          (*it)->pre_dispatch.backward_dw();
+        }
+        plans.back()->embedding.backward_dw();
+      }
+    }
+    dev.synchronize();
+    for (auto& p : plans) out.losses.push_back(p->loss_sum() * scale);
+    for (auto* p : chunk.parameters()) out.grads[p->name] = p->main_grad.to_f32();
+  });
+  return out;
+}
+
+// The same step on `ep` ranks (EP = world, attention data-parallel), rank r with micro-batch r.
+inline StepResult run_distributed(const layers::ModelConfig& cfg, int ep, int nodes = 1,
+                                  int workers = 1) {
+  Node node(model_options(ep, nodes, workers));
+  Communicator comm(node);
+  ProcessGroups pg({.world = ep, .ep = ep});
+  std::vector<double> losses(static_cast<size_t>(ep));
+  std::vector<std::map<std::string, std::vector<float>>> grads(static_cast<size_t>(ep));
+  node.run([&](Host& host) {
+    const int r = host.rank();
+    Device& dev = host.device();
+    layers::ModelChunk chunk(cfg, {0, cfg.num_layers, true, true}, dev, kSeed,
+                             comm.group_of(pg, GroupKind::EP, r), r);
+    layers::ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
+    chunk.zero_grad(ctx.compute);
+    const double scale = 1.0 / double(ep * kSeq);
+    auto plan = chunk.plan(ctx, 0, layers::synthetic_microbatch(cfg, 1, kSeq, kSeed, r, 0), scale);
+    plan->forward_all();
+    plan->backward_all();
+    layers::reduce_gradients(chunk, comm.group_of(pg, GroupKind::DP, r),
+                             comm.group_of(pg, GroupKind::EDP, r), ctx.compute);
+    dev.synchronize();
+    losses[size_t(r)] = plan->loss_sum() * scale;
+    for (auto* p : chunk.parameters()) grads[size_t(r)][p->name] = p->main_grad.to_f32();
+  });
+  StepResult out;
+  out.losses = losses;
+  out.grads = grads[0];
+  for (auto& [name, g] : out.grads)
+    if (name.find(".experts.") != std::string::npos)
+      for (int r = 1; r < ep; ++r)
+        g.insert(g.end(), grads[size_t(r)][name].begin(), grads[size_t(r)][name].end());
+  return out;
+}
+
+}  // namespace nodeemu::testing
