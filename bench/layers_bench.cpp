@@ -1,0 +1,211 @@
+// layers/ benchmarks, each against a baseline measured in the same run:
+//   BM_FmaPeak          this core's fp32 FMA peak (the roofline for everything below)
+//   BM_ExpertGroupedGemm the experts' grouped GEMM vs one plain OpenBLAS sgemm of the same flops
+//                       (vs_openblas, target >= 0.9) and vs the FMA peak (vs_fma_peak, >= 0.8)
+//   BM_TinyModelStep    a whole tiny-MoE forward+backward at EP=4: wall time per emulated device
+// Both GEMM sides run on one thread: NodeEmu runs OpenBLAS with one thread per call and splits
+// work over its own workers, and the baseline gets the same single thread.
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "devices/blas_kernel.hpp"
+#include "devices/node.hpp"
+#include "layers/gemm.hpp"
+#include "layers/model_chunk.hpp"
+
+namespace nodeemu {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Twelve independent FMA chains in named registers hide the FMA latency (an array of
+// accumulators would round-trip through memory every step).
+#define NE_FMA12(F, a, m, c)                                                              \
+  a##0 = F(a##0, m, c), a##1 = F(a##1, m, c), a##2 = F(a##2, m, c), a##3 = F(a##3, m, c), \
+  a##4 = F(a##4, m, c), a##5 = F(a##5, m, c), a##6 = F(a##6, m, c), a##7 = F(a##7, m, c), \
+  a##8 = F(a##8, m, c), a##9 = F(a##9, m, c), a##10 = F(a##10, m, c), a##11 = F(a##11, m, c)
+
+__attribute__((target("avx512f"))) double fma_loop_avx512(long iters) {
+  __m512 v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11;
+  // Distinct starting values, or the compiler merges identical chains into one.
+  v0 = _mm512_set1_ps(1.00f);
+  v1 = _mm512_set1_ps(1.01f);
+  v2 = _mm512_set1_ps(1.02f);
+  v3 = _mm512_set1_ps(1.03f);
+  v4 = _mm512_set1_ps(1.04f);
+  v5 = _mm512_set1_ps(1.05f);
+  v6 = _mm512_set1_ps(1.06f);
+  v7 = _mm512_set1_ps(1.07f);
+  v8 = _mm512_set1_ps(1.08f);
+  v9 = _mm512_set1_ps(1.09f);
+  v10 = _mm512_set1_ps(1.10f);
+  v11 = _mm512_set1_ps(1.11f);
+  const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+  for (long i = 0; i < iters; ++i) NE_FMA12(_mm512_fmadd_ps, v, m, c);
+  __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v0, v1), _mm512_add_ps(v2, v3)),
+                           _mm512_add_ps(_mm512_add_ps(v4, v5), _mm512_add_ps(v6, v7)));
+  s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(v8, v9), _mm512_add_ps(v10, v11)));
+  benchmark::DoNotOptimize(s);
+  return 2.0 * 16 * 12 * double(iters);
+}
+
+__attribute__((target("avx2,fma"))) double fma_loop_avx2(long iters) {
+  __m256 v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11;
+  // Distinct starting values, or the compiler merges identical chains into one.
+  v0 = _mm256_set1_ps(1.00f);
+  v1 = _mm256_set1_ps(1.01f);
+  v2 = _mm256_set1_ps(1.02f);
+  v3 = _mm256_set1_ps(1.03f);
+  v4 = _mm256_set1_ps(1.04f);
+  v5 = _mm256_set1_ps(1.05f);
+  v6 = _mm256_set1_ps(1.06f);
+  v7 = _mm256_set1_ps(1.07f);
+  v8 = _mm256_set1_ps(1.08f);
+  v9 = _mm256_set1_ps(1.09f);
+  v10 = _mm256_set1_ps(1.10f);
+  v11 = _mm256_set1_ps(1.11f);
+  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+  for (long i = 0; i < iters; ++i) NE_FMA12(_mm256_fmadd_ps, v, m, c);
+  __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(v0, v1), _mm256_add_ps(v2, v3)),
+                           _mm256_add_ps(_mm256_add_ps(v4, v5), _mm256_add_ps(v6, v7)));
+  s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(v8, v9), _mm256_add_ps(v10, v11)));
+  benchmark::DoNotOptimize(s);
+  return 2.0 * 8 * 12 * double(iters);
+}
+#undef NE_FMA12
+
+// The core's fp32 FMA peak in FLOP/s: the median of several timed loops.
+double measure_fma_peak() {
+  static const double peak = [] {
+    const bool avx512 = __builtin_cpu_supports("avx512f");
+    std::vector<double> rates;
+    for (int r = 0; r < 7; ++r) {
+      const auto t0 = Clock::now();
+      const double flops = avx512 ? fma_loop_avx512(20'000'000) : fma_loop_avx2(20'000'000);
+      rates.push_back(flops / seconds_since(t0));
+    }
+    return median(rates);
+  }();
+  return peak;
+}
+
+void BM_FmaPeak(benchmark::State& state) {
+  for (auto _ : state) state.SetIterationTime(1.0);
+  state.counters["gflops"] = measure_fma_peak() / 1e9;
+}
+BENCHMARK(BM_FmaPeak)->UseManualTime()->Iterations(1);
+
+std::vector<float> random_floats(std::size_t n, unsigned seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0, 1);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+// args: local experts, rows per expert, in (hidden), out (2 x ffn)
+void BM_ExpertGroupedGemm(benchmark::State& state) {
+  blas::ensure_best_kernel();
+  const std::int64_t E = state.range(0), rows = state.range(1), in = state.range(2),
+                     out = state.range(3);
+  const std::vector<std::int64_t> groups(std::size_t(E), rows);
+  const auto x = random_floats(std::size_t(E * rows * in), 1);
+  const auto w = random_floats(std::size_t(E * out * in), 2);
+  std::vector<float> y(std::size_t(E * rows * out));
+  // The baseline: one sgemm of the same flops (all rows against one weight of the same shape).
+  const double flops = 2.0 * double(E * rows) * double(in) * double(out);
+  std::vector<double> grouped, plain;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    layers::grouped_linear_forward(x.data(), w.data(), y.data(), groups, in, out);
+    grouped.push_back(seconds_since(t0));
+    t0 = Clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(E * rows), int(out), int(in), 1.0f,
+                x.data(), int(in), w.data(), int(in), 0.0f, y.data(), int(out));
+    plain.push_back(seconds_since(t0));
+    state.SetIterationTime(grouped.back());
+  }
+  const double g = median(grouped), p = median(plain);
+  state.counters["gflops"] = flops / g / 1e9;
+  state.counters["openblas_gflops"] = flops / p / 1e9;
+  state.counters["vs_openblas"] = p / g;
+  state.counters["vs_fma_peak"] = flops / g / measure_fma_peak();
+}
+BENCHMARK(BM_ExpertGroupedGemm)
+    ->Args({8, 512, 1024, 1024})   // 8 local experts, fc1 of hidden 1024 / ffn 512
+    ->Args({4, 1024, 2048, 1536})  // Qwen3-30B-A3B fc1 shape (hidden 2048, 2 x 768)
+    ->Args({16, 128, 1024, 1024})  // many small experts
+    ->UseManualTime()
+    ->Iterations(9);
+
+layers::ModelConfig tiny() {
+  layers::ModelConfig c;
+  c.num_layers = 4;
+  c.hidden_size = 128;
+  c.num_attention_heads = 4;
+  c.num_query_groups = 2;
+  c.ffn_hidden_size = 256;
+  c.vocab_size = 1024;
+  c.num_moe_experts = 8;
+  c.moe_ffn_hidden_size = 128;
+  c.router.num_experts = 8;
+  c.router.topk = 2;
+  return c;
+}
+
+void BM_TinyModelStep(benchmark::State& state) {
+  const int ep = int(state.range(0));
+  const std::int64_t seq = state.range(1);
+  NodeOptions o;
+  o.topology_path = std::string(NODEEMU_SOURCE_DIR) + "/configs/topologies/dgx_h100.yaml";
+  Node node(o);
+  Communicator comm(node);
+  ProcessGroups pg({.world = 8, .ep = ep});
+  std::vector<int> ranks(static_cast<std::size_t>(ep));
+  for (int r = 0; r < ep; ++r) ranks[std::size_t(r)] = r;
+  std::vector<double> walls;
+  double virtual_s = 0;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    node.run(ranks, [&](Host& host) {
+      const int r = host.rank();
+      Device& dev = host.device();
+      layers::ModelChunk chunk(tiny(), {0, 4, true, true}, dev, 1,
+                               comm.group_of(pg, GroupKind::EP, r), r);
+      layers::ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
+      const double start = host.now_s();
+      auto plan = chunk.plan(ctx, 0, layers::synthetic_microbatch(tiny(), 1, seq, 1, r, 0),
+                             1.0 / double(seq));
+      plan->forward_all();
+      plan->backward_all();
+      dev.synchronize();
+      if (r == 0) virtual_s = host.now_s() - start;
+    });
+    walls.push_back(seconds_since(t0));
+    state.SetIterationTime(walls.back());
+  }
+  state.counters["wall_ms_per_device"] = median(walls) * 1e3 / ep;
+  state.counters["virtual_step_us"] = virtual_s * 1e6;
+}
+BENCHMARK(BM_TinyModelStep)->Args({4, 128})->Args({8, 128})->UseManualTime()->Iterations(5);
+
+}  // namespace
+}  // namespace nodeemu
+
+BENCHMARK_MAIN();
