@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "devices/check.hpp"
+#include "layers/kernels/logsumexp.hpp"
 
 namespace nodeemu::layers {
 
@@ -77,15 +78,6 @@ void aux_scores_backward(const RouterConfig& cfg, const T* l, const T* ds, T* dl
     const T dsig = ds[e] / sum - dot / (sum * sum);
     dl[e] += dsig * s[size_t(e)] * (T(1) - s[size_t(e)]);
   }
-}
-
-template <class T>
-T logsumexp(const T* x, std::int64_t n) {
-  T m = x[0];
-  for (std::int64_t i = 1; i < n; ++i) m = std::max(m, x[i]);
-  T s = 0;
-  for (std::int64_t i = 0; i < n; ++i) s += std::exp(x[i] - m);
-  return m + std::log(s);
 }
 
 // Per-token probabilities of the chosen experts, before the scaling factor.
@@ -197,7 +189,7 @@ Routing<T> route(const RouterConfig& cfg, const T* logits, std::int64_t tokens, 
   if (cfg.z_loss_coeff > 0) {
     T z = 0;
     for (std::int64_t t = 0; t < tokens; ++t) {
-      const T lse = logsumexp(logits + t * E, E);
+      const T lse = kernels::logsumexp(logits + t * E, E);
       z += lse * lse;
     }
     r.z_loss = z / T(tokens) * T(cfg.z_loss_coeff);
@@ -279,7 +271,7 @@ void route_backward(const RouterConfig& cfg, const T* logits, const Routing<T>& 
   if (cfg.z_loss_coeff > 0) {
     for (std::int64_t t = 0; t < tokens; ++t) {
       const T* l = logits + t * E;
-      const T lse = logsumexp(l, E);
+      const T lse = kernels::logsumexp(l, E);
       const T c = T(loss_scale * cfg.z_loss_coeff) * T(2) * lse / T(tokens);
       softmax(l, E, s.data());
       for (std::int64_t e = 0; e < E; ++e) dlogits[t * E + e] += c * s[size_t(e)];

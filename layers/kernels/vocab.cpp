@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "layers/kernels/logsumexp.hpp"
 #include "layers/kernels/partition.hpp"
 
 namespace nodeemu::layers::kernels {
@@ -25,17 +26,6 @@ void embedding_wgrad(const std::int32_t* ids, const T* dy, T* dtable, std::int64
     }
   });
 }
-
-namespace {
-template <class T>
-T logsumexp(const T* x, std::int64_t n) {
-  T m = x[0];
-  for (std::int64_t i = 1; i < n; ++i) m = std::max(m, x[i]);
-  T s = 0;
-  for (std::int64_t i = 0; i < n; ++i) s += std::exp(x[i] - m);
-  return m + std::log(s);
-}
-}  // namespace
 
 template <class T>
 void cross_entropy_forward(const T* logits, const std::int32_t* targets, T* loss,
