@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "devices/blas_kernel.hpp"
 #include "devices/check.hpp"
@@ -45,32 +46,21 @@ void run_chunks(const std::vector<Chunk>& chunks, F&& f) {
 
 }  // namespace
 
-template <>
-void gemm<float>(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, const float* A,
-                 std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
-                 std::int64_t ldc) {
+template <class T>
+void gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, const T* A,
+          std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
   if (M == 0 || N == 0) return;
-  if (K == 0) {
+  if (K == 0) {  // BLAS leaves C untouched only for beta = 1; an empty sum is beta * C
     for (std::int64_t i = 0; i < M; ++i)
       for (std::int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
     return;
   }
-  cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), int(M), int(N), int(K), 1.0f, A, int(lda), B, int(ldb),
-              beta, C, int(ldc));
-}
-
-template <>
-void gemm<double>(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, const double* A,
-                  std::int64_t lda, const double* B, std::int64_t ldb, double beta, double* C,
-                  std::int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  if (K == 0) {
-    for (std::int64_t i = 0; i < M; ++i)
-      for (std::int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
-    return;
-  }
-  cblas_dgemm(CblasRowMajor, tr(ta), tr(tb), int(M), int(N), int(K), 1.0, A, int(lda), B, int(ldb),
-              beta, C, int(ldc));
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), int(M), int(N), int(K), 1.0f, A, int(lda), B,
+                int(ldb), beta, C, int(ldc));
+  else
+    cblas_dgemm(CblasRowMajor, tr(ta), tr(tb), int(M), int(N), int(K), 1.0, A, int(lda), B,
+                int(ldb), beta, C, int(ldc));
 }
 
 template <class T>
@@ -116,6 +106,11 @@ void grouped_linear_wgrad(const T* dy, const T* x, T* dw, const std::vector<std:
                                         std::int64_t, std::int64_t);                              \
   template void grouped_linear_wgrad<T>(const T*, const T*, T*, const std::vector<std::int64_t>&, \
                                         std::int64_t, std::int64_t, bool);
+template void gemm<float>(bool, bool, std::int64_t, std::int64_t, std::int64_t, const float*,
+                          std::int64_t, const float*, std::int64_t, float, float*, std::int64_t);
+template void gemm<double>(bool, bool, std::int64_t, std::int64_t, std::int64_t, const double*,
+                           std::int64_t, const double*, std::int64_t, double, double*,
+                           std::int64_t);
 NE_INSTANTIATE(float)
 NE_INSTANTIATE(double)
 #undef NE_INSTANTIATE

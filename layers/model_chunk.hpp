@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "comm/communicator.hpp"
+#include "comm/group.hpp"
 #include "layers/transformer_layer.hpp"
 
 namespace nodeemu::layers {

@@ -91,7 +91,6 @@ struct LayerPlan::State {
   std::shared_ptr<Routing<float>> routing;
   Tensor h;           // attention block's output + residual (the combine's residual input)
   Tensor shared_out;  // shared experts' output
-  std::vector<std::int64_t> dense_rows;
   // dgrad results kept for the wgrad step
   Tensor g_h, g_qkv, g_ln1, g_ln2, g_logits, g_shared_out, g_shared_fc1, g_fc2_out, g_fc1_out;
   Tensor g_dense_ln2;  // dense layers: the MLP's input gradient, for pre_dispatch's backward
