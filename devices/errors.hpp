@@ -19,13 +19,18 @@ class Error : public std::runtime_error {
 class ConfigError : public Error {
  public:
   ConfigError(std::string file, std::string key, const std::string& what)
-      : Error(file + ": " + key + ": " + what), file_(std::move(file)), key_(std::move(key)) {}
+      : Error(file + ": " + key + ": " + what),
+        file_(std::move(file)),
+        key_(std::move(key)),
+        detail_(what) {}
   const std::string& file() const { return file_; }
   const std::string& key() const { return key_; }
+  const std::string& detail() const { return detail_; }  // what is wrong, without file and key
 
  private:
   std::string file_;
   std::string key_;
+  std::string detail_;
 };
 
 // An allocation that does not fit the emulated device's memory.

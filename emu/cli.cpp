@@ -15,8 +15,17 @@ const char* kUsage =
     "        the emulated node, how it maps onto this host, and the GEMM kernel in use\n"
     "  demo  [--topology FILE] [--max-connections N] [--trace FILE] [--workers N]\n"
     "        a small two-stream program on every GPU; prints its virtual timeline\n"
+    "  validate RECIPE [key=value ...] [--megatron-flag ...] [--mode functional|meta]\n"
+    "        check every Megatron-Core / Megatron-Bridge rule; exit 2 with one line per error\n"
+    "  run   RECIPE [key=value ...] [--megatron-flag ...] [--mode functional|meta]\n"
+    "        [--iterations N] [--trace FILE] [--summary FILE]\n"
+    "        train the recipe on the emulated node; prints the summary table\n"
+    "  compare RECIPE [key=value ...] --case NAME key=value ... --case NAME key=value ...\n"
+    "        [--iterations N] [--mode functional|meta]: the cases side by side\n"
     "  help  this text\n"
-    "With no --topology, the DGX H100 topology built into the binary is used.\n";
+    "With no --topology (or no topology: in a recipe), the DGX H100 topology built into the\n"
+    "binary is used. Overrides use the recipe's dotted names (model.num_layers=8); Megatron\n"
+    "launch flags work too (--overlap-moe-expert-parallel-comm --delay-wgrad-compute).\n";
 
 }  // namespace
 
@@ -84,8 +93,11 @@ int main(const std::vector<std::string>& args, std::ostream& out, std::ostream& 
   try {
     if (args[0] == "info") return info_command(rest, out, err);
     if (args[0] == "demo") return demo_command(rest, out, err);
+    if (args[0] == "validate") return validate_command(rest, out, err);
+    if (args[0] == "run") return run_command(rest, out, err);
+    if (args[0] == "compare") return compare_command(rest, out, err);
     err << "nodeemu: error: unknown command '" << args[0]
-        << "'; the commands are info, demo and help\n";
+        << "'; the commands are info, demo, validate, run, compare and help\n";
     return 2;
   } catch (const ConfigError& e) {
     err << "nodeemu: error: " << e.what() << "\n";

@@ -13,6 +13,9 @@ int main(const std::vector<std::string>& args, std::ostream& out, std::ostream& 
 // Subcommands, with their arguments after the subcommand name.
 int info_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 int demo_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+int validate_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+int run_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+int compare_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
 // The topology shipped inside the binary (configs/topologies/dgx_h100.yaml at build time), so
 // that `nodeemu` works from any directory.

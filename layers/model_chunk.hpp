@@ -75,6 +75,9 @@ class ChunkPlan {
   const Tensor& grad_input() const;
   // The summed token loss of this micro-batch (host, once the loss kernel has run for real).
   double loss_sum() const { return *loss_sum_; }
+  // The same value through a handle that outlives the plan (a schedule drops plans after their
+  // backward; the loop reads the losses after the step's synchronize).
+  std::shared_ptr<const double> loss_sum_handle() const { return loss_sum_; }
   // Everything in order on the context's streams: embedding, then each layer's nodes, then the
   // loss; backward in reverse. The sequential reference, and what schedules are checked against.
   void forward_all();

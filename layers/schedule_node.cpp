@@ -14,23 +14,26 @@ ScheduleNode::ScheduleNode(std::string name, StreamKind kind, ExecContext* ctx, 
       backward_(std::move(backward)),
       backward_dw_(std::move(backward_dw)) {}
 
-void ScheduleNode::run(const Body& body, bool chained) {
+void ScheduleNode::run(const Body& body, const Body& then, bool chained) {
   if (!body) return;
   Stream& s = ctx_->stream(kind_);
   if (chained && event_->recorded()) s.wait(*event_);
   body(s);
+  if (then) then(s);
   if (chained) s.record(*event_);
 }
 
 void ScheduleNode::forward() {
-  run(forward_, true);
+  run(forward_, {}, true);
 }
 
 void ScheduleNode::backward() {
-  run(backward_, true);
-  if (!backward_dw_) return;
-  dw_pending_ = true;
-  if (!ctx_->delay_wgrad) backward_dw();
+  // Without delay_wgrad the wgrad belongs to the backward, as autograd runs it: the plan's event
+  // marks both, so the next node of the chain (the dispatch backward after the mlp) starts only
+  // once the weight gradients are done too. With it, the event marks the dgrad alone.
+  const bool fused = backward_dw_ && !ctx_->delay_wgrad;
+  run(backward_, fused ? backward_dw_ : Body{}, true);
+  dw_pending_ = backward_dw_ && ctx_->delay_wgrad;
 }
 
 void ScheduleNode::backward_dw() {
@@ -38,7 +41,7 @@ void ScheduleNode::backward_dw() {
   if (!dw_pending_)
     throw UsageError("schedule node '" + name_ + "': backward_dw before its backward");
   dw_pending_ = false;
-  run(backward_dw_, false);
+  run(backward_dw_, {}, false);
 }
 
 }  // namespace nodeemu::layers

@@ -45,11 +45,11 @@ class ScheduleNode {
   bool has_weights() const { return static_cast<bool>(backward_dw_); }
 
   void forward();
-  void backward();  // dgrad; also the wgrad unless the context delays it
+  void backward();  // dgrad; also the wgrad (before the event) unless the context delays it
   void backward_dw();
 
  private:
-  void run(const Body& body, bool chained);
+  void run(const Body& body, const Body& then, bool chained);
   std::string name_ = "noop";
   StreamKind kind_ = StreamKind::Compute;
   ExecContext* ctx_ = nullptr;

@@ -1,0 +1,335 @@
+#include "emu/recipe.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "devices/check.hpp"
+#include "devices/errors.hpp"
+
+namespace nodeemu::emu {
+
+namespace {
+
+const char* type_name(ValueType t) {
+  switch (t) {
+    case ValueType::Bool:
+      return "true or false";
+    case ValueType::Int:
+      return "an integer";
+    case ValueType::Float:
+      return "a number";
+    case ValueType::String:
+      return "a string";
+    case ValueType::StringList:
+      return "a list of names, e.g. [a, b]";
+    case ValueType::IntList:
+      return "a list of integers, e.g. [2, 1]";
+  }
+  return "?";
+}
+
+[[noreturn]] void unknown_key(const std::string& where, const std::string& key) {
+  const std::string near = nearest_key(key);
+  throw ConfigError(
+      where, key,
+      "unknown key" + (near.empty() ? std::string("; see the schema in emu/recipe_schema.cpp")
+                                    : "; did you mean '" + near + "'?"));
+}
+
+std::string choices_text(const KeySpec& k) {
+  std::string s;
+  for (const auto& c : k.choices) s += (s.empty() ? "" : ", ") + c;
+  return s;
+}
+
+// Converts one YAML node to the key's type, or throws naming the key.
+Value convert(const KeySpec& k, const YAML::Node& n, const std::string& where,
+              const std::string& origin) {
+  Value v;
+  v.origin = origin;
+  auto bad = [&](const std::string& got) -> ConfigError {
+    return ConfigError(where, k.key, "wants " + std::string(type_name(k.type)) + ", got " + got);
+  };
+  if (!n || n.IsNull()) return v;  // unset
+  v.null = false;
+  const bool list = k.type == ValueType::StringList || k.type == ValueType::IntList;
+  if (list != n.IsSequence() || n.IsMap())
+    throw bad(n.IsMap() ? "a mapping" : n.IsSequence() ? "a list" : "'" + n.Scalar() + "'");
+  try {
+    switch (k.type) {
+      case ValueType::Bool:
+        v.b = n.as<bool>();
+        break;
+      case ValueType::Int:
+        v.i = n.as<std::int64_t>();
+        break;
+      case ValueType::Float:
+        v.f = n.as<double>();
+        break;
+      case ValueType::String:
+        v.s = n.as<std::string>();
+        break;
+      case ValueType::StringList:
+      case ValueType::IntList:
+        for (const auto& e : n) {
+          if (!e.IsScalar()) throw bad("a nested value");
+          if (k.type == ValueType::IntList) (void)e.as<std::int64_t>();
+          v.list.push_back(e.Scalar());
+        }
+        break;
+    }
+  } catch (const YAML::Exception&) {
+    throw bad("'" + (n.IsScalar() ? n.Scalar() : std::string("...")) + "'");
+  }
+  const auto allowed = [&](const std::string& s) {
+    return k.choices.empty() || std::find(k.choices.begin(), k.choices.end(), s) != k.choices.end();
+  };
+  if (k.type == ValueType::String && !allowed(v.s))
+    throw ConfigError(where, k.key, "'" + v.s + "' is not one of " + choices_text(k));
+  if (k.type == ValueType::StringList)
+    for (const auto& s : v.list)
+      if (!allowed(s))
+        throw ConfigError(where, k.key, "'" + s + "' is not one of " + choices_text(k));
+  return v;
+}
+
+// Megatron launch flags whose names differ from the key's last part.
+const std::map<std::string, std::string>& flag_aliases() {
+  static const std::map<std::string, std::string> m = {
+      {"num-experts", "model.num_moe_experts"},
+      {"num-virtual-stages-per-pipeline-rank", "model.virtual_pipeline_model_parallel_size"},
+      {"lr", "optimizer.lr"},
+      {"seed", "emulator.seed"},
+      {"weight-decay", "optimizer.weight_decay"},
+  };
+  return m;
+}
+
+}  // namespace
+
+Recipe::Recipe() {
+  for (const auto& k : recipe_schema()) {
+    Value v = k.default_yaml.empty()
+                  ? Value{}
+                  : convert(k, YAML::Load(k.default_yaml), "recipe schema", "default");
+    v.origin = "default";
+    values_[k.key] = std::move(v);
+  }
+}
+
+Recipe Recipe::parse(const std::string& yaml_text, const std::string& name,
+                     const std::vector<std::string>& overrides) {
+  Recipe r;
+  r.name_ = name;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(name, "", "not valid YAML: " + std::string(e.what()));
+  }
+  if (root && !root.IsNull() && !root.IsMap())
+    throw ConfigError(name, "", "a recipe is a YAML mapping of sections (model, train, ...)");
+  for (const auto& top : root) {
+    const std::string section = top.first.as<std::string>();
+    if (find_key(section)) {
+      r.values_[section] = convert(*find_key(section), top.second, name, "recipe");
+      continue;
+    }
+    if (!top.second.IsMap()) unknown_key(name, section);
+    for (const auto& kv : top.second) {
+      const std::string key = section + "." + kv.first.as<std::string>();
+      const KeySpec* spec = find_key(key);
+      if (!spec) unknown_key(name, key);
+      r.values_[key] = convert(*spec, kv.second, name, "recipe");
+    }
+  }
+  for (std::size_t i = 0; i < overrides.size();) {
+    if (overrides[i].rfind("--", 0) == 0) {
+      i += r.set_flag(overrides, i);
+    } else {
+      r.set(overrides[i]);
+      ++i;
+    }
+  }
+  return r;
+}
+
+Recipe Recipe::load(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path, "", "cannot read the recipe file; check the path");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  // Errors name the file; the recipe is then known by its stem.
+  Recipe r = parse(ss.str(), path, overrides);
+  r.name_ = std::filesystem::path(path).stem().string();
+  r.path_ = path;
+  r.dir_ = std::filesystem::path(path).parent_path().string();
+  return r;
+}
+
+void Recipe::set(const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw ConfigError("override", assignment,
+                      "write overrides as section.key=value, e.g. model.num_layers=4");
+  set(assignment.substr(0, eq), assignment.substr(eq + 1), assignment);
+}
+
+void Recipe::set(const std::string& key, const std::string& yaml_value, const std::string& origin) {
+  const KeySpec* spec = find_key(key);
+  if (!spec) unknown_key("override", key);
+  YAML::Node n;
+  try {
+    n = YAML::Load(yaml_value.empty() ? "null" : yaml_value);
+  } catch (const YAML::Exception&) {
+    throw ConfigError("override", key, "cannot read the value '" + yaml_value + "'");
+  }
+  values_[key] = convert(*spec, n, "override", origin);
+}
+
+std::size_t Recipe::set_flag(const std::vector<std::string>& args, std::size_t i) {
+  std::string flag = args[i].substr(2), inline_value;
+  bool has_inline = false;
+  if (auto eq = flag.find('='); eq != std::string::npos) {
+    inline_value = flag.substr(eq + 1);
+    flag = flag.substr(0, eq);
+    has_inline = true;
+  }
+  bool negate = false;
+  auto lookup = [](const std::string& f) -> const KeySpec* {
+    if (auto a = flag_aliases().find(f); a != flag_aliases().end()) return find_key(a->second);
+    std::string name = f;
+    std::replace(name.begin(), name.end(), '-', '_');
+    const KeySpec* hit = nullptr;
+    for (const auto& k : recipe_schema()) {
+      const auto dot = k.key.rfind('.');
+      if ((dot == std::string::npos ? k.key : k.key.substr(dot + 1)) == name) hit = &k;
+    }
+    return hit;
+  };
+  const KeySpec* spec = lookup(flag);
+  if (!spec && flag.rfind("no-", 0) == 0) {
+    spec = lookup(flag.substr(3));
+    negate = spec && spec->type == ValueType::Bool;
+    if (!negate) spec = nullptr;
+  }
+  if (!spec) {
+    std::string underscored = flag;
+    std::replace(underscored.begin(), underscored.end(), '-', '_');
+    const std::string near = nearest_key(underscored);
+    throw ConfigError("command line", "--" + flag,
+                      "not a Megatron flag NodeEmu knows" +
+                          (near.empty() ? std::string("") : "; did you mean '" + near + "'?"));
+  }
+  if (spec->type == ValueType::Bool && !has_inline) {
+    set(spec->key, negate ? "false" : "true", "--" + flag);
+    return 1;
+  }
+  if (has_inline) {
+    set(spec->key, inline_value, "--" + flag);
+    return 1;
+  }
+  if (i + 1 >= args.size()) throw ConfigError("command line", "--" + flag, "needs a value");
+  // Megatron's list flags take several words: --recompute-modules core_attn moe_act.
+  if (spec->type == ValueType::StringList || spec->type == ValueType::IntList) {
+    std::size_t j = i + 1;
+    std::string items;
+    while (j < args.size() && args[j].rfind("--", 0) != 0 && args[j].find('=') == std::string::npos)
+      items += (items.empty() ? "" : ", ") + args[j++];
+    set(spec->key, "[" + items + "]", "--" + flag);
+    return j - i;
+  }
+  set(spec->key, args[i + 1], "--" + flag);
+  return 2;
+}
+
+std::string Recipe::resolve(const std::string& relative) const {
+  namespace fs = std::filesystem;
+  if (fs::path(relative).is_absolute()) return relative;
+  // Recipes live in configs/recipes/ and name topologies as "topologies/x.yaml".
+  for (const fs::path& base : {fs::path(dir_), fs::path(dir_).parent_path(), fs::path(".")}) {
+    const fs::path p = base / relative;
+    if (fs::exists(p)) return p.string();
+  }
+  return relative;
+}
+
+const Value& Recipe::value(const std::string& key) const {
+  auto it = values_.find(key);
+  NE_CHECK(it != values_.end(), ("recipe key '" + key + "' is not in the schema").c_str());
+  return it->second;
+}
+
+const Value& Recipe::checked(const std::string& key, ValueType want) const {
+  const KeySpec* spec = find_key(key);
+  NE_CHECK(spec && spec->type == want, ("recipe key '" + key + "' read as the wrong type").c_str());
+  return value(key);
+}
+
+bool Recipe::is_set(const std::string& key) const {
+  return !value(key).null;
+}
+bool Recipe::flag(const std::string& key) const {
+  return checked(key, ValueType::Bool).b;
+}
+std::int64_t Recipe::integer(const std::string& key) const {
+  return checked(key, ValueType::Int).i;
+}
+int Recipe::int32(const std::string& key) const {
+  const std::int64_t v = integer(key);
+  if (v < INT32_MIN || v > INT32_MAX) throw ConfigError(name_, key, "is out of range");
+  return static_cast<int>(v);
+}
+double Recipe::real(const std::string& key) const {
+  return checked(key, ValueType::Float).f;
+}
+const std::string& Recipe::text(const std::string& key) const {
+  return checked(key, ValueType::String).s;
+}
+const std::vector<std::string>& Recipe::list(const std::string& key) const {
+  return checked(key, ValueType::StringList).list;
+}
+std::vector<int> Recipe::int_list(const std::string& key) const {
+  std::vector<int> out;
+  for (const auto& s : checked(key, ValueType::IntList).list) out.push_back(std::stoi(s));
+  return out;
+}
+bool Recipe::list_has(const std::string& key, const std::string& item) const {
+  const auto& l = list(key);
+  return std::find(l.begin(), l.end(), item) != l.end();
+}
+
+std::string to_yaml(const Value& v, ValueType t) {
+  if (v.null) return "null";
+  std::ostringstream os;
+  switch (t) {
+    case ValueType::Bool:
+      return v.b ? "true" : "false";
+    case ValueType::Int:
+      return std::to_string(v.i);
+    case ValueType::Float:
+      os << v.f;
+      return os.str();
+    case ValueType::String:
+      return v.s;
+    case ValueType::StringList:
+    case ValueType::IntList: {
+      std::string s;
+      for (const auto& e : v.list) s += (s.empty() ? "" : ", ") + e;
+      return "[" + s + "]";
+    }
+  }
+  return "?";
+}
+
+std::map<std::string, std::string> Recipe::flattened() const {
+  std::map<std::string, std::string> out;
+  for (const auto& k : recipe_schema()) out[k.key] = to_yaml(value(k.key), k.type);
+  return out;
+}
+
+}  // namespace nodeemu::emu

@@ -1,0 +1,94 @@
+// A recipe: what to emulate and how to train it, in Megatron-Bridge's own key names so that a
+// user can copy settings across (sections model, comm_overlap, train, ddp, optimizer), plus
+// NodeEmu's `emulator` section and the top-level `topology` and `nodes`.
+//
+//   Recipe r = Recipe::load("configs/recipes/tiny_moe.yaml",
+//                           {"comm_overlap.overlap_moe_expert_parallel_comm=true",
+//                            "--delay-wgrad-compute"});
+//   int ep = r.integer("model.expert_model_parallel_size");
+//
+// Every key has a type and a default in one schema (emu/recipe_schema.cpp). An unknown key, in the
+// file or on the command line, is a ConfigError that names it and suggests the nearest known one;
+// a value of the wrong type names the key and the type it wants. Keys are always the full dotted
+// name ("model.num_layers").
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace nodeemu::emu {
+
+enum class ValueType { Bool, Int, Float, String, StringList, IntList };
+
+struct KeySpec {
+  std::string key;  // "model.num_layers"
+  ValueType type;
+  std::string default_yaml;          // "" = unset (null) by default
+  std::vector<std::string> choices;  // for strings: the allowed values (empty = any)
+  std::string help;
+};
+
+// The schema, in section order.
+const std::vector<KeySpec>& recipe_schema();
+const KeySpec* find_key(const std::string& key);
+// The schema key nearest to `key` (edit distance over the full dotted name and over the last
+// part, so a key in the wrong section is found too); "" when nothing is close.
+std::string nearest_key(const std::string& key);
+
+struct Value {
+  bool null = true;
+  bool b = false;
+  std::int64_t i = 0;
+  double f = 0;
+  std::string s;
+  std::vector<std::string> list;  // StringList and IntList (as text)
+  std::string origin;             // "recipe", "default", or the override that set it
+};
+
+class Recipe {
+ public:
+  // Reads a YAML file and applies `overrides` in order: "section.key=value" (a YAML scalar or a
+  // flow list, "[a,b]") or Megatron launch flags ("--delay-wgrad-compute",
+  // "--pipeline-model-parallel-size 2", "--no-bf16"). Throws ConfigError naming the file or key.
+  static Recipe load(const std::string& path, const std::vector<std::string>& overrides = {});
+  static Recipe parse(const std::string& yaml_text, const std::string& name,
+                      const std::vector<std::string>& overrides = {});
+
+  // "section.key=value".
+  void set(const std::string& assignment);
+  // A key's value from YAML text (as an override would give it).
+  void set(const std::string& key, const std::string& yaml_value, const std::string& origin);
+  // Megatron launch flags, starting at args[i]; returns how many arguments were used.
+  std::size_t set_flag(const std::vector<std::string>& args, std::size_t i);
+
+  const std::string& name() const { return name_; }  // file stem, e.g. "tiny_moe"
+  const std::string& path() const { return path_; }  // the file it came from ("" if parsed)
+  // Directory that relative paths in the recipe (topology) are resolved against.
+  std::string resolve(const std::string& relative) const;
+
+  bool is_set(const std::string& key) const;  // not null
+  bool flag(const std::string& key) const;
+  std::int64_t integer(const std::string& key) const;
+  int int32(const std::string& key) const;
+  double real(const std::string& key) const;
+  const std::string& text(const std::string& key) const;  // "" when null
+  const std::vector<std::string>& list(const std::string& key) const;
+  std::vector<int> int_list(const std::string& key) const;
+  bool list_has(const std::string& key, const std::string& item) const;
+  const Value& value(const std::string& key) const;
+  // Every key with its value as YAML text, for the summary.
+  std::map<std::string, std::string> flattened() const;
+
+ private:
+  Recipe();
+  const Value& checked(const std::string& key, ValueType want) const;
+  std::string name_, path_, dir_;
+  std::map<std::string, Value> values_;
+};
+
+// The YAML text of a value ("null", "true", "4", "[a, b]").
+std::string to_yaml(const Value& v, ValueType t);
+
+}  // namespace nodeemu::emu

@@ -1,0 +1,143 @@
+#include "emu/recipe_views.hpp"
+
+#include <numeric>
+
+#include "devices/errors.hpp"
+#include "emu/cli.hpp"
+
+namespace nodeemu::emu {
+
+std::shared_ptr<const NodeTopology> load_topology(const Recipe& r) {
+  auto t = std::make_shared<NodeTopology>(
+      r.is_set("topology") ? NodeTopology::from_file(r.resolve(r.text("topology")))
+                           : NodeTopology::from_yaml(embedded_default_topology(), "dgx_h100.yaml"));
+  if (r.is_set("emulator.gpus_per_node")) {
+    const int n = r.int32("emulator.gpus_per_node");
+    if (n < 1 || n > t->gpus)
+      throw ConfigError(
+          r.name(), "emulator.gpus_per_node",
+          "must be between 1 and the topology's " + std::to_string(t->gpus) + " GPUs per node");
+    // The first n GPUs keep their NUMA placement and NICs.
+    t->gpus = n;
+    t->host.gpu_numa.resize(static_cast<std::size_t>(n));
+    t->nic.per_node = std::min(t->nic.per_node, n);
+  }
+  return t;
+}
+
+NodeOptions node_options(const Recipe& r) {
+  NodeOptions o;
+  o.topology = load_topology(r);
+  o.nodes = r.int32("nodes");
+  o.mode = r.text("emulator.mode") == "meta" ? Mode::Meta : Mode::Functional;
+  o.cuda_device_max_connections = r.int32("emulator.cuda_device_max_connections");
+  o.thread_budget = r.int32("emulator.thread_budget");
+  o.workers_per_device = r.int32("emulator.workers_per_device");
+  o.collective_timeout_s = r.real("emulator.collective_timeout_s");
+  return o;
+}
+
+layers::ModelConfig model_config(const Recipe& r) {
+  using namespace layers;
+  ModelConfig c;
+  auto opt_int = [&](const std::string& key, int fallback) {
+    return r.is_set(key) ? r.int32(key) : fallback;
+  };
+  c.num_layers = r.int32("model.num_layers");
+  c.hidden_size = r.int32("model.hidden_size");
+  c.num_attention_heads = r.int32("model.num_attention_heads");
+  c.num_query_groups = opt_int("model.num_query_groups", c.num_attention_heads);
+  c.kv_channels = opt_int("model.kv_channels", 0);
+  c.ffn_hidden_size = opt_int("model.ffn_hidden_size", 4 * c.hidden_size);
+  c.vocab_size = r.int32("model.vocab_size");
+  c.rotary_base = r.real("model.rotary_base");
+  c.layernorm_epsilon = r.real("model.layernorm_epsilon");
+  c.init_method_std = r.real("model.init_method_std");
+  c.dtype = r.flag("model.bf16") ? DType::BF16 : r.flag("model.fp16") ? DType::F16 : DType::F32;
+  c.num_moe_experts = opt_int("model.num_moe_experts", 0);
+  c.moe_ffn_hidden_size = opt_int("model.moe_ffn_hidden_size", c.ffn_hidden_size);
+  c.moe_shared_expert_intermediate_size = opt_int("model.moe_shared_expert_intermediate_size", 0);
+  c.moe_layer_freq = r.int32("model.moe_layer_freq");
+  c.mtp_num_layers = opt_int("model.mtp_num_layers", 0);
+  const std::string& d = r.text("model.moe_token_dispatcher_type");
+  c.moe_token_dispatcher_type = d == "alltoall" ? DispatcherType::AllToAll
+                                : d == "flex"   ? DispatcherType::Flex
+                                                : DispatcherType::AllGather;
+  c.moe_flex_dispatcher_backend = r.text("model.moe_flex_dispatcher_backend") == "hybridep"
+                                      ? FlexBackend::HybridEP
+                                      : FlexBackend::DeepEP;
+  RouterConfig& rc = c.router;
+  rc.num_experts = c.num_moe_experts;
+  rc.topk = r.int32("model.moe_router_topk");
+  rc.score = r.text("model.moe_router_score_function") == "sigmoid" ? ScoreFunction::Sigmoid
+                                                                    : ScoreFunction::Softmax;
+  rc.pre_softmax = r.flag("model.moe_router_pre_softmax");
+  rc.num_groups = opt_int("model.moe_router_num_groups", 0);
+  rc.group_topk = opt_int("model.moe_router_group_topk", 0);
+  if (r.is_set("model.moe_router_topk_scaling_factor"))
+    rc.topk_scaling_factor = r.real("model.moe_router_topk_scaling_factor");
+  rc.enable_expert_bias = r.flag("model.moe_router_enable_expert_bias");
+  rc.bias_update_rate = r.real("model.moe_router_bias_update_rate");
+  const std::string& lb = r.text("model.moe_router_load_balancing_type");
+  rc.load_balancing = lb == "none"           ? LoadBalancing::None
+                      : lb == "seq_aux_loss" ? LoadBalancing::SeqAuxLoss
+                                             : LoadBalancing::AuxLoss;
+  rc.aux_loss_coeff = r.real("model.moe_aux_loss_coeff");
+  rc.z_loss_coeff = r.is_set("model.moe_z_loss_coeff") ? r.real("model.moe_z_loss_coeff") : 0.0;
+  if (r.is_set("model.moe_expert_capacity_factor"))
+    rc.capacity_factor = r.real("model.moe_expert_capacity_factor");
+  rc.drop_policy = r.text("model.moe_token_drop_policy") == "position" ? DropPolicy::Position
+                                                                       : DropPolicy::Probs;
+  rc.pad_to_capacity = r.flag("model.moe_pad_expert_input_to_capacity");
+  rc.force_load_balancing = r.flag("model.moe_router_force_load_balancing");
+  return c;
+}
+
+ParallelLayout parallel_layout(const Recipe& r, int world) {
+  ParallelLayout l;
+  l.world = world;
+  l.tp = r.int32("model.tensor_model_parallel_size");
+  l.cp = r.int32("model.context_parallel_size");
+  l.ep = r.int32("model.expert_model_parallel_size");
+  l.pp = r.int32("model.pipeline_model_parallel_size");
+  l.etp = r.is_set("model.expert_tensor_parallel_size")
+              ? r.int32("model.expert_tensor_parallel_size")
+              : 0;
+  return l;
+}
+
+int pipeline_size(const Recipe& r) {
+  return r.int32("model.pipeline_model_parallel_size");
+}
+
+int virtual_chunks(const Recipe& r) {
+  return r.is_set("model.virtual_pipeline_model_parallel_size")
+             ? r.int32("model.virtual_pipeline_model_parallel_size")
+             : 1;
+}
+
+std::vector<int> layers_per_virtual_stage(const Recipe& r) {
+  const int stages = pipeline_size(r) * virtual_chunks(r);
+  const int layers = r.int32("model.num_layers");
+  if (r.is_set("emulator.pipeline_layout")) {
+    std::vector<int> l = r.int_list("emulator.pipeline_layout");
+    if (int(l.size()) != stages || std::accumulate(l.begin(), l.end(), 0) != layers) return {};
+    for (int n : l)
+      if (n < 0) return {};
+    return l;
+  }
+  if (stages < 1 || layers % stages) return {};
+  return std::vector<int>(static_cast<std::size_t>(stages), layers / stages);
+}
+
+int microbatches_per_rank(const Recipe& r, int world) {
+  const ParallelLayout l = parallel_layout(r, world);
+  const int dp = l.dp(), mbs = r.int32("train.micro_batch_size");
+  const std::int64_t gbs = r.is_set("train.global_batch_size")
+                               ? r.integer("train.global_batch_size")
+                               : std::int64_t(mbs) * dp;
+  if (dp < 1 || mbs < 1 || gbs % (std::int64_t(mbs) * dp)) return 0;
+  return static_cast<int>(gbs / (std::int64_t(mbs) * dp));
+}
+
+}  // namespace nodeemu::emu

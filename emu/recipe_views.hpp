@@ -1,0 +1,30 @@
+// What the other parts of NodeEmu need from a recipe, in their own types. These read a recipe
+// that validate() accepted; on one it refuses they may throw ConfigError.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "comm/parallel_layout.hpp"
+#include "devices/node.hpp"
+#include "emu/recipe.hpp"
+#include "layers/model_config.hpp"
+
+namespace nodeemu::emu {
+
+// The recipe's topology (its file, or the built-in DGX H100), cut to emulator.gpus_per_node.
+std::shared_ptr<const NodeTopology> load_topology(const Recipe& r);
+// Node options for the recipe (topology, nodes, mode, hardware queues, threads).
+NodeOptions node_options(const Recipe& r);
+
+layers::ModelConfig model_config(const Recipe& r);
+ParallelLayout parallel_layout(const Recipe& r, int world);
+
+int pipeline_size(const Recipe& r);
+int virtual_chunks(const Recipe& r);  // VPP, 1 when unset
+// Layers of each virtual stage, in stage order (virtual stage v * PP + pp_rank): the
+// emulator.pipeline_layout when set, otherwise an even split. Empty when it does not divide.
+std::vector<int> layers_per_virtual_stage(const Recipe& r);
+// global_batch_size / (micro_batch_size * DP).
+int microbatches_per_rank(const Recipe& r, int world);
+
+}  // namespace nodeemu::emu

@@ -1,0 +1,173 @@
+#include "emu/report.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+
+#include "devices/errors.hpp"
+
+namespace nodeemu::emu {
+
+namespace {
+
+std::string ms(double s) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(3) << s * 1e3;
+  return o.str();
+}
+
+std::string gib(std::uint64_t b) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(b < (1ull << 30) ? 3 : 2) << double(b) / double(1ull << 30);
+  return o.str();
+}
+
+std::string json_string(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      o += buf;
+      continue;
+    }
+    o += c;
+  }
+  return o + "\"";
+}
+
+std::string num(double v) {
+  std::ostringstream o;
+  o << std::setprecision(17) << v;
+  return o.str();
+}
+
+std::uint64_t peak_of(const RunReport& r) {
+  std::uint64_t p = 0;
+  for (const auto& d : r.devices) p = std::max(p, d.peak_mem_bytes);
+  return p;
+}
+
+}  // namespace
+
+std::string hex(std::uint64_t v) {
+  std::ostringstream o;
+  o << "0x" << std::hex << std::setw(16) << std::setfill('0') << v;
+  return o.str();
+}
+
+void print_summary(const RunReport& r, std::ostream& os) {
+  os << "recipe " << r.recipe << " (" << r.mode << "), " << r.world << " GPUs of " << r.topology
+     << ", schedule " << r.schedule << ", GEMMs " << r.gemm_kernel << "\n\n";
+  os << "  iter      loss   step (virtual ms)\n";
+  for (const auto& it : r.iterations) {
+    std::ostringstream loss;
+    if (it.loss)
+      loss << std::fixed << std::setprecision(6) << *it.loss;
+    else
+      loss << "-";
+    os << "  " << std::setw(4) << it.iter << std::setw(10) << loss.str() << std::setw(20)
+       << ms(it.step_time_s) << (it.iter <= r.warmup_iterations ? "   (warm-up)" : "") << "\n";
+  }
+  os << "\nsteady mean step " << ms(r.step_time_s) << " ms (virtual), over "
+     << r.iterations.size() - std::size_t(r.warmup_iterations) << " iterations; "
+     << r.warmup_iterations << " warm-up iteration" << (r.warmup_iterations == 1 ? "" : "s")
+     << " excluded\n";
+  os << "comm per device per step: exposed " << ms(r.exposed_comm_s) << " ms of "
+     << ms(r.total_comm_s) << " ms total; compute utilisation " << std::fixed
+     << std::setprecision(1) << 100 * r.compute_utilisation << "%\n\n";
+  os << "  GPU  compute ms  comm ms  exposed ms  peak mem GiB\n";
+  for (const auto& d : r.devices)
+    os << "  " << std::setw(3) << d.id << std::setw(12) << ms(d.compute_busy_s) << std::setw(9)
+       << ms(d.comm_busy_s) << std::setw(12) << ms(d.exposed_comm_s) << std::setw(14)
+       << gib(d.peak_mem_bytes) << "\n";
+  os << "\nnumerics hash " << (r.numerics_hash ? hex(*r.numerics_hash) : "- (meta mode)")
+     << ", timeline hash " << hex(r.timeline_hash) << "\n";
+  os << "wall time " << std::fixed << std::setprecision(2) << r.wall_time_s << " s for "
+     << r.device_ops << " device operations\n";
+}
+
+void write_summary_json(const RunReport& r, const Recipe& recipe, std::ostream& os) {
+  os << "{\n";
+  os << "  \"recipe\": " << json_string(r.recipe) << ",\n";
+  os << "  \"mode\": " << json_string(r.mode) << ",\n";
+  os << "  \"gemm_kernel\": " << json_string(r.gemm_kernel) << ",\n";
+  os << "  \"schedule\": " << json_string(r.schedule) << ",\n";
+  os << "  \"topology\": " << json_string(r.topology) << ",\n";
+  os << "  \"world\": " << r.world << ",\n";
+  os << "  \"iterations\": [";
+  for (std::size_t i = 0; i < r.iterations.size(); ++i) {
+    const auto& it = r.iterations[i];
+    os << (i ? ", " : "") << "{\"iter\": " << it.iter
+       << ", \"loss\": " << (it.loss ? num(*it.loss) : "null")
+       << ", \"step_time_s\": " << num(it.step_time_s) << "}";
+  }
+  os << "],\n";
+  os << "  \"warmup_iterations\": " << r.warmup_iterations << ",\n";
+  os << "  \"step_time_s\": " << num(r.step_time_s) << ",\n";
+  os << "  \"exposed_comm_s\": " << num(r.exposed_comm_s) << ",\n";
+  os << "  \"total_comm_s\": " << num(r.total_comm_s) << ",\n";
+  os << "  \"exposed_offload_s\": " << num(r.exposed_offload_s) << ",\n";
+  os << "  \"total_offload_s\": " << num(r.total_offload_s) << ",\n";
+  os << "  \"compute_utilisation\": " << num(r.compute_utilisation) << ",\n";
+  os << "  \"devices\": [";
+  for (std::size_t i = 0; i < r.devices.size(); ++i) {
+    const auto& d = r.devices[i];
+    os << (i ? ",\n    " : "\n    ") << "{\"id\": " << d.id
+       << ", \"peak_mem_bytes\": " << d.peak_mem_bytes
+       << ", \"compute_busy_s\": " << num(d.compute_busy_s)
+       << ", \"comm_busy_s\": " << num(d.comm_busy_s)
+       << ", \"exposed_comm_s\": " << num(d.exposed_comm_s)
+       << ", \"offload_bytes\": " << d.offload_bytes << "}";
+  }
+  os << "],\n";
+  os << "  \"numerics_hash\": " << (r.numerics_hash ? json_string(hex(*r.numerics_hash)) : "null")
+     << ",\n";
+  os << "  \"timeline_hash\": " << json_string(hex(r.timeline_hash)) << ",\n";
+  os << "  \"device_ops\": " << r.device_ops << ",\n";
+  os << "  \"wall_time_s\": " << num(r.wall_time_s) << ",\n";
+  os << "  \"config\": {";
+  bool first = true;
+  for (const auto& [k, v] : recipe.flattened()) {
+    os << (first ? "\n    " : ",\n    ") << json_string(k) << ": " << json_string(v);
+    first = false;
+  }
+  os << "\n  }\n}\n";
+}
+
+void write_summary_file(const RunReport& r, const Recipe& recipe, const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    if (!f) throw ConfigError("--summary", path, "cannot write here; check the folder exists");
+    write_summary_json(r, recipe, f);
+    if (!f) throw ConfigError("--summary", path, "writing failed");
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+void print_compare(const std::vector<Case>& cases, std::ostream& os) {
+  std::size_t w = 4;
+  for (const auto& c : cases) w = std::max(w, c.name.size());
+  os << std::left << std::setw(int(w)) << "case" << std::right << " | " << std::setw(26)
+     << "schedule"
+     << " | steady mean ms | vs first | exposed comm ms | peak mem GiB | numerics hash\n";
+  const double base = cases.empty() ? 1 : cases.front().report.step_time_s;
+  for (const auto& c : cases) {
+    const RunReport& r = c.report;
+    std::ostringstream rel;
+    rel << std::fixed << std::setprecision(3) << r.step_time_s / base << "x";
+    os << std::left << std::setw(int(w)) << c.name << std::right << " | " << std::setw(26)
+       << r.schedule << " | " << std::setw(14) << ms(r.step_time_s) << " | " << std::setw(8)
+       << rel.str() << " | " << std::setw(15) << ms(r.exposed_comm_s) << " | " << std::setw(12)
+       << gib(peak_of(r)) << " | " << (r.numerics_hash ? hex(*r.numerics_hash) : std::string("-"))
+       << "\n";
+  }
+}
+
+}  // namespace nodeemu::emu

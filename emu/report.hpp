@@ -1,0 +1,28 @@
+// How a run is shown: the summary table on the terminal, the JSON summary for scripts and CI
+// (DESIGN.md lists its keys), and the table `nodeemu compare` prints.
+#pragma once
+#include <iosfwd>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "emu/recipe.hpp"
+#include "emu/training.hpp"
+
+namespace nodeemu::emu {
+
+void print_summary(const RunReport& r, std::ostream& os);
+void write_summary_json(const RunReport& r, const Recipe& recipe, std::ostream& os);
+// Writes to a temporary file and renames it, so a failed run never leaves half a summary.
+void write_summary_file(const RunReport& r, const Recipe& recipe, const std::string& path);
+
+struct Case {
+  std::string name;
+  RunReport report;
+};
+void print_compare(const std::vector<Case>& cases, std::ostream& os);
+
+// "0x1234abcd..."
+std::string hex(std::uint64_t v);
+
+}  // namespace nodeemu::emu

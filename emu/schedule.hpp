@@ -1,0 +1,108 @@
+// Schedules: the order in which one rank issues the forward and backward work of its
+// micro-batches and model chunks. All schedules drive the same model (layers::ChunkPlan) through
+// the same schedule nodes and streams, so any two of them must give the same losses and
+// gradients bit for bit; only the virtual timeline differs.
+//
+// A custom schedule is a class with a run() that issues work through a StepContext:
+//
+//   class ForwardAllThenBackward : public nodeemu::emu::Schedule {
+//    public:
+//     std::string name() const override { return "all-forward-then-all-backward"; }
+//     void run(nodeemu::emu::StepContext& step) override {
+//       for (int mb = 0; mb < step.microbatches(); ++mb) forward_step(step, {mb, 0});
+//       for (int mb = 0; mb < step.microbatches(); ++mb) backward_step(step, {mb, 0});
+//     }
+//   };
+//
+// and is run with emu::train(recipe, {.schedule = [](const Recipe&) {
+//   return std::make_unique<ForwardAllThenBackward>(); }}).
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "emu/recipe.hpp"
+#include "layers/model_chunk.hpp"
+
+namespace nodeemu::emu {
+
+// One micro-batch of one model chunk (virtual pipeline stage) of this rank.
+struct PlanId {
+  int microbatch = 0;
+  int chunk = 0;
+};
+
+// One rank's training step as a schedule sees it. Made by the training loop.
+class StepContext {
+ public:
+  class Impl;
+  explicit StepContext(Impl& impl) : impl_(impl) {}
+  int microbatches() const;  // per rank per step
+  int chunks() const;        // model chunks on this rank (VPP, or 1)
+  int pp_rank() const;
+  int pp_size() const;
+  // The streams (compute, comm) and switches (delay_wgrad) the nodes run with.
+  layers::ExecContext& exec();
+  // The plan of one micro-batch through one chunk, made on first use.
+  layers::ChunkPlan& plan(PlanId id);
+  // Pipeline transfers. A recv enqueues the receive on the compute stream and makes it part of
+  // the plan's event chain, so the plan's first node waits for it; a send goes on this rank's
+  // send stream for that direction once the plan's event says the tensor is ready. All four are
+  // no-ops where the virtual stage has no neighbour in that direction.
+  void recv_forward(PlanId id);
+  void send_forward(PlanId id);
+  void recv_backward(PlanId id);
+  void send_backward(PlanId id);
+  // The plan's backward (and its delayed wgrad) is issued: drop it. Its tensors live on until
+  // the work that uses them has completed.
+  void release(PlanId id);
+
+ private:
+  Impl& impl_;
+};
+
+class Schedule {
+ public:
+  virtual ~Schedule() = default;
+  virtual std::string name() const = 0;
+  // Issues one step: every micro-batch's forward and backward through every chunk of this rank.
+  virtual void run(StepContext& step) = 0;
+};
+
+// The building blocks schedules are made of.
+// Receive, forward every node of the chunk in order, send.
+void forward_step(StepContext& step, PlanId id);
+// Receive, backward every node in reverse order (and the delayed wgrad right after each node
+// when delay_wgrad is on), send, release.
+void backward_step(StepContext& step, PlanId id);
+
+struct OverlapOptions {
+  bool early_attn_memory_release = false;  // ep_overlap_early_attn_memory_release
+};
+// Megatron-Core's combined 1F1B step (REFERENCE section 1): the forward of `f` and the backward
+// of `b` (either may be absent), their layers paired forward i with backward L-1-i and issued in
+// Megatron's order, so that one micro-batch's all-to-alls hide behind the other's compute.
+void combined_step(StepContext& step, std::optional<PlanId> f, std::optional<PlanId> b,
+                   const OverlapOptions& o);
+
+// The layer-pair issue order of REFERENCE section 1; either layer may be null.
+void schedule_layer_pair(layers::LayerPlan* f, layers::LayerPlan* b, bool delay_wgrad,
+                         const OverlapOptions& o, bool defer_b_attention_wgrad = false);
+
+// Megatron's virtual micro-batch order. Virtual micro-batch k of m micro-batches on v chunks
+// and p pipeline ranks: micro-batch (k / (p v)) p + k mod p, forward chunk (k / p) mod v, and
+// backward chunk v - 1 - that (forward_backward_pipelining_with_interleaving, with a micro-batch
+// group of p).
+PlanId virtual_forward(int k, int pp, int vpp);
+PlanId virtual_backward(int k, int pp, int vpp);
+
+// The pipelined step all built-in schedules share: `warmup` forwards, then the steady state
+// (forward k + warmup and backward k, one after the other or as one combined step), then the
+// remaining backwards.
+void run_pipelined(StepContext& step, int warmup, bool combined, const OverlapOptions& o);
+
+// sequential (PP = 1: gradient accumulation), 1f1b (PP > 1), interleaved-1f1b (VPP), and
+// combined-1f1b-a2a-overlap (overlap_moe_expert_parallel_comm, PP = 1 or VPP).
+std::unique_ptr<Schedule> make_schedule(const Recipe& recipe);
+
+}  // namespace nodeemu::emu

@@ -1,0 +1,206 @@
+// The built-in schedules and the steps they are made of.
+#include <algorithm>
+
+#include "devices/errors.hpp"
+#include "emu/recipe_views.hpp"
+#include "emu/schedule.hpp"
+
+namespace nodeemu::emu {
+
+using layers::ChunkPlan;
+using layers::LayerPlan;
+using layers::ScheduleNode;
+
+namespace {
+
+// A node's wgrad, when the context delays it (otherwise backward() already ran it).
+void dw(ScheduleNode& n, bool delay) {
+  if (delay) n.backward_dw();
+}
+
+}  // namespace
+
+void forward_step(StepContext& step, PlanId id) {
+  step.recv_forward(id);
+  step.plan(id).forward_all();
+  step.send_forward(id);
+}
+
+void backward_step(StepContext& step, PlanId id) {
+  step.recv_backward(id);
+  ChunkPlan& p = step.plan(id);
+  const bool delay = step.exec().delay_wgrad;
+  // Node by node, as ChunkPlan::backward_all orders them, with each wgrad right after its dgrad.
+  p.loss.backward();
+  dw(p.loss, delay);
+  for (auto it = p.layers.rbegin(); it != p.layers.rend(); ++it) {
+    LayerPlan& l = **it;
+    l.mtp.backward();
+    l.combine.backward();
+    l.mlp.backward();
+    dw(l.mlp, delay);
+    l.dispatch.backward();
+    l.pre_dispatch.backward();
+    dw(l.pre_dispatch, delay);
+  }
+  p.embedding.backward();
+  dw(p.embedding, delay);
+  step.send_backward(id);
+  step.release(id);
+}
+
+void schedule_layer_pair(LayerPlan* f, LayerPlan* b, bool delay_wgrad, const OverlapOptions& o,
+                         bool defer_b_attention_wgrad) {
+  // REFERENCE section 1, "Issue order for a (forward f, backward b) layer pair".
+  if (b) b->mtp.backward();                                          // 1
+  if (b) b->combine.backward();                                      // 2
+  if (f) f->pre_dispatch.forward();                                  // 3
+  if (b) b->mlp.backward();                                          // 4
+  if (f) f->dispatch.forward();                                      // 5
+  if (b) dw(b->mlp, delay_wgrad);                                    // 6: experts' wgrad (fc2, fc1)
+  if (b) b->dispatch.backward();                                     // 7
+  if (b && o.early_attn_memory_release) b->pre_dispatch.backward();  // 10, moved before 8
+  if (f) f->mlp.forward();                                           // 8
+  if (f) f->combine.forward();                                       // 9
+  if (b && !o.early_attn_memory_release) b->pre_dispatch.backward();    // 10
+  if (f) f->mtp.forward();                                              // 11
+  if (b && !defer_b_attention_wgrad) dw(b->pre_dispatch, delay_wgrad);  // 12
+}
+
+void combined_step(StepContext& step, std::optional<PlanId> fid, std::optional<PlanId> bid,
+                   const OverlapOptions& o) {
+  // Both receives are posted before the step, as Megatron's combined_1f1b posts them.
+  if (fid) step.recv_forward(*fid);
+  if (bid) step.recv_backward(*bid);
+  ChunkPlan* f = fid ? &step.plan(*fid) : nullptr;
+  ChunkPlan* b = bid ? &step.plan(*bid) : nullptr;
+  const bool delay = step.exec().delay_wgrad;
+  // Chunk level (REFERENCE section 1): embedding forward with the loss backward...
+  if (f) f->embedding.forward();
+  if (b) {
+    b->loss.backward();
+    dw(b->loss, delay);
+  }
+  // ... forward layer i with backward layer L-1-i, then the leftover backward layers, then the
+  // leftover forward layers ...
+  const int nf = f ? int(f->layers.size()) : 0, nb = b ? int(b->layers.size()) : 0;
+  const int pairs = std::min(nf, nb);
+  // The first layer's attention wgrad waits until after the pipeline send of the backward.
+  auto b_layer = [&](int i) { return b->layers[std::size_t(nb - 1 - i)].get(); };
+  for (int i = 0; i < pairs; ++i)
+    schedule_layer_pair(f->layers[std::size_t(i)].get(), b_layer(i), delay, o, nb - 1 - i == 0);
+  for (int i = pairs; i < nb; ++i)
+    schedule_layer_pair(nullptr, b_layer(i), delay, o, nb - 1 - i == 0);
+  for (int i = pairs; i < nf; ++i)
+    schedule_layer_pair(f->layers[std::size_t(i)].get(), nullptr, delay, o);
+  // ... then the loss forward and the embedding backward.
+  if (f) f->loss.forward();
+  if (b) {
+    b->embedding.backward();
+    dw(b->embedding, delay);
+  }
+  if (fid) step.send_forward(*fid);
+  if (bid) {
+    step.send_backward(*bid);
+    if (nb > 0) dw(b->layers.front()->pre_dispatch, delay);
+    step.release(*bid);
+  }
+}
+
+PlanId virtual_forward(int k, int pp, int vpp) {
+  const int group = pp * vpp, in_group = k % group;
+  return {(k / group) * pp + in_group % pp, in_group / pp};
+}
+
+PlanId virtual_backward(int k, int pp, int vpp) {
+  PlanId id = virtual_forward(k, pp, vpp);
+  id.chunk = vpp - 1 - id.chunk;
+  return id;
+}
+
+void run_pipelined(StepContext& step, int warmup, bool combined, const OverlapOptions& o) {
+  const int pp = step.pp_size(), vpp = step.chunks();
+  const int total = step.microbatches() * vpp;
+  warmup = std::clamp(warmup, 0, total);
+  auto F = [&](int k) { return virtual_forward(k, pp, vpp); };
+  auto B = [&](int k) { return virtual_backward(k, pp, vpp); };
+  for (int k = 0; k < warmup; ++k) {
+    if (combined)
+      combined_step(step, F(k), std::nullopt, o);
+    else
+      forward_step(step, F(k));
+  }
+  for (int k = 0; k + warmup < total; ++k) {
+    if (combined) {
+      combined_step(step, F(k + warmup), B(k), o);
+    } else {
+      forward_step(step, F(k + warmup));
+      backward_step(step, B(k));
+    }
+  }
+  for (int k = std::max(0, total - warmup); k < total; ++k) {
+    if (combined)
+      combined_step(step, std::nullopt, B(k), o);
+    else
+      backward_step(step, B(k));
+  }
+}
+
+namespace {
+
+// Megatron's warm-up counts: 1F1B, pp - rank - 1; interleaved, 2 (pp - rank - 1) + (vpp - 1) pp,
+// or everything when there are only pp micro-batches.
+int megatron_warmup(const StepContext& step) {
+  const int pp = step.pp_size(), r = step.pp_rank(), vpp = step.chunks();
+  const int total = step.microbatches() * vpp;
+  if (vpp == 1) return std::min(pp - r - 1, total);
+  if (step.microbatches() == pp) return total;
+  return std::min(2 * (pp - r - 1) + (vpp - 1) * pp, total);
+}
+
+class Sequential : public Schedule {
+ public:
+  std::string name() const override { return "sequential"; }
+  void run(StepContext& step) override { run_pipelined(step, 0, false, {}); }
+};
+
+class OneFOneB : public Schedule {
+ public:
+  explicit OneFOneB(bool interleaved) : interleaved_(interleaved) {}
+  std::string name() const override { return interleaved_ ? "interleaved-1f1b" : "1f1b"; }
+  void run(StepContext& step) override { run_pipelined(step, megatron_warmup(step), false, {}); }
+
+ private:
+  bool interleaved_;
+};
+
+class CombinedOverlap : public Schedule {
+ public:
+  explicit CombinedOverlap(OverlapOptions o) : o_(o) {}
+  std::string name() const override { return "combined-1f1b-a2a-overlap"; }
+  void run(StepContext& step) override {
+    // One extra warm-up micro-batch, so that the forward and the backward of every combined step
+    // are independent (with PP = 1: the first forward alone, then (f i+1, b i) pairs).
+    run_pipelined(step, megatron_warmup(step) + 1, true, o_);
+  }
+
+ private:
+  OverlapOptions o_;
+};
+
+}  // namespace
+
+std::unique_ptr<Schedule> make_schedule(const Recipe& r) {
+  const int pp = pipeline_size(r), vpp = virtual_chunks(r);
+  if (r.flag("comm_overlap.overlap_moe_expert_parallel_comm")) {
+    if (pp > 1 && vpp == 1)
+      throw ConfigError(r.name(), "model.virtual_pipeline_model_parallel_size",
+                        "the EP-overlap schedule with PP > 1 needs VPP");
+    return std::make_unique<CombinedOverlap>(
+        OverlapOptions{r.flag("model.ep_overlap_early_attn_memory_release")});
+  }
+  if (pp == 1) return std::make_unique<Sequential>();
+  return std::make_unique<OneFOneB>(vpp > 1);
+}
+
+}  // namespace nodeemu::emu

@@ -1,0 +1,71 @@
+#include "emu/timeline_stats.hpp"
+
+#include <algorithm>
+
+namespace nodeemu::emu {
+
+namespace {
+
+using Intervals = std::vector<std::pair<VTime, VTime>>;
+
+// Sorted, disjoint intervals covering the same time as `in` clipped to [lo, hi).
+Intervals merged(Intervals in, VTime lo, VTime hi) {
+  Intervals out;
+  std::sort(in.begin(), in.end());
+  for (auto [a, b] : in) {
+    a = std::max(a, lo);
+    b = std::min(b, hi);
+    if (a >= b) continue;
+    if (!out.empty() && a <= out.back().second)
+      out.back().second = std::max(out.back().second, b);
+    else
+      out.emplace_back(a, b);
+  }
+  return out;
+}
+
+VTime measure(const Intervals& m) {
+  VTime t = 0;
+  for (auto [a, b] : m) t += b - a;
+  return t;
+}
+
+// Time covered by both of two merged sets.
+VTime overlap(const Intervals& x, const Intervals& y) {
+  VTime t = 0;
+  std::size_t i = 0, j = 0;
+  while (i < x.size() && j < y.size()) {
+    const VTime a = std::max(x[i].first, y[j].first), b = std::min(x[i].second, y[j].second);
+    if (a < b) t += b - a;
+    (x[i].second < y[j].second) ? ++i : ++j;
+  }
+  return t;
+}
+
+}  // namespace
+
+TimelineStats::TimelineStats(int devices)
+    : work_(static_cast<std::size_t>(devices)), comm_(static_cast<std::size_t>(devices)) {}
+
+void TimelineStats::on_op(const OpRecord& r) {
+  if (r.end <= r.start || r.device < 0 || r.device >= int(work_.size())) return;
+  if (r.kind == OpKind::Kernel || r.kind == OpKind::Copy)
+    work_[std::size_t(r.device)].emplace_back(r.start, r.end);
+  else if (r.kind == OpKind::Comm)
+    comm_[std::size_t(r.device)].emplace_back(r.start, r.end);
+}
+
+TimelineStats::Busy TimelineStats::busy(int device, double from_s, double to_s) const {
+  const VTime lo = VTime(from_s * double(kPicosPerSecond)),
+              hi = VTime(to_s * double(kPicosPerSecond));
+  const Intervals w = merged(work_[std::size_t(device)], lo, hi);
+  const Intervals c = merged(comm_[std::size_t(device)], lo, hi);
+  const double s = 1.0 / double(kPicosPerSecond);
+  Busy b;
+  b.compute_s = double(measure(w)) * s;
+  b.comm_s = double(measure(c)) * s;
+  b.exposed_comm_s = double(measure(c) - overlap(c, w)) * s;
+  return b;
+}
+
+}  // namespace nodeemu::emu

@@ -1,0 +1,29 @@
+// Per-device busy figures from the virtual timeline: an observer that keeps every operation's
+// interval by kind, and the measures a run reports over a window of virtual time.
+#pragma once
+#include <utility>
+#include <vector>
+
+#include "devices/trace.hpp"
+
+namespace nodeemu::emu {
+
+class TimelineStats : public TimelineObserver {
+ public:
+  explicit TimelineStats(int devices);
+  void on_op(const OpRecord& r) override;
+
+  struct Busy {
+    double compute_s = 0;       // some kernel or copy runs
+    double comm_s = 0;          // some collective or transfer runs
+    double exposed_comm_s = 0;  // a collective runs and no kernel or copy does
+  };
+  // Over [from_s, to_s) of device `device`.
+  Busy busy(int device, double from_s, double to_s) const;
+
+ private:
+  using Intervals = std::vector<std::pair<VTime, VTime>>;
+  std::vector<Intervals> work_, comm_;
+};
+
+}  // namespace nodeemu::emu

@@ -1,0 +1,238 @@
+#include "emu/training.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <iomanip>
+#include <map>
+#include <mutex>
+#include <ostream>
+#include <sstream>
+#include <tuple>
+
+#include "comm/communicator.hpp"
+#include "devices/check.hpp"
+#include "devices/errors.hpp"
+#include "devices/node.hpp"
+#include "emu/optimizer.hpp"
+#include "emu/recipe_views.hpp"
+#include "emu/step_context_impl.hpp"
+#include "emu/timeline_stats.hpp"
+#include "layers/gemm.hpp"
+
+namespace nodeemu::emu {
+
+namespace {
+
+// FNV-1a, 64 bits: the numerics hash is over exact bytes.
+struct Fnv {
+  std::uint64_t h = 1469598103934665603ull;
+  void add(const void* data, std::size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  }
+  template <class T>
+  void add(const T& v) {
+    add(&v, sizeof v);
+  }
+};
+
+// One parameter's gradient after the data-parallel reduction, as its canonical owner saw it:
+// dense weights from data-parallel rank 0, expert weights from expert-data-parallel rank 0 (one
+// digest per EP shard). Layouts that differ only in pipelining give the same set.
+struct GradDigest {
+  int iter;
+  std::string name;
+  int shard;
+  std::uint64_t hash;
+  bool operator<(const GradDigest& o) const {
+    return std::tie(iter, name, shard) < std::tie(o.iter, o.name, o.shard);
+  }
+};
+
+struct RankResult {
+  std::vector<double> end_s;  // virtual time at the end of each iteration
+  std::vector<double> loss;   // this rank's share of each iteration's loss (last stage only)
+  std::vector<GradDigest> digests;
+  std::uint64_t peak_mem = 0;
+};
+
+}  // namespace
+
+RunReport train(const Recipe& recipe, const TrainOptions& options) {
+  const auto wall_start = std::chrono::steady_clock::now();
+  NodeOptions node_opts = node_options(recipe);
+  node_opts.record_trace = !options.trace_path.empty();
+  const int world = node_opts.nodes * node_opts.topology->gpus;
+  const layers::ModelConfig cfg = model_config(recipe);
+  cfg.validate();
+  const ProcessGroups pg(parallel_layout(recipe, world));
+  const int pp = pipeline_size(recipe), vpp = virtual_chunks(recipe);
+  const std::vector<int> stage_layers = layers_per_virtual_stage(recipe);
+  if (stage_layers.empty())
+    throw ConfigError(recipe.name(), "model.num_layers", "does not divide into the stages");
+  const int microbatches = microbatches_per_rank(recipe, world);
+  if (microbatches < 1)
+    throw ConfigError(recipe.name(), "train.global_batch_size",
+                      "is not a multiple of micro_batch_size x DP");
+  const int iterations =
+      options.iterations > 0 ? options.iterations : recipe.int32("train.train_iters");
+  const std::int64_t mbs = recipe.integer("train.micro_batch_size");
+  const std::int64_t seq = recipe.integer("train.seq_length");
+  const std::int64_t dp_size = pg.layout().dp();
+  const double loss_scale = 1.0 / double(std::int64_t(microbatches) * dp_size * mbs * seq);
+  const std::uint64_t seed = static_cast<std::uint64_t>(recipe.integer("emulator.seed"));
+  const bool functional = node_opts.mode == Mode::Functional;
+
+  TimelineStats stats(world);  // outlives the node, which reports to it
+  Node node(std::move(node_opts));
+  node.add_observer(&stats);
+  Communicator comm(node);
+  std::vector<RankResult> results(static_cast<std::size_t>(world));
+  std::string schedule_name;
+  std::mutex name_mutex;
+
+  node.run([&](Host& host) {
+    const int r = host.rank();
+    Device& dev = host.device();
+    RankResult& out = results[std::size_t(r)];
+    const int p = pg.rank_in(GroupKind::PP, r), d = pg.rank_in(GroupKind::DP, r);
+    Group ep = comm.group_of(pg, GroupKind::EP, r);
+    std::vector<std::unique_ptr<layers::ModelChunk>> chunks;
+    for (int v = 0; v < vpp; ++v) {
+      const int vs = v * pp + p;
+      int first = 0;
+      for (int s = 0; s < vs; ++s) first += stage_layers[std::size_t(s)];
+      chunks.push_back(std::make_unique<layers::ModelChunk>(
+          cfg, layers::ChunkSpec{first, stage_layers[std::size_t(vs)], vs == 0, vs == pp * vpp - 1},
+          dev, seed, ep, r));
+    }
+    layers::ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
+    ctx.delay_wgrad = recipe.flag("comm_overlap.delay_wgrad_compute");
+    std::vector<layers::Parameter*> params;
+    for (auto& c : chunks)
+      for (auto* prm : c->parameters()) params.push_back(prm);
+    Optimizer optimizer(recipe, params, dev, ctx.compute);
+    std::unique_ptr<Schedule> schedule =
+        options.schedule ? options.schedule(recipe) : make_schedule(recipe);
+    if (r == 0) {
+      std::lock_guard<std::mutex> lock(name_mutex);
+      schedule_name = schedule->name();
+    }
+    PipelineLinks links(comm, pg, r, dev);
+    Group dp = comm.group_of(pg, GroupKind::DP, r), edp = comm.group_of(pg, GroupKind::EDP, r);
+    const bool owns_dense = d == 0, owns_experts = pg.rank_in(GroupKind::EDP, r) == 0;
+    const int shard = pg.rank_in(GroupKind::EP, r);
+    const bool last_stage = p == pp - 1;
+
+    for (int it = 0; it < iterations; ++it) {
+      for (auto& c : chunks) c->zero_grad(ctx.compute);
+      StepContext::Impl impl(ctx, chunks, links, microbatches, p, pp,
+                             [&](int mb) {
+                               // Megatron's sampler: each global micro-batch step hands DP rank d
+                               // its slice, so the sample does not depend on how the ranks are
+                               // pipelined.
+                               const int index = (it * microbatches + mb) * int(dp_size) + d;
+                               return layers::synthetic_microbatch(cfg, mbs, seq, seed, 0, index);
+                             },
+                             loss_scale, {mbs * seq, cfg.hidden_size});
+      StepContext step(impl);
+      schedule->run(step);
+      impl.check_finished(schedule->name());
+      for (auto& c : chunks) layers::reduce_gradients(*c, dp, edp, ctx.compute);
+      if (functional) {
+        dev.synchronize();
+        for (auto* prm : params) {
+          if (prm->expert ? !owns_experts : !owns_dense) continue;
+          Fnv h;
+          h.add(prm->main_grad.data<float>(), prm->main_grad.bytes());
+          out.digests.push_back({it, prm->name, prm->expert ? shard : 0, h.h});
+        }
+      }
+      optimizer.step(ctx.compute);
+      dev.synchronize();
+      out.end_s.push_back(host.now_s());
+      double loss = 0;
+      for (const auto& l : impl.loss_handles()) loss += *l * loss_scale;
+      out.loss.push_back(last_stage ? loss : 0.0);
+      if (r == 0 && options.progress) {
+        std::ostringstream line;
+        line << "iter " << it + 1 << "/" << iterations << ": virtual " << std::fixed
+             << std::setprecision(3) << host.now_s() * 1e3 << " ms";
+        if (functional && last_stage && pp == 1) line << ", rank-0 loss share " << loss;
+        *options.progress << line.str() << "\n" << std::flush;
+      }
+    }
+    out.peak_mem = dev.memory().peak;
+  });
+
+  RunReport rep;
+  rep.recipe = recipe.name();
+  rep.mode = functional ? "functional" : "meta";
+  rep.schedule = schedule_name;
+  rep.gemm_kernel = layers::gemm_kernel_name();
+  rep.topology = node.topology().name;
+  rep.world = world;
+  rep.device_ops = node.engine_ops();
+  // Iteration ends are the slowest rank's.
+  std::vector<double> ends(static_cast<std::size_t>(iterations), 0.0);
+  for (const auto& res : results)
+    for (int it = 0; it < iterations; ++it)
+      ends[std::size_t(it)] = std::max(ends[std::size_t(it)], res.end_s[std::size_t(it)]);
+  for (int it = 0; it < iterations; ++it) {
+    IterationReport ir;
+    ir.iter = it + 1;
+    ir.step_time_s = ends[std::size_t(it)] - (it ? ends[std::size_t(it - 1)] : 0.0);
+    if (functional) {
+      // The last stage's ranks in data-parallel order: a fixed order of summation.
+      double loss = 0;
+      for (int d = 0; d < int(dp_size); ++d)
+        for (int r = 0; r < world; ++r)
+          if (pg.rank_in(GroupKind::PP, r) == pp - 1 && pg.rank_in(GroupKind::DP, r) == d)
+            loss += results[std::size_t(r)].loss[std::size_t(it)];
+      ir.loss = loss;
+    }
+    rep.iterations.push_back(ir);
+  }
+  rep.warmup_iterations =
+      std::clamp(recipe.int32("emulator.warmup_iterations"), 0, std::max(0, iterations - 1));
+  const int steady = iterations - rep.warmup_iterations;
+  const double steady_from =
+      rep.warmup_iterations ? ends[std::size_t(rep.warmup_iterations - 1)] : 0;
+  const double steady_to = ends.back();
+  rep.step_time_s = (steady_to - steady_from) / steady;
+  for (int dev = 0; dev < world; ++dev) {
+    const TimelineStats::Busy b = stats.busy(dev, steady_from, steady_to);
+    DeviceReport dr;
+    dr.id = dev;
+    dr.peak_mem_bytes = results[std::size_t(dev)].peak_mem;
+    dr.compute_busy_s = b.compute_s / steady;
+    dr.comm_busy_s = b.comm_s / steady;
+    dr.exposed_comm_s = b.exposed_comm_s / steady;
+    rep.exposed_comm_s += dr.exposed_comm_s / world;
+    rep.total_comm_s += dr.comm_busy_s / world;
+    rep.compute_utilisation += dr.compute_busy_s / rep.step_time_s / world;
+    rep.devices.push_back(dr);
+  }
+  if (functional) {
+    std::vector<GradDigest> all;
+    for (const auto& res : results) all.insert(all.end(), res.digests.begin(), res.digests.end());
+    std::sort(all.begin(), all.end());
+    Fnv h;
+    for (const auto& ir : rep.iterations) h.add(*ir.loss);
+    for (const auto& g : all) {
+      h.add(g.iter);
+      h.add(g.name.data(), g.name.size());
+      h.add(g.shard);
+      h.add(g.hash);
+    }
+    rep.numerics_hash = h.h;
+  }
+  rep.timeline_hash = node.timeline_hash();
+  if (!options.trace_path.empty()) node.write_chrome_trace(options.trace_path);
+  rep.wall_time_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  return rep;
+}
+
+}  // namespace nodeemu::emu

@@ -1,0 +1,62 @@
+// The run loop: builds the emulated node and the model a recipe describes, runs its training
+// iterations under a schedule (zero grads, the schedule's forwards and backwards, the data-
+// parallel gradient all-reduce, the optimizer step), and reports the virtual timeline's figures
+// and the numerics' hash.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "emu/recipe.hpp"
+#include "emu/schedule.hpp"
+
+namespace nodeemu::emu {
+
+struct TrainOptions {
+  int iterations = 0;                // 0 = train.train_iters
+  std::string trace_path;            // write the Chrome/Perfetto trace here ("" = none)
+  std::ostream* progress = nullptr;  // one line per iteration
+  // A custom schedule; empty = make_schedule(recipe).
+  std::function<std::unique_ptr<Schedule>(const Recipe&)> schedule;
+};
+
+struct IterationReport {
+  int iter = 0;
+  std::optional<double> loss;  // none in meta mode
+  double step_time_s = 0;      // virtual
+};
+
+struct DeviceReport {
+  int id = 0;
+  std::uint64_t peak_mem_bytes = 0;
+  double compute_busy_s = 0;  // per steady step: time some kernel or copy runs
+  double comm_busy_s = 0;     // per steady step: time some collective runs
+  double exposed_comm_s = 0;  // per steady step: collective time with no kernel or copy running
+  std::uint64_t offload_bytes = 0;
+};
+
+struct RunReport {
+  std::string recipe, mode, schedule, gemm_kernel, topology;
+  int world = 0;
+  std::vector<IterationReport> iterations;
+  int warmup_iterations = 0;
+  double step_time_s = 0;                       // steady mean
+  double exposed_comm_s = 0, total_comm_s = 0;  // mean per device per steady step
+  double exposed_offload_s = 0, total_offload_s = 0;
+  double compute_utilisation = 0;  // mean compute_busy_s / step_time_s
+  std::vector<DeviceReport> devices;
+  std::optional<std::uint64_t> numerics_hash;  // none in meta mode
+  std::uint64_t timeline_hash = 0;
+  std::uint64_t device_ops = 0;  // operations the engine laid out
+  double wall_time_s = 0;
+  std::vector<std::string> warnings;
+};
+
+// Runs a recipe that validate() accepted. Throws ConfigError for a recipe it cannot run.
+RunReport train(const Recipe& recipe, const TrainOptions& options = {});
+
+}  // namespace nodeemu::emu

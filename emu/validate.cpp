@@ -1,0 +1,361 @@
+#include "emu/validate.hpp"
+
+#include <ostream>
+#include <sstream>
+
+#include "devices/errors.hpp"
+#include "emu/recipe_views.hpp"
+
+namespace nodeemu::emu {
+
+namespace {
+
+class Rules {
+ public:
+  Rules(const Recipe& r, const GpuSpec& gpu, int gpus_per_node)
+      : r_(r), gpu_(gpu), gpus_per_node_(gpus_per_node) {}
+
+  std::vector<Finding> run() {
+    required();
+    if (!out_.empty()) return out_;  // nothing else can be read sensibly
+    layout();
+    ep_overlap();
+    delay_wgrad();
+    dispatcher();
+    offload();
+    recompute();
+    emulator();
+    not_modelled();
+    return out_;
+  }
+
+ private:
+  void error(const std::string& key, const std::string& what) {
+    out_.push_back({Finding::Level::Error, key, what});
+  }
+  void warning(const std::string& key, const std::string& what) {
+    out_.push_back({Finding::Level::Warning, key, what});
+  }
+  int i(const std::string& key) const { return r_.int32(key); }
+  bool b(const std::string& key) const { return r_.flag(key); }
+  bool set(const std::string& key) const { return r_.is_set(key); }
+  bool recompute_has(const std::string& m) const {
+    return set("model.recompute_modules") && r_.list_has("model.recompute_modules", m);
+  }
+  bool offload_has(const std::string& m) const {
+    return set("model.offload_modules") && r_.list_has("model.offload_modules", m);
+  }
+
+  void required() {
+    for (const char* k : {"model.num_layers", "model.hidden_size", "model.num_attention_heads",
+                          "model.vocab_size", "train.seq_length"})
+      if (!set(k)) error(k, "is required; set it in the recipe or as " + std::string(k) + "=N");
+    for (const char* k :
+         {"nodes", "model.num_layers", "model.hidden_size", "model.num_attention_heads",
+          "model.vocab_size", "train.seq_length", "train.micro_batch_size", "train.train_iters",
+          "model.moe_router_topk", "model.tensor_model_parallel_size",
+          "model.pipeline_model_parallel_size", "model.context_parallel_size",
+          "model.expert_model_parallel_size", "model.moe_layer_freq"})
+      if (set(k) && r_.integer(k) < 1) error(k, "must be at least 1");
+    for (const char* k : {"model.virtual_pipeline_model_parallel_size", "train.global_batch_size",
+                          "model.num_moe_experts", "model.ffn_hidden_size",
+                          "model.moe_ffn_hidden_size", "model.num_query_groups"})
+      if (set(k) && r_.integer(k) < 1) error(k, "must be at least 1 (or unset)");
+  }
+
+  void layout() {
+    const int world = i("nodes") * gpus_per_node_;
+    const ParallelLayout l = parallel_layout(r_, world);
+    try {
+      l.validate();
+    } catch (const ConfigError& e) {
+      // ParallelLayout names Megatron's key; recipes keep those under model.
+      std::string key = e.key() == "world" ? "nodes" : "model." + e.key();
+      error(key, e.detail() + " (world = " + std::to_string(world) + " GPUs: nodes x " +
+                     std::to_string(gpus_per_node_) + ")");
+      return;
+    }
+    const int pp = pipeline_size(r_), vpp = virtual_chunks(r_), layers = i("model.num_layers");
+    if (set("model.virtual_pipeline_model_parallel_size") && pp < 2)
+      error("model.virtual_pipeline_model_parallel_size",
+            "the interleaved schedule needs pipeline_model_parallel_size > 1; unset it");
+    if (layers_per_virtual_stage(r_).empty()) {
+      if (set("emulator.pipeline_layout"))
+        error("emulator.pipeline_layout",
+              "must list " + std::to_string(pp * vpp) +
+                  " non-negative layer counts (PP x VPP virtual stages) summing to num_layers = " +
+                  std::to_string(layers));
+      else
+        error("model.num_layers",
+              std::to_string(layers) +
+                  " layers do not divide into PP x VPP = " + std::to_string(pp * vpp) +
+                  " stages; change num_layers or set emulator.pipeline_layout");
+    }
+    if (set("model.num_moe_experts")) {
+      const int e = i("model.num_moe_experts"), ep = l.ep;
+      if (e % ep)
+        error("model.num_moe_experts",
+              std::to_string(e) + " experts do not divide over EP = " + std::to_string(ep) +
+                  "; set expert_model_parallel_size to a divisor");
+      if (i("model.moe_router_topk") > e)
+        error("model.moe_router_topk", "is larger than num_moe_experts");
+    } else if (l.ep > 1) {
+      error("model.expert_model_parallel_size", "EP > 1 needs experts; set num_moe_experts");
+    }
+    const int mbs = i("train.micro_batch_size"), dp = l.dp();
+    const std::int64_t gbs = set("train.global_batch_size") ? r_.integer("train.global_batch_size")
+                                                            : std::int64_t(mbs) * dp;
+    if (gbs % (std::int64_t(mbs) * dp))
+      error("train.global_batch_size", std::to_string(gbs) +
+                                           " is not a multiple of micro_batch_size x DP = " +
+                                           std::to_string(mbs) + " x " + std::to_string(dp));
+    else if (vpp > 1 && (gbs / (std::int64_t(mbs) * dp)) % pp)
+      error("train.global_batch_size",
+            "the interleaved schedule needs the micro-batches per rank (" +
+                std::to_string(gbs / (std::int64_t(mbs) * dp)) +
+                ") to be a multiple of pipeline_model_parallel_size");
+    if (b("model.bf16") && b("model.fp16")) error("model.fp16", "bf16 and fp16 are exclusive");
+  }
+
+  // REFERENCE section 4: overlap_moe_expert_parallel_comm.
+  void ep_overlap() {
+    if (!b("comm_overlap.overlap_moe_expert_parallel_comm")) return;
+    const std::string why = " (required by comm_overlap.overlap_moe_expert_parallel_comm)";
+    if (i("model.expert_model_parallel_size") < 2)
+      error("model.expert_model_parallel_size", "must be > 1" + why);
+    if (!set("model.num_moe_experts") || i("model.num_moe_experts") < 2)
+      error("model.num_moe_experts", "must be > 1" + why);
+    const std::string& d = r_.text("model.moe_token_dispatcher_type");
+    if (d != "alltoall" && d != "flex")
+      error("model.moe_token_dispatcher_type", "is '" + d + "'; set alltoall or flex" + why);
+    if (!b("model.bf16") && !b("model.fp16")) error("model.bf16", "set bf16 (or fp16)" + why);
+    if (!version_at_least(r_.text("emulator.torch_version"), "2.6"))
+      error("emulator.torch_version",
+            "is " + r_.text("emulator.torch_version") + "; EP overlap needs torch >= 2.6");
+    if (pipeline_size(r_) > 1 && !set("model.virtual_pipeline_model_parallel_size"))
+      error("model.virtual_pipeline_model_parallel_size",
+            "must be set when pipeline_model_parallel_size > 1" + why);
+    if (r_.text("model.recompute_granularity") == "full")
+      error("model.recompute_granularity", "must not be full" + why);
+    if (set("model.recompute_method")) error("model.recompute_method", "must be unset" + why);
+    if (set("model.recompute_num_layers"))
+      error("model.recompute_num_layers", "must be unset" + why);
+    if (recompute_has("moe")) error("model.recompute_modules", "must not contain moe" + why);
+    if (b("model.moe_shared_expert_overlap"))
+      error("model.moe_shared_expert_overlap", "must be false" + why);
+    if (set("model.mtp_num_layers") && i("model.mtp_num_layers") > 1)
+      error("model.mtp_num_layers", "must be unset, 0 or 1" + why);
+  }
+
+  // REFERENCE section 4: delay_wgrad_compute.
+  void delay_wgrad() {
+    if (!b("comm_overlap.delay_wgrad_compute")) return;
+    if (!b("comm_overlap.overlap_moe_expert_parallel_comm"))
+      error("comm_overlap.overlap_moe_expert_parallel_comm",
+            "must be true for comm_overlap.delay_wgrad_compute");
+    const bool graphs = r_.text("model.cuda_graph_impl") != "none";
+    const auto scope_has = [&](const std::string& s) {
+      return set("model.cuda_graph_scope") && r_.list_has("model.cuda_graph_scope", s);
+    };
+    // An unset scope with graphs on captures whole layers, attention included.
+    const bool scope_all = graphs && !set("model.cuda_graph_scope");
+    const bool covers_attn =
+        graphs && (scope_all || scope_has("attn") ||
+                   (scope_has("moe_router") && !b("model.moe_shared_expert_overlap")));
+    if (covers_attn) {
+      const std::string why =
+          " when a CUDA-graph scope covers attention with comm_overlap.delay_wgrad_compute";
+      if (!b("model.gradient_accumulation_fusion"))
+        error("model.gradient_accumulation_fusion", "must be true" + why);
+      if (b("model.add_bias_linear")) error("model.add_bias_linear", "must be false" + why);
+      if (b("model.add_qkv_bias")) error("model.add_qkv_bias", "must be false" + why);
+    }
+    const std::string& te = r_.text("emulator.te_version");
+    if ((b("ddp.overlap_grad_reduce") || b("model.gradient_accumulation_fusion")) &&
+        !version_at_least(te, "2.7"))
+      error("emulator.te_version",
+            "is " + te +
+                "; delay_wgrad_compute with overlap_grad_reduce or gradient_accumulation_fusion "
+                "needs TransformerEngine >= 2.7");
+    if (graphs && (scope_all || set("model.cuda_graph_scope")) && !version_at_least(te, "2.12"))
+      error("emulator.te_version",
+            "is " + te +
+                "; delay_wgrad_compute with a CUDA-graph scope needs TransformerEngine >= "
+                "2.12");
+  }
+
+  void dispatcher() {
+    const std::string& d = r_.text("model.moe_token_dispatcher_type");
+    if (d != "flex") {
+      if (r_.value("model.moe_flex_dispatcher_backend").origin != "default")
+        warning("model.moe_flex_dispatcher_backend",
+                "does nothing unless moe_token_dispatcher_type is flex");
+      return;
+    }
+    const std::string backend = r_.text("model.moe_flex_dispatcher_backend");
+    const std::string why = flex_unsupported(backend, gpu_);
+    if (!why.empty())
+      error("model.moe_flex_dispatcher_backend",
+            why + "; use moe_token_dispatcher_type=alltoall or another topology");
+    if (b("model.moe_shared_expert_overlap"))
+      warning("model.moe_shared_expert_overlap",
+              "the flex dispatcher forces it off (Megatron-Bridge apply_flex_dispatcher_backend)");
+  }
+
+  void offload() {
+    const bool fine = b("model.fine_grained_activation_offloading");
+    if (fine && b("model.cpu_offloading"))
+      error("model.cpu_offloading",
+            "whole-layer cpu_offloading cannot be combined with "
+            "fine_grained_activation_offloading; turn one off");
+    if (offload_has("attn_proj") && !offload_has("core_attn"))
+      error("model.offload_modules", "attn_proj needs core_attn offloaded too; add core_attn");
+    if (recompute_has("moe"))
+      for (const char* m : {"expert_fc1", "moe_act"})
+        if (offload_has(m))
+          error("model.offload_modules", std::string(m) +
+                                             " cannot be offloaded while recompute_modules holds "
+                                             "moe (it is recomputed); remove one");
+    const double f = r_.real("model.activation_offload_fraction");
+    if (f < 0 || f > 1) error("model.activation_offload_fraction", "must be in [0, 1]");
+    if (set("model.max_inflight_offloads") && i("model.max_inflight_offloads") < 1)
+      error("model.max_inflight_offloads", "must be at least 1 (or unset)");
+  }
+
+  void recompute() {
+    if (recompute_has("moe_act") && !b("model.moe_grouped_gemm"))
+      error("model.recompute_modules", "moe_act recompute needs moe_grouped_gemm=true");
+    if (recompute_has("shared_experts") && b("model.moe_shared_expert_overlap"))
+      error("model.moe_shared_expert_overlap",
+            "cannot be true with shared_experts in recompute_modules; turn one off");
+    for (const char* m : {"a2a_overlap_attn", "a2a_overlap_post_attn", "a2a_overlap_mlp"})
+      if (recompute_has(m)) {
+        if (!b("comm_overlap.overlap_moe_expert_parallel_comm"))
+          error("model.recompute_modules",
+                std::string(m) + " needs comm_overlap.overlap_moe_expert_parallel_comm=true");
+        if (!set("model.virtual_pipeline_model_parallel_size"))
+          error("model.recompute_modules",
+                std::string(m) +
+                    " needs the interleaved 1F1B (virtual_pipeline_model_parallel_size)");
+      }
+  }
+
+  void emulator() {
+    const int c = i("emulator.cuda_device_max_connections");
+    if (c < 1 || c > 32)
+      error("emulator.cuda_device_max_connections", "must be between 1 and 32 (CUDA's range)");
+    if (i("emulator.warmup_iterations") < 0)
+      error("emulator.warmup_iterations", "must be 0 or more");
+    if (r_.text("emulator.mode") == "meta" && set("model.num_moe_experts") &&
+        !b("model.moe_router_force_load_balancing"))
+      error("model.moe_router_force_load_balancing",
+            "meta mode has no logits to route on; set it to true so the routing is known");
+  }
+
+  // What NodeEmu does not emulate yet: refused rather than silently ignored.
+  void not_modelled() {
+    auto refuse = [&](const std::string& key, const std::string& what) {
+      error(key, what + " is not modelled by NodeEmu yet");
+    };
+    if (i("model.tensor_model_parallel_size") != 1)
+      refuse("model.tensor_model_parallel_size", "TP > 1");
+    if (i("model.context_parallel_size") != 1) refuse("model.context_parallel_size", "CP > 1");
+    if (set("model.expert_tensor_parallel_size") && i("model.expert_tensor_parallel_size") != 1)
+      refuse("model.expert_tensor_parallel_size", "ETP > 1");
+    if (b("model.add_bias_linear")) refuse("model.add_bias_linear", "a linear bias");
+    if (b("model.add_qkv_bias")) refuse("model.add_qkv_bias", "a QKV bias");
+    if (set("model.mtp_num_layers") && i("model.mtp_num_layers") > 0)
+      refuse("model.mtp_num_layers", "multi-token prediction");
+    if (set("model.recompute_granularity"))
+      refuse("model.recompute_granularity", "activation recompute");
+    if (b("model.fine_grained_activation_offloading") || b("model.cpu_offloading"))
+      refuse("model.fine_grained_activation_offloading", "activation offload");
+    if (r_.text("emulator.mode") == "meta" && r_.text("model.moe_token_dispatcher_type") == "flex")
+      refuse("model.moe_token_dispatcher_type", "the flex dispatcher in meta mode");
+  }
+
+  const Recipe& r_;
+  const GpuSpec& gpu_;
+  int gpus_per_node_;
+  std::vector<Finding> out_;
+
+ public:
+  // Why `backend` cannot run on `gpu`, or "" (Megatron-Bridge flex_dispatcher_backend.py).
+  static std::string flex_unsupported(const std::string& backend, const GpuSpec& gpu) {
+    const int major = gpu.cc_major;
+    const std::string cc = std::to_string(gpu.cc_major) + "." + std::to_string(gpu.cc_minor);
+    if (backend == "deepep") {
+      const bool blackwell_name =
+          gpu.name.find("B200") != std::string::npos || gpu.name.find("B300") != std::string::npos;
+      if (major != 8 && major != 9 && !blackwell_name)
+        return "DeepEP needs compute capability 8.x or 9.x (or a B200/B300), and " + gpu.name +
+               " is " + cc;
+    } else if (major != 8 && major != 9 && major != 10) {
+      return "HybridEP needs compute capability 8.x, 9.x or 10.x, and " + gpu.name + " is " + cc;
+    }
+    return "";
+  }
+};
+
+std::vector<int> version_parts(const std::string& v) {
+  std::vector<int> out;
+  std::size_t p = 0;
+  while (p < v.size() && std::isdigit(static_cast<unsigned char>(v[p]))) {
+    int n = 0;
+    while (p < v.size() && std::isdigit(static_cast<unsigned char>(v[p])))
+      n = n * 10 + (v[p++] - '0');
+    out.push_back(n);
+    if (p < v.size() && v[p] == '.')
+      ++p;
+    else
+      break;
+  }
+  return out;
+}
+
+}  // namespace
+
+bool version_at_least(const std::string& version, const std::string& minimum) {
+  if (version.empty()) return true;  // REFERENCE: unstated means new enough
+  std::vector<int> a = version_parts(version), b = version_parts(minimum);
+  a.resize(std::max(a.size(), b.size()));
+  b.resize(a.size());
+  return a >= b;
+}
+
+std::vector<Finding> validate(const Recipe& recipe, const GpuSpec& gpu, int gpus_per_node) {
+  return Rules(recipe, gpu, gpus_per_node).run();
+}
+
+std::vector<Finding> apply_flex_dispatcher_backend(Recipe& recipe, const GpuSpec& gpu) {
+  std::vector<Finding> out;
+  if (recipe.text("model.moe_token_dispatcher_type") != "flex") return out;
+  const std::string backend = recipe.text("model.moe_flex_dispatcher_backend");
+  const std::string why = Rules::flex_unsupported(backend, gpu);
+  if (!why.empty()) {
+    recipe.set("model.moe_token_dispatcher_type", "alltoall", "apply_flex_dispatcher_backend");
+    out.push_back({Finding::Level::Warning, "model.moe_token_dispatcher_type",
+                   why + "; falling back to the alltoall dispatcher"});
+    return out;
+  }
+  if (recipe.flag("model.moe_shared_expert_overlap")) {
+    recipe.set("model.moe_shared_expert_overlap", "false", "apply_flex_dispatcher_backend");
+    out.push_back({Finding::Level::Warning, "model.moe_shared_expert_overlap",
+                   "forced off: the flex dispatcher does not overlap the shared experts"});
+  }
+  return out;
+}
+
+bool has_errors(const std::vector<Finding>& findings) {
+  for (const auto& f : findings)
+    if (f.level == Finding::Level::Error) return true;
+  return false;
+}
+
+void print_findings(const std::vector<Finding>& findings, std::ostream& os) {
+  for (const auto& f : findings)
+    os << (f.level == Finding::Level::Error ? "error: " : "warning: ") << f.key << ": " << f.message
+       << "\n";
+}
+
+}  // namespace nodeemu::emu
