@@ -109,6 +109,10 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     }
     layers::ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
     ctx.delay_wgrad = recipe.flag("comm_overlap.delay_wgrad_compute");
+    if (recipe.flag("model.moe_shared_expert_overlap")) {
+      ctx.shared_expert_overlap = true;
+      ctx.shared_experts = dev.create_stream(Priority::Normal, "shared_experts");
+    }
     std::vector<layers::Parameter*> params;
     for (auto& c : chunks)
       for (auto* prm : c->parameters()) params.push_back(prm);

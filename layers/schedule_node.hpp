@@ -29,6 +29,10 @@ struct ExecContext {
   bool delay_wgrad = false;
   ActivationHooks* hooks = nullptr;
   WorkTally* tally = nullptr;
+  // moe_shared_expert_overlap: the shared experts run on this side stream, launched right after
+  // the dispatch all-to-all (forward) and the combine's backward, and joined by events.
+  bool shared_expert_overlap = false;
+  Stream shared_experts;
   Stream& stream(StreamKind k) { return k == StreamKind::Compute ? compute : comm; }
 };
 

@@ -95,6 +95,10 @@ struct LayerPlan::State {
   Tensor g_h, g_qkv, g_ln1, g_ln2, g_logits, g_shared_out, g_shared_fc1, g_fc2_out, g_fc1_out;
   Tensor g_dense_ln2;  // dense layers: the MLP's input gradient, for pre_dispatch's backward
   Tensor grad_out;     // the layer's output gradient, for the residual and shared paths
+  Tensor shared_in;    // the shared experts' input (the pre-MLP norm's output), until they run
+  Tensor g_shared_in;  // the shared experts' input gradient
+  // moe_shared_expert_overlap: when the side stream may start, and when it is done.
+  Event shared_ready, shared_done;
   kernels::AttentionShape attn() const;
   const ModelConfig* cfg = nullptr;
 };
@@ -127,6 +131,8 @@ LayerPlan::LayerPlan(TransformerLayer& layer, ExecContext& ctx, Event* plan_even
         n + "dispatch", StreamKind::Comm, &ctx, plan_event,
         [this](Stream& s) {
           st_->dispatch->dispatch({s, ctx_.tally});
+          // Megatron launches the shared experts right after the tokens' all-to-all.
+          if (overlap_shared()) shared_experts_forward(ctx_.shared_experts);
         },
         [this](Stream& s) {
           st_->dispatch->dispatch_backward({s, ctx_.tally});
@@ -191,16 +197,11 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
   }
   if (!L_.is_moe()) return;
 
-  if (L_.shared_fc1_.value) {
-    ModuleScope m(sv, "shared_experts", s);
-    Tensor f1 = ops::linear_forward(at, "shared_fc1", ln2, L_.shared_fc1_.value,
-                                    ops::one_group(ln2), c.dtype);
-    Tensor a = ops::swiglu_forward(at, "shared_act", f1, Tensor());
-    st.shared_out =
-        ops::linear_forward(at, "shared_fc2", a, L_.shared_fc2_.value, ops::one_group(a), c.dtype);
-    sv.save("shared_experts", "fc1_output", f1, s);
-    sv.save("shared_experts", "act_output", a, s);
-  }
+  if (L_.shared_fc1_.value) st.shared_in = ln2;
+  if (overlap_shared())
+    s.record(st.shared_ready);
+  else
+    shared_experts_forward(s);
   {
     ModuleScope m(sv, "router", s);
     const std::int64_t T = st.batch * st.seq, E = c.num_moe_experts, k = c.router.topk;
@@ -288,10 +289,58 @@ void LayerPlan::mlp_forward(Stream& s) {
   st.h = Tensor();
 }
 
+bool LayerPlan::overlap_shared() const {
+  return ctx_.shared_expert_overlap && L_.shared_fc1_.value;
+}
+
+// The shared experts' forward on `s`: the compute stream, or the side stream once the pre-MLP
+// norm's output is ready.
+void LayerPlan::shared_experts_forward(Stream& s) {
+  if (!L_.shared_fc1_.value) return;
+  const ModelConfig& c = L_.cfg_;
+  State& st = *st_;
+  ops::At at{s, ctx_.tally};
+  SavedTensors& sv = st.saved;
+  if (overlap_shared()) s.wait(st.shared_ready);
+  ModuleScope m(sv, "shared_experts", s);
+  const Tensor ln2 = st.shared_in;
+  st.shared_in = Tensor();
+  Tensor f1 = ops::linear_forward(at, "shared_fc1", ln2, L_.shared_fc1_.value,
+                                  ops::one_group(ln2), c.dtype);
+  Tensor a = ops::swiglu_forward(at, "shared_act", f1, Tensor());
+  st.shared_out =
+      ops::linear_forward(at, "shared_fc2", a, L_.shared_fc2_.value, ops::one_group(a), c.dtype);
+  sv.save("shared_experts", "fc1_output", f1, s);
+  sv.save("shared_experts", "act_output", a, s);
+  if (overlap_shared()) s.record(st.shared_done);
+}
+
+// The shared experts' dgrad on `s` (the compute stream, or the side stream once the layer's
+// output gradient is ready), into st.g_shared_in.
+void LayerPlan::shared_experts_backward(Stream& s) {
+  if (!L_.shared_fc1_.value) return;
+  const ModelConfig& c = L_.cfg_;
+  State& st = *st_;
+  ops::At at{s, ctx_.tally};
+  SavedTensors& sv = st.saved;
+  if (overlap_shared()) s.wait(st.shared_ready);
+  const std::vector<std::int64_t> rows = {st.grad_out.dim(0)};
+  st.g_shared_out = st.grad_out;
+  Tensor ga = ops::linear_dgrad(at, "shared_fc2", st.grad_out, L_.shared_fc2_.value, rows, c.dtype);
+  Tensor dummy;
+  ops::swiglu_backward(at, "shared_act", ga, sv.need("shared_experts", "fc1_output", s), Tensor(),
+                       st.g_shared_fc1, dummy);
+  sv.release("shared_experts", "fc1_output");
+  st.g_shared_in =
+      ops::linear_dgrad(at, "shared_fc1", st.g_shared_fc1, L_.shared_fc1_.value, rows, c.dtype);
+  if (overlap_shared()) s.record(st.shared_done);
+}
+
 void LayerPlan::combine_forward(Stream& s) {
   State& st = *st_;
   ops::At at{s, ctx_.tally};
   st.dispatch->combine(at);
+  if (overlap_shared()) s.wait(st.shared_done);
   // Megatron's combine node also adds the shared experts' output and the residual.
   output = ops::add3(at, "moe_output_residual_add", st.dispatch->io.moe_out,
                      st.shared_out ? st.shared_out : st.h, st.shared_out ? st.h : Tensor(),
@@ -312,8 +361,10 @@ void LayerPlan::combine_backward(Stream& s) {
   State& st = *st_;
   st.grad_out = grad_output_of(st.grad_output, L_.layer_);
   st.dispatch->io.grad_moe_out = st.grad_out;
+  if (overlap_shared()) s.record(st.shared_ready);  // the output gradient exists
   st.dispatch->combine_backward({s, ctx_.tally});
   st.dispatch->io.grad_moe_out = Tensor();
+  if (overlap_shared()) shared_experts_backward(ctx_.shared_experts);
 }
 
 void LayerPlan::mlp_backward(Stream& s) {
@@ -411,18 +462,12 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
     }
     Tensor g_router = ops::linear_dgrad(at, "router_gating", st.g_logits, L_.router_.value,
                                         ops::one_group(ln2), c.dtype);
-    Tensor g_shared;
-    if (L_.shared_fc1_.value) {
-      st.g_shared_out = st.grad_out;
-      Tensor ga = ops::linear_dgrad(at, "shared_fc2", st.grad_out, L_.shared_fc2_.value,
-                                    ops::one_group(ln2), c.dtype);
-      Tensor dummy;
-      ops::swiglu_backward(at, "shared_act", ga, sv.need("shared_experts", "fc1_output", s),
-                           Tensor(), st.g_shared_fc1, dummy);
-      sv.release("shared_experts", "fc1_output");
-      g_shared = ops::linear_dgrad(at, "shared_fc1", st.g_shared_fc1, L_.shared_fc1_.value,
-                                   ops::one_group(ln2), c.dtype);
-    }
+    if (overlap_shared())
+      s.wait(st.shared_done);
+    else
+      shared_experts_backward(s);
+    const Tensor g_shared = st.g_shared_in;
+    st.g_shared_in = Tensor();
     g_ln2 = ops::add3(at, "pre_mlp_grad_sum", io.grad_hidden, g_router, g_shared, c.dtype);
     io.grad_hidden = io.grad_probs = Tensor();
   } else {

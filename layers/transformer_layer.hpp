@@ -85,6 +85,9 @@ class LayerPlan {
   void mlp_dw(Stream& s);
   void combine_forward(Stream& s);
   void combine_backward(Stream& s);
+  void shared_experts_forward(Stream& s);
+  void shared_experts_backward(Stream& s);
+  bool overlap_shared() const;
   TransformerLayer& L_;
   ExecContext& ctx_;
   std::unique_ptr<State> st_;
