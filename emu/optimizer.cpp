@@ -12,18 +12,24 @@ using layers::Tensor;
 using layers::View;
 
 Optimizer::Optimizer(const Recipe& r, std::vector<layers::Parameter*> params, Device& device,
-                     Stream& s)
+                     Stream& s, int dense_shards, int expert_shards)
     : adam_(r.text("optimizer.optimizer") == "adam"),
       lr_(r.real("optimizer.lr")),
       weight_decay_(r.real("optimizer.weight_decay")),
       beta1_(r.real("optimizer.adam_beta1")),
       beta2_(r.real("optimizer.adam_beta2")),
       eps_(r.real("optimizer.adam_eps")) {
+  const bool sharded = r.flag("ddp.use_distributed_optimizer") && r.text("emulator.mode") == "meta";
   for (auto* p : params) {
-    State st{p, Tensor::empty(device, p->value.shape(), DType::F32), {}, {}};
+    layers::Shape shape = p->value.shape();
+    if (sharded) {
+      const std::int64_t shards = p->expert ? expert_shards : dense_shards;
+      shape = {(p->value.numel() + shards - 1) / shards};
+    }
+    State st{p, Tensor::empty(device, shape, DType::F32), {}, {}};
     if (adam_) {
-      st.m = Tensor::empty(device, p->value.shape(), DType::F32);
-      st.v = Tensor::empty(device, p->value.shape(), DType::F32);
+      st.m = Tensor::empty(device, shape, DType::F32);
+      st.v = Tensor::empty(device, shape, DType::F32);
     }
     const View from = layers::view(p->value), to = layers::view(st.master);
     layers::launch(

@@ -81,10 +81,10 @@ void print_summary(const RunReport& r, std::ostream& os) {
   os << "comm per device per step: exposed " << ms(r.exposed_comm_s) << " ms of "
      << ms(r.total_comm_s) << " ms total; compute utilisation " << std::fixed
      << std::setprecision(1) << 100 * r.compute_utilisation << "%\n\n";
-  os << "  GPU  compute ms  comm ms  exposed ms  peak mem GiB\n";
+  os << "  GPU    compute ms       comm ms    exposed ms  peak mem GiB\n";
   for (const auto& d : r.devices)
-    os << "  " << std::setw(3) << d.id << std::setw(12) << ms(d.compute_busy_s) << std::setw(9)
-       << ms(d.comm_busy_s) << std::setw(12) << ms(d.exposed_comm_s) << std::setw(14)
+    os << "  " << std::setw(3) << d.id << std::setw(14) << ms(d.compute_busy_s) << std::setw(14)
+       << ms(d.comm_busy_s) << std::setw(14) << ms(d.exposed_comm_s) << std::setw(14)
        << gib(d.peak_mem_bytes) << "\n";
   os << "\nnumerics hash " << (r.numerics_hash ? hex(*r.numerics_hash) : "- (meta mode)")
      << ", timeline hash " << hex(r.timeline_hash) << "\n";

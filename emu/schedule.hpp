@@ -85,8 +85,17 @@ struct OverlapOptions {
 void combined_step(StepContext& step, std::optional<PlanId> f, std::optional<PlanId> b,
                    const OverlapOptions& o);
 
-// The layer-pair issue order of REFERENCE section 1; either layer may be null.
-void schedule_layer_pair(layers::LayerPlan* f, layers::LayerPlan* b, bool delay_wgrad,
+// The schedule nodes of one layer of one micro-batch.
+struct LayerNodes {
+  layers::ScheduleNode *pre_dispatch, *dispatch, *mlp, *combine, *mtp;
+  static LayerNodes of(layers::LayerPlan& l) {
+    return {&l.pre_dispatch, &l.dispatch, &l.mlp, &l.combine, &l.mtp};
+  }
+};
+// The layer-pair issue order of REFERENCE section 1; either layer may be absent.
+// `defer_b_attention_wgrad` leaves b's pre_dispatch wgrad to the caller (the chunk's first layer,
+// whose wgrad waits for the pipeline send).
+void schedule_layer_pair(std::optional<LayerNodes> f, std::optional<LayerNodes> b, bool delay_wgrad,
                          const OverlapOptions& o, bool defer_b_attention_wgrad = false);
 
 // Megatron's virtual micro-batch order. Virtual micro-batch k of m micro-batches on v chunks

@@ -49,22 +49,23 @@ void backward_step(StepContext& step, PlanId id) {
   step.release(id);
 }
 
-void schedule_layer_pair(LayerPlan* f, LayerPlan* b, bool delay_wgrad, const OverlapOptions& o,
-                         bool defer_b_attention_wgrad) {
+void schedule_layer_pair(std::optional<LayerNodes> f, std::optional<LayerNodes> b, bool delay_wgrad,
+                         const OverlapOptions& o, bool defer_b_attention_wgrad) {
   // REFERENCE section 1, "Issue order for a (forward f, backward b) layer pair".
-  if (b) b->mtp.backward();                                          // 1
-  if (b) b->combine.backward();                                      // 2
-  if (f) f->pre_dispatch.forward();                                  // 3
-  if (b) b->mlp.backward();                                          // 4
-  if (f) f->dispatch.forward();                                      // 5
-  if (b) dw(b->mlp, delay_wgrad);                                    // 6: experts' wgrad (fc2, fc1)
-  if (b) b->dispatch.backward();                                     // 7
-  if (b && o.early_attn_memory_release) b->pre_dispatch.backward();  // 10, moved before 8
-  if (f) f->mlp.forward();                                           // 8
-  if (f) f->combine.forward();                                       // 9
-  if (b && !o.early_attn_memory_release) b->pre_dispatch.backward();    // 10
-  if (f) f->mtp.forward();                                              // 11
-  if (b && !defer_b_attention_wgrad) dw(b->pre_dispatch, delay_wgrad);  // 12
+  const bool early = o.early_attn_memory_release;
+  if (b) b->mtp->backward();                     // 1
+  if (b) b->combine->backward();                 // 2
+  if (f) f->pre_dispatch->forward();             // 3
+  if (b) b->mlp->backward();                     // 4
+  if (f) f->dispatch->forward();                 // 5
+  if (b) dw(*b->mlp, delay_wgrad);               // 6: the experts' wgrad (fc2, then fc1)
+  if (b) b->dispatch->backward();                // 7
+  if (b && early) b->pre_dispatch->backward();   // 10, moved before 8
+  if (f) f->mlp->forward();                      // 8
+  if (f) f->combine->forward();                  // 9
+  if (b && !early) b->pre_dispatch->backward();  // 10
+  if (f) f->mtp->forward();                      // 11
+  if (b && !defer_b_attention_wgrad) dw(*b->pre_dispatch, delay_wgrad);  // 12
 }
 
 void combined_step(StepContext& step, std::optional<PlanId> fid, std::optional<PlanId> bid,
@@ -86,13 +87,13 @@ void combined_step(StepContext& step, std::optional<PlanId> fid, std::optional<P
   const int nf = f ? int(f->layers.size()) : 0, nb = b ? int(b->layers.size()) : 0;
   const int pairs = std::min(nf, nb);
   // The first layer's attention wgrad waits until after the pipeline send of the backward.
-  auto b_layer = [&](int i) { return b->layers[std::size_t(nb - 1 - i)].get(); };
+  auto f_layer = [&](int i) { return LayerNodes::of(*f->layers[std::size_t(i)]); };
+  auto b_layer = [&](int i) { return LayerNodes::of(*b->layers[std::size_t(nb - 1 - i)]); };
   for (int i = 0; i < pairs; ++i)
-    schedule_layer_pair(f->layers[std::size_t(i)].get(), b_layer(i), delay, o, nb - 1 - i == 0);
+    schedule_layer_pair(f_layer(i), b_layer(i), delay, o, nb - 1 - i == 0);
   for (int i = pairs; i < nb; ++i)
-    schedule_layer_pair(nullptr, b_layer(i), delay, o, nb - 1 - i == 0);
-  for (int i = pairs; i < nf; ++i)
-    schedule_layer_pair(f->layers[std::size_t(i)].get(), nullptr, delay, o);
+    schedule_layer_pair(std::nullopt, b_layer(i), delay, o, nb - 1 - i == 0);
+  for (int i = pairs; i < nf; ++i) schedule_layer_pair(f_layer(i), std::nullopt, delay, o);
   // ... then the loss forward and the embedding backward.
   if (f) f->loss.forward();
   if (b) {

@@ -116,7 +116,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     std::vector<layers::Parameter*> params;
     for (auto& c : chunks)
       for (auto* prm : c->parameters()) params.push_back(prm);
-    Optimizer optimizer(recipe, params, dev, ctx.compute);
+    Optimizer optimizer(recipe, params, dev, ctx.compute, pg.layout().dp(), pg.layout().edp());
     std::unique_ptr<Schedule> schedule =
         options.schedule ? options.schedule(recipe) : make_schedule(recipe);
     if (r == 0) {

@@ -305,8 +305,8 @@ void LayerPlan::shared_experts_forward(Stream& s) {
   ModuleScope m(sv, "shared_experts", s);
   const Tensor ln2 = st.shared_in;
   st.shared_in = Tensor();
-  Tensor f1 = ops::linear_forward(at, "shared_fc1", ln2, L_.shared_fc1_.value,
-                                  ops::one_group(ln2), c.dtype);
+  Tensor f1 = ops::linear_forward(at, "shared_fc1", ln2, L_.shared_fc1_.value, ops::one_group(ln2),
+                                  c.dtype);
   Tensor a = ops::swiglu_forward(at, "shared_act", f1, Tensor());
   st.shared_out =
       ops::linear_forward(at, "shared_fc2", a, L_.shared_fc2_.value, ops::one_group(a), c.dtype);

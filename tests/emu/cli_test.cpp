@@ -147,3 +147,92 @@ TEST(Cli, TraceToAnUnwritablePathFailsCleanly) {
 }
 
 }  // namespace
+
+// --- recipes: validate, run, compare ---
+namespace {
+
+const std::string kTiny = std::string(NODEEMU_SOURCE_DIR) + "/configs/recipes/tiny_moe.yaml";
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+TEST(Cli, ValidateAcceptsTheTinyRecipe) {
+  Result r = run("validate " + kTiny + " --overlap-moe-expert-parallel-comm");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("ok: "), std::string::npos);
+  EXPECT_NE(r.out.find("schedule combined-1f1b-a2a-overlap"), std::string::npos) << r.out;
+}
+
+TEST(Cli, ValidateRefusesABadRecipeWithOneLinePerRule) {
+  Result r = run("validate " + kTiny +
+                 " --overlap-moe-expert-parallel-comm model.bf16=false "
+                 "model.moe_shared_expert_overlap=true");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err,
+            "error: model.bf16: set bf16 (or fp16) (required by "
+            "comm_overlap.overlap_moe_expert_parallel_comm)\n"
+            "error: model.moe_shared_expert_overlap: must be false (required by "
+            "comm_overlap.overlap_moe_expert_parallel_comm)\n");
+}
+
+TEST(Cli, RunRefusesABadRecipeAndStartsNothing) {
+  const std::string summary = ::testing::TempDir() + "refused_summary.json";
+  std::remove(summary.c_str());
+  Result r = run("run " + kTiny + " model.num_moe_experts=6 --summary " + summary);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("error: model.num_moe_experts: 6 experts do not divide over EP = 4"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("nodeemu run: refused; nothing was started"), std::string::npos);
+  EXPECT_EQ(r.err.find("iter "), std::string::npos);  // no progress: nothing ran
+  EXPECT_FALSE(std::ifstream(summary).good());
+}
+
+TEST(Cli, UnknownRecipeKeyIsOneLineWithASuggestion) {
+  Result r = run("run " + kTiny + " model.moe_router_top_k=4");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err,
+            "nodeemu: error: override: model.moe_router_top_k: unknown key; did you mean "
+            "'model.moe_router_topk'?\n");
+}
+
+TEST(Cli, RunWritesItsSummaryTraceAndTable) {
+  const std::string summary = ::testing::TempDir() + "tiny_summary.json";
+  const std::string trace = ::testing::TempDir() + "tiny_trace.json";
+  Result r = run("run " + kTiny + " --iterations 2 --overlap-moe-expert-parallel-comm --summary " +
+                 summary + " --trace " + trace);
+  ASSERT_EQ(r.code, 0) << r.err;
+  // Progress on stderr, the table on stdout.
+  EXPECT_NE(r.err.find("iter 2/2"), std::string::npos) << r.err;
+  for (const char* s : {"steady mean step", "1 warm-up iteration excluded", "exposed",
+                        "compute utilisation", "peak mem GiB", "numerics hash 0x"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  const std::string json = slurp(summary);
+  for (const char* key :
+       {"\"recipe\": \"tiny_moe\"", "\"mode\": \"functional\"", "\"gemm_kernel\"",
+        "\"iterations\": [{\"iter\": 1, \"loss\": ", "\"warmup_iterations\": 1", "\"step_time_s\"",
+        "\"exposed_comm_s\"", "\"total_comm_s\"", "\"exposed_offload_s\"", "\"total_offload_s\"",
+        "\"devices\"", "\"peak_mem_bytes\"", "\"compute_busy_s\"", "\"comm_busy_s\"",
+        "\"offload_bytes\"", "\"numerics_hash\": \"0x", "\"timeline_hash\"", "\"wall_time_s\""})
+    EXPECT_NE(json.find(key), std::string::npos) << key;
+  const std::string t = slurp(trace);
+  EXPECT_NE(t.find("\"traceEvents\""), std::string::npos);
+  EXPECT_NE(t.find("dispatch"), std::string::npos);
+}
+
+TEST(Cli, CompareRunsTheCasesSideBySide) {
+  Result r = run("compare " + kTiny +
+                 " --iterations 2 --case no_overlap --case overlap "
+                 "--overlap-moe-expert-parallel-comm --delay-wgrad-compute");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("case       | "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("steady mean ms | vs first | exposed comm ms | peak mem GiB"),
+            std::string::npos);
+  EXPECT_NE(r.out.find("no_overlap |                 sequential |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("overlap    |  combined-1f1b-a2a-overlap |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1.000x"), std::string::npos);
+}
+
+}  // namespace

@@ -1,0 +1,95 @@
+// Recipes: YAML with Megatron-Bridge names, dotted overrides, Megatron launch flags, and unknown
+// keys that name the nearest valid one.
+#include <gtest/gtest.h>
+
+#include "devices/errors.hpp"
+#include "emu/recipe_views.hpp"
+#include "tests/emu/emu_test_support.hpp"
+
+namespace nodeemu::emu {
+namespace {
+
+using testing::recipe_path;
+using testing::tiny;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Recipe, ReadsTheTinyRecipeIntoTheModelAndLayout) {
+  const Recipe r = tiny();
+  EXPECT_EQ(r.name(), "tiny_moe");
+  const layers::ModelConfig c = model_config(r);
+  EXPECT_EQ(c.num_layers, 4);
+  EXPECT_EQ(c.num_moe_experts, 8);
+  EXPECT_EQ(c.router.topk, 2);
+  EXPECT_EQ(c.dtype, layers::DType::BF16);
+  EXPECT_EQ(c.moe_token_dispatcher_type, layers::DispatcherType::AllToAll);
+  EXPECT_EQ(parallel_layout(r, 4).dp(), 4);
+  EXPECT_EQ(microbatches_per_rank(r, 4), 4);
+  EXPECT_EQ(load_topology(r)->gpus, 4);  // emulator.gpus_per_node
+}
+
+TEST(Recipe, DottedOverridesAndMegatronFlagsSetKeys) {
+  const Recipe r =
+      tiny({"model.num_layers=6", "model.recompute_modules=[moe_act, core_attn]",
+            "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
+            "--pipeline-model-parallel-size", "2", "--no-bf16", "--lr=0.5", "--num-experts", "16"});
+  EXPECT_EQ(r.integer("model.num_layers"), 6);
+  EXPECT_EQ(r.list("model.recompute_modules"), (std::vector<std::string>{"moe_act", "core_attn"}));
+  EXPECT_TRUE(r.flag("comm_overlap.overlap_moe_expert_parallel_comm"));
+  EXPECT_TRUE(r.flag("comm_overlap.delay_wgrad_compute"));
+  EXPECT_EQ(r.integer("model.pipeline_model_parallel_size"), 2);
+  EXPECT_FALSE(r.flag("model.bf16"));
+  EXPECT_DOUBLE_EQ(r.real("optimizer.lr"), 0.5);
+  EXPECT_EQ(r.integer("model.num_moe_experts"), 16);
+  EXPECT_EQ(r.value("model.num_layers").origin, "model.num_layers=6");
+  // Megatron's multi-word list flags.
+  const Recipe m = tiny({"--recompute-modules", "moe_act", "layernorm", "emulator.seed=7"});
+  EXPECT_EQ(m.list("model.recompute_modules"), (std::vector<std::string>{"moe_act", "layernorm"}));
+  EXPECT_EQ(m.integer("emulator.seed"), 7);
+}
+
+TEST(Recipe, UnknownKeysNameTheNearestValidOne) {
+  EXPECT_EQ(error_of([] { tiny({"model.moe_router_top_k=4"}); }),
+            "override: model.moe_router_top_k: unknown key; did you mean 'model.moe_router_topk'?");
+  // The right name in the wrong section.
+  EXPECT_EQ(error_of([] { tiny({"train.num_layers=4"}); }),
+            "override: train.num_layers: unknown key; did you mean 'model.num_layers'?");
+  EXPECT_EQ(error_of([] { tiny({"--overlap-moe-expert-paralel-comm"}); }),
+            "command line: --overlap-moe-expert-paralel-comm: not a Megatron flag NodeEmu knows; "
+            "did you mean 'comm_overlap.overlap_moe_expert_parallel_comm'?");
+  EXPECT_EQ(error_of([] { Recipe::parse("model:\n  hiden_size: 64\n", "inline.yaml"); }),
+            "inline.yaml: model.hiden_size: unknown key; did you mean 'model.hidden_size'?");
+}
+
+TEST(Recipe, WrongTypesAndChoicesNameTheKey) {
+  EXPECT_EQ(error_of([] { tiny({"model.num_layers=four"}); }),
+            "override: model.num_layers: wants an integer, got 'four'");
+  EXPECT_EQ(error_of([] { tiny({"model.moe_token_dispatcher_type=deepep"}); }),
+            "override: model.moe_token_dispatcher_type: 'deepep' is not one of allgather, "
+            "alltoall, flex");
+  EXPECT_EQ(error_of([] { tiny({"model.offload_modules=[expert_fc3]"}); }),
+            "override: model.offload_modules: 'expert_fc3' is not one of attn_norm, qkv_linear, "
+            "core_attn, attn_proj, mlp_norm, expert_fc1, moe_act");
+  EXPECT_EQ(error_of([] { tiny({"model.bf16"}); }),
+            "override: model.bf16: write overrides as section.key=value, e.g. model.num_layers=4");
+  EXPECT_EQ(error_of([] { Recipe::load("no/such/recipe.yaml"); }),
+            "no/such/recipe.yaml: : cannot read the recipe file; check the path");
+}
+
+TEST(Recipe, EveryShippedRecipeLoads) {
+  for (const char* name : {"tiny_moe", "qwen3_30b_a3b", "deepseek_v3_proxy", "mixtral_8x7b"}) {
+    SCOPED_TRACE(name);
+    const Recipe r = Recipe::load(recipe_path(name));
+    EXPECT_NO_THROW(model_config(r).validate());
+  }
+}
+
+}  // namespace
+}  // namespace nodeemu::emu

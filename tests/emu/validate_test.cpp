@@ -1,0 +1,244 @@
+// Every rule of REFERENCE.md section 4 and the layout checks: a recipe that keeps the rule passes,
+// one that breaks it gets exactly the error line that names the key.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "emu/recipe_views.hpp"
+#include "emu/validate.hpp"
+#include "tests/emu/emu_test_support.hpp"
+
+namespace nodeemu::emu {
+namespace {
+
+using testing::tiny;
+
+// The recipe's findings as "error: key: message" lines.
+std::string check(const std::vector<std::string>& overrides) {
+  Recipe r = tiny(overrides);
+  const auto topo = load_topology(r);
+  std::ostringstream os;
+  print_findings(validate(r, topo->gpu, topo->gpus), os);
+  return os.str();
+}
+
+const std::vector<std::string> kOverlap = {"comm_overlap.overlap_moe_expert_parallel_comm=true"};
+std::vector<std::string> overlap(std::vector<std::string> more) {
+  more.insert(more.begin(), kOverlap.begin(), kOverlap.end());
+  return more;
+}
+std::vector<std::string> delayed(std::vector<std::string> more) {
+  more.insert(more.begin(), "comm_overlap.delay_wgrad_compute=true");
+  return overlap(more);
+}
+
+struct Rule {
+  const char* name;
+  std::vector<std::string> good, bad;
+  const char* expected;  // a line of the bad recipe's output
+};
+
+class Rules : public ::testing::TestWithParam<Rule> {};
+
+TEST_P(Rules, PassesWhenKeptAndNamesTheKeyWhenBroken) {
+  const Rule& rule = GetParam();
+  EXPECT_EQ(check(rule.good), "") << rule.name;
+  const std::string out = check(rule.bad);
+  EXPECT_NE(out.find(rule.expected), std::string::npos) << rule.name << ":\n" << out;
+}
+
+const Rule kRules[] = {
+    // --- EP overlap ---
+    {"overlap_needs_ep", overlap({}), overlap({"model.expert_model_parallel_size=1"}),
+     "error: model.expert_model_parallel_size: must be > 1 (required by "
+     "comm_overlap.overlap_moe_expert_parallel_comm)\n"},
+    {"overlap_needs_experts", overlap({}),
+     overlap({"model.num_moe_experts=1", "model.moe_router_topk=1",
+              "model.expert_model_parallel_size=1"}),
+     "error: model.num_moe_experts: must be > 1"},
+    {"overlap_needs_alltoall_or_flex", overlap({}),
+     overlap({"model.moe_token_dispatcher_type=allgather"}),
+     "error: model.moe_token_dispatcher_type: is 'allgather'; set alltoall or flex"},
+    {"overlap_needs_bf16", overlap({"model.bf16=false", "model.fp16=true"}),
+     overlap({"model.bf16=false"}), "error: model.bf16: set bf16 (or fp16)"},
+    {"overlap_needs_torch_2_6", overlap({"emulator.torch_version=2.6.0"}),
+     overlap({"emulator.torch_version=2.5.1"}),
+     "error: emulator.torch_version: is 2.5.1; EP overlap needs torch >= 2.6\n"},
+    {"overlap_with_pp_needs_vpp",
+     overlap({"emulator.gpus_per_node=8", "model.pipeline_model_parallel_size=2",
+              "model.virtual_pipeline_model_parallel_size=2"}),
+     overlap({"emulator.gpus_per_node=8", "model.pipeline_model_parallel_size=2"}),
+     "error: model.virtual_pipeline_model_parallel_size: must be set when "
+     "pipeline_model_parallel_size > 1"},
+    {"overlap_no_full_recompute", overlap({}), overlap({"model.recompute_granularity=full"}),
+     "error: model.recompute_granularity: must not be full"},
+    {"overlap_no_recompute_method", overlap({}), overlap({"model.recompute_method=uniform"}),
+     "error: model.recompute_method: must be unset"},
+    {"overlap_no_recompute_num_layers", overlap({}), overlap({"model.recompute_num_layers=1"}),
+     "error: model.recompute_num_layers: must be unset"},
+    {"overlap_no_moe_recompute", overlap({}),
+     overlap({"model.recompute_granularity=selective", "model.recompute_modules=[moe]"}),
+     "error: model.recompute_modules: must not contain moe"},
+    {"overlap_no_shared_expert_overlap", overlap({}),
+     overlap({"model.moe_shared_expert_overlap=true"}),
+     "error: model.moe_shared_expert_overlap: must be false"},
+    {"overlap_mtp_at_most_1", overlap({"model.mtp_num_layers=0"}),
+     overlap({"model.mtp_num_layers=2"}), "error: model.mtp_num_layers: must be unset, 0 or 1"},
+    // --- delay_wgrad_compute ---
+    {"delay_needs_overlap",
+     delayed({}),
+     {"comm_overlap.delay_wgrad_compute=true"},
+     "error: comm_overlap.overlap_moe_expert_parallel_comm: must be true for "
+     "comm_overlap.delay_wgrad_compute\n"},
+    {"delay_graph_attn_needs_ga_fusion",
+     delayed({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]",
+              "model.gradient_accumulation_fusion=true"}),
+     delayed({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]"}),
+     "error: model.gradient_accumulation_fusion: must be true when a CUDA-graph scope covers "
+     "attention"},
+    {"delay_graph_router_without_shared_overlap_needs_ga_fusion",
+     delayed({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[mlp]"}),
+     delayed({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[moe_router]"}),
+     "error: model.gradient_accumulation_fusion: must be true"},
+    {"delay_graph_attn_no_bias",
+     delayed({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]",
+              "model.gradient_accumulation_fusion=true"}),
+     delayed({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]",
+              "model.gradient_accumulation_fusion=true", "model.add_qkv_bias=true"}),
+     "error: model.add_qkv_bias: must be false when a CUDA-graph scope covers attention"},
+    {"delay_te_2_7_with_grad_reduce_overlap",
+     delayed({"ddp.overlap_grad_reduce=true", "emulator.te_version=2.7.0"}),
+     delayed({"ddp.overlap_grad_reduce=true", "emulator.te_version=2.6"}),
+     "error: emulator.te_version: is 2.6; delay_wgrad_compute with overlap_grad_reduce or "
+     "gradient_accumulation_fusion needs TransformerEngine >= 2.7\n"},
+    {"delay_te_2_12_with_graph_scope",
+     delayed({"model.cuda_graph_impl=local", "model.cuda_graph_scope=[mlp]",
+              "emulator.te_version=2.12"}),
+     delayed({"model.cuda_graph_impl=local", "model.cuda_graph_scope=[mlp]",
+              "emulator.te_version=2.11"}),
+     "with a CUDA-graph scope needs TransformerEngine >= 2.12"},
+    // --- flex dispatcher ---
+    {"flex_backend_without_flex_warns",
+     {},
+     {"model.moe_flex_dispatcher_backend=hybridep"},
+     "warning: model.moe_flex_dispatcher_backend: does nothing unless moe_token_dispatcher_type "
+     "is flex\n"},
+    {"flex_hybridep_on_b200_and_shared_overlap_forced_off",
+     {"model.moe_token_dispatcher_type=flex", "topology=topologies/dgx_b200.yaml",
+      "model.moe_flex_dispatcher_backend=hybridep"},
+     {"model.moe_token_dispatcher_type=flex", "model.moe_shared_expert_overlap=true"},
+     "warning: model.moe_shared_expert_overlap: the flex dispatcher forces it off"},
+    // --- offload ---
+    {"offload_not_with_cpu_offloading",
+     {},
+     {"model.fine_grained_activation_offloading=true", "model.cpu_offloading=true"},
+     "error: model.cpu_offloading: whole-layer cpu_offloading cannot be combined"},
+    {"attn_proj_needs_core_attn",
+     {},
+     {"model.offload_modules=[attn_proj]"},
+     "error: model.offload_modules: attn_proj needs core_attn offloaded too"},
+    {"moe_recompute_blocks_expert_offload",
+     {},
+     {"model.recompute_modules=[moe]", "model.offload_modules=[moe_act]"},
+     "error: model.offload_modules: moe_act cannot be offloaded while recompute_modules holds moe"},
+    {"offload_fraction_in_unit_range",
+     {"model.activation_offload_fraction=0.5"},
+     {"model.activation_offload_fraction=1.5"},
+     "error: model.activation_offload_fraction: must be in [0, 1]\n"},
+    // --- recompute ---
+    {"moe_act_recompute_needs_grouped_gemm",
+     {},
+     {"model.recompute_modules=[moe_act]", "model.moe_grouped_gemm=false"},
+     "error: model.recompute_modules: moe_act recompute needs moe_grouped_gemm=true\n"},
+    {"shared_experts_recompute_excludes_overlap",
+     {"model.moe_shared_expert_overlap=true"},
+     {"model.recompute_modules=[shared_experts]", "model.moe_shared_expert_overlap=true"},
+     "error: model.moe_shared_expert_overlap: cannot be true with shared_experts in "
+     "recompute_modules"},
+    {"a2a_overlap_recompute_needs_overlap",
+     {},
+     {"model.recompute_modules=[a2a_overlap_attn]"},
+     "error: model.recompute_modules: a2a_overlap_attn needs "
+     "comm_overlap.overlap_moe_expert_parallel_comm=true\n"},
+    {"a2a_overlap_recompute_needs_interleaving",
+     {},
+     overlap({"model.recompute_modules=[a2a_overlap_mlp]"}),
+     "error: model.recompute_modules: a2a_overlap_mlp needs the interleaved 1F1B"},
+    // --- layout ---
+    {"world_divides",
+     {"model.expert_model_parallel_size=2"},
+     {"model.expert_model_parallel_size=3", "model.num_moe_experts=6"},
+     "error: model.expert_model_parallel_size:"},
+    {"layers_divide_pp_x_vpp",
+     {"emulator.gpus_per_node=8", "model.pipeline_model_parallel_size=2"},
+     {"emulator.gpus_per_node=8", "model.pipeline_model_parallel_size=2",
+      "model.virtual_pipeline_model_parallel_size=4"},
+     "error: model.num_layers: 4 layers do not divide into PP x VPP = 8 stages"},
+    {"pipeline_layout_sums",
+     {"emulator.gpus_per_node=8", "model.pipeline_model_parallel_size=2",
+      "emulator.pipeline_layout=[3,1]"},
+     {"emulator.gpus_per_node=8", "model.pipeline_model_parallel_size=2",
+      "emulator.pipeline_layout=[3,2]"},
+     "error: emulator.pipeline_layout: must list 2 non-negative layer counts"},
+    {"experts_divide_ep",
+     {"model.num_moe_experts=4", "model.moe_router_topk=2"},
+     {"model.num_moe_experts=6"},
+     "error: model.num_moe_experts: 6 experts do not divide over EP = 4"},
+    {"global_batch_divides",
+     {"train.global_batch_size=8"},
+     {"train.global_batch_size=10"},
+     "error: train.global_batch_size: 10 is not a multiple of micro_batch_size x DP = 1 x 4\n"},
+    {"hardware_queues_in_cuda_range",
+     {"emulator.cuda_device_max_connections=1"},
+     {"emulator.cuda_device_max_connections=33"},
+     "error: emulator.cuda_device_max_connections: must be between 1 and 32"},
+    {"meta_needs_known_routing",
+     {"emulator.mode=meta", "model.moe_router_force_load_balancing=true"},
+     {"emulator.mode=meta"},
+     "error: model.moe_router_force_load_balancing: meta mode"},
+    {"not_modelled_is_refused",
+     {},
+     {"model.tensor_model_parallel_size=2"},
+     "error: model.tensor_model_parallel_size: TP > 1 is not modelled by NodeEmu yet\n"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Validate, Rules, ::testing::ValuesIn(kRules),
+                         [](const auto& param_info) { return std::string(param_info.param.name); });
+
+TEST(Validate, DeepEpOnAnUnsupportedGpuIsAValidateErrorAndAnApplyFallback) {
+  // A100 is sm80 (allowed); make an sm100 part that is not a B200/B300 by name.
+  Recipe r =
+      tiny({"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=deepep"});
+  GpuSpec gpu = load_topology(r)->gpu;
+  gpu.name = "GB-future";
+  gpu.cc_major = 10;
+  std::ostringstream os;
+  print_findings(validate(r, gpu, 4), os);
+  EXPECT_NE(os.str().find("error: model.moe_flex_dispatcher_backend: DeepEP needs compute "
+                          "capability 8.x or 9.x (or a B200/B300), and GB-future is 10.0"),
+            std::string::npos)
+      << os.str();
+  const auto warnings = apply_flex_dispatcher_backend(r, gpu);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0].level, Finding::Level::Warning);
+  EXPECT_NE(warnings[0].message.find("falling back to the alltoall dispatcher"), std::string::npos);
+  EXPECT_EQ(r.text("model.moe_token_dispatcher_type"), "alltoall");
+  EXPECT_FALSE(has_errors(validate(r, gpu, 4)));
+  // HybridEP runs on sm100; sm120 it does not.
+  Recipe h =
+      tiny({"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=hybridep"});
+  EXPECT_FALSE(has_errors(validate(h, gpu, 4)));
+  gpu.cc_major = 12;
+  EXPECT_TRUE(has_errors(validate(h, gpu, 4)));
+}
+
+TEST(Validate, VersionsCompareNumerically) {
+  EXPECT_TRUE(version_at_least("2.10.0", "2.6"));
+  EXPECT_TRUE(version_at_least("2.6.0a0+git1234", "2.6"));
+  EXPECT_FALSE(version_at_least("2.5.1", "2.6"));
+  EXPECT_TRUE(version_at_least("", "2.6"));  // unstated = new enough
+  EXPECT_FALSE(version_at_least("2.11", "2.12"));
+}
+
+}  // namespace
+}  // namespace nodeemu::emu
