@@ -1,0 +1,79 @@
+// Simulation speed of whole recipes (issue 5): the tiny functional recipe end to end, and one
+// full Qwen3-30B-A3B step in meta mode (EP16 on two nodes, global batch 1024). Wall time is what
+// a user waits; the baseline, measured in the same process, is the bare engine: the same number
+// of empty kernels, records and waits laid out by a plain Node program in meta mode. vs_engine =
+// (recipe device operations per second) / (bare engine operations per second): the share of the
+// engine's speed that the model, dispatchers and schedules leave.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "devices/node.hpp"
+#include "emu/recipe_views.hpp"
+#include "emu/training.hpp"
+
+namespace {
+
+using nodeemu::emu::Recipe;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Device operations per second of the bare engine on `ranks` meta devices, one core.
+double bare_engine_ops_per_s(int ranks, std::uint64_t ops) {
+  nodeemu::NodeOptions o;
+  o.topology = nodeemu::emu::load_topology(Recipe::parse("{}", "bench"));
+  o.nodes = std::max(1, ranks / o.topology->gpus);
+  o.mode = nodeemu::Mode::Meta;
+  o.thread_budget = 1;
+  nodeemu::Node node(o);
+  const std::uint64_t per_rank = ops / std::uint64_t(node.device_count()) / 3;
+  const auto t0 = std::chrono::steady_clock::now();
+  node.run([&](nodeemu::Host& host) {
+    nodeemu::Stream a = host.device().default_stream();
+    nodeemu::Stream b = host.device().create_stream(nodeemu::Priority::High, "comm");
+    nodeemu::Event e;
+    for (std::uint64_t i = 0; i < per_rank; ++i) {
+      a.launch({"k", nodeemu::Work{.flops = 1e9}, {}});
+      a.record(e);
+      b.wait(e);
+    }
+    host.device().synchronize();
+  });
+  return double(node.engine_ops()) / seconds_since(t0);
+}
+
+void run_recipe(benchmark::State& state, const std::string& name,
+                const std::vector<std::string>& overrides, int iterations) {
+  const Recipe r = Recipe::load(
+      std::string(NODEEMU_SOURCE_DIR) + "/configs/recipes/" + name + ".yaml", overrides);
+  nodeemu::emu::RunReport rep;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    rep = nodeemu::emu::train(r, {.iterations = iterations});
+    state.SetIterationTime(seconds_since(t0));
+  }
+  const double ops_per_s = double(rep.device_ops) / rep.wall_time_s;
+  state.counters["device_ops"] = double(rep.device_ops);
+  state.counters["ops_per_s"] = ops_per_s;
+  state.counters["virtual_step_ms"] = rep.step_time_s * 1e3;
+  state.counters["vs_engine"] = ops_per_s / bare_engine_ops_per_s(rep.world, rep.device_ops);
+}
+
+void BM_TinyRecipeEndToEnd(benchmark::State& state) {
+  run_recipe(state, "tiny_moe", {"comm_overlap.overlap_moe_expert_parallel_comm=true"}, 4);
+}
+BENCHMARK(BM_TinyRecipeEndToEnd)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(1);
+
+// One core: the actors and the engine share one worker thread budget.
+void BM_Qwen3MetaFullStep(benchmark::State& state) {
+  run_recipe(state, "qwen3_30b_a3b", {"emulator.thread_budget=1"}, 1);
+}
+BENCHMARK(BM_Qwen3MetaFullStep)->UseManualTime()->Unit(benchmark::kSecond)->Iterations(1);
+
+}  // namespace
+
+BENCHMARK_MAIN();
