@@ -1,5 +1,7 @@
 #include "devices/topology.hpp"
 
+#include "devices/edit_distance.hpp"
+
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -198,21 +200,6 @@ void collect_paths(const Field& f, const std::string& path, std::vector<std::str
     out.push_back(key);
     collect_paths(c, key, out);
   }
-}
-
-size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
 }
 
 std::string_view leaf_of(std::string_view path) {

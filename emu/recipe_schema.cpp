@@ -3,6 +3,7 @@
 // them, except in `emulator`, which is NodeEmu's own.
 #include <algorithm>
 
+#include "devices/edit_distance.hpp"
 #include "emu/recipe.hpp"
 
 namespace nodeemu::emu {
@@ -243,21 +244,6 @@ std::vector<KeySpec> build() {
        "wall seconds before a stuck collective is reported"},
   };
   return s;
-}
-
-std::size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diag = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
 }
 
 std::string last_part(const std::string& key) {
