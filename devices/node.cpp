@@ -47,8 +47,8 @@ Node::Node(NodeOptions options) : impl_(std::make_unique<detail::NodeImpl>()) {
   m.host = m.options.synthetic_host.empty() ? HostTopology::real()
                                             : HostTopology::synthetic(m.options.synthetic_host);
   int budget = m.options.thread_budget > 0 ? m.options.thread_budget : default_thread_budget();
-  m.placements =
-      place_devices(*m.topology, m.options.nodes, m.host, budget, m.options.workers_per_device);
+  m.placements = place_devices(*m.topology, m.options.nodes, m.host, budget,
+                               m.options.workers_per_device, m.options.bindpcie);
   m.budget = std::make_unique<ExecutionBudget>(budget);
   m.engine =
       std::make_shared<detail::Engine>(m.options.mode, m.options.cuda_device_max_connections);
@@ -111,7 +111,10 @@ void Node::run(const std::vector<int>& ranks, const std::function<void(Host&)>& 
   std::vector<std::string> names;
   for (int r : ranks) {
     device(r);  // validates
-    bodies.emplace_back([this, &program] {
+    bodies.emplace_back([this, &program, r] {
+      // bindpcie: the rank's CPU thread runs on its GPU's PCIe-local cores.
+      const auto& pus = device(r).placement().process_real_pus;
+      if (!pus.empty()) HostTopology::bind_current_thread(pus);
       Host h(*this);
       program(h);
     });
@@ -214,6 +217,10 @@ Buffer Device::allocate(std::size_t bytes, std::vector<std::int64_t> shape) {
   }
   auto guard = std::make_shared<detail::BufferGuard>(std::move(s), node_->engine_ptr());
   return Buffer(std::move(guard));
+}
+
+Buffer Device::allocate_host(std::size_t bytes, bool pinned) {
+  return node_->allocate_host(bytes, placement_.process_numa, pinned, placement_.node);
 }
 
 MemoryStats Device::memory() const {

@@ -11,7 +11,7 @@ int default_thread_budget() {
 
 std::vector<DevicePlacement> place_devices(const NodeTopology& topo, int nodes,
                                            const HostTopology& host, int thread_budget,
-                                           int workers_per_device) {
+                                           int workers_per_device, bool bindpcie) {
   if (thread_budget <= 0) thread_budget = default_thread_budget();
   std::vector<DevicePlacement> out;
   const int numa_per_node = topo.host.numa_count();
@@ -25,11 +25,20 @@ std::vector<DevicePlacement> place_devices(const NodeTopology& topo, int nodes,
       p.emulated_socket = topo.host.numa_socket[static_cast<size_t>(p.emulated_numa)];
       // Emulated nodes take consecutive host NUMA nodes, so two emulated nodes on a 4-node
       // host do not pile onto the same two; a smaller host folds them round-robin.
-      p.host_numa = (n * numa_per_node + p.emulated_numa) % host.numa_count();
+      auto host_numa_of = [&](int emulated) {
+        return (n * numa_per_node + emulated) % host.numa_count();
+      };
+      p.host_numa = host_numa_of(p.emulated_numa);
       const HostNuma& hn = host.numa(p.host_numa);
       p.real_numa = hn.real_os_index;
       p.host_pus = hn.pus;
       p.real_pus = hn.real_pus;
+      p.process_bound = bindpcie;
+      p.process_numa = bindpcie ? p.emulated_numa : g % numa_per_node;
+      p.process_host_numa = host_numa_of(p.process_numa);
+      const HostNuma& pn = host.numa(p.process_host_numa);
+      p.process_real_numa = pn.real_os_index;
+      if (bindpcie) p.process_real_pus = pn.real_pus;
       out.push_back(std::move(p));
     }
   }

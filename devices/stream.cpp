@@ -36,7 +36,8 @@ void Stream::launch(Kernel k) {
            g.launch_latency_s);
 }
 
-void Stream::copy(const Buffer& dst, const Buffer& src, std::size_t bytes, std::string name) {
+void Stream::copy(const Buffer& dst, const Buffer& src, std::size_t bytes, std::string name,
+                  std::function<void()> then) {
   if (!state_) throw UsageError("copy: the Stream handle is empty; get one from a Device");
   if (!dst || !src) throw UsageError("copy: empty Buffer handle");
   if (bytes == SIZE_MAX) bytes = src.bytes();
@@ -76,7 +77,10 @@ void Stream::copy(const Buffer& dst, const Buffer& src, std::size_t bytes, std::
   if (e.mode() == Mode::Functional && bytes > 0) {
     void* d = dst.data();
     const void* s = src.data();
-    body = [d, s, bytes] { std::memmove(d, s, bytes); };  // a D2D copy may overlap itself
+    body = [d, s, bytes, then = std::move(then)] {
+      std::memmove(d, s, bytes);  // a D2D copy may overlap itself
+      if (then) then();
+    };
   }
   if (name.empty()) {
     name = dir == CopyDirection::HostToDevice   ? "memcpy H2D"

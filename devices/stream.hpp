@@ -2,6 +2,7 @@
 // small handle; the device owns the stream itself.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "devices/buffer.hpp"
@@ -25,9 +26,11 @@ class Stream {
   void launch(Kernel k);
   // Copies `bytes` (default: all of src) from src to dst through the copy engine the direction
   // needs: host->device (H2D), device->host (D2H), or within one device (D2D). Throws UsageError
-  // for sizes that do not fit or buffers on another device.
+  // for sizes that do not fit or buffers on another device. `then` runs in the functional plane
+  // right after the bytes have moved, as part of the same operation (no cost in virtual time):
+  // checkers use it to look at what arrived.
   void copy(const Buffer& dst, const Buffer& src, std::size_t bytes = SIZE_MAX,
-            std::string name = "");
+            std::string name = "", std::function<void()> then = {});
   void record(Event& e);
   void wait(const Event& e);
   // Blocks the calling host until everything enqueued so far has completed.

@@ -125,7 +125,7 @@ int validate_command(const std::vector<std::string>& args, std::ostream& out, st
 }
 
 int run_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  const RecipeArgs a = parse("run", args, {"mode", "trace", "summary", "iterations"});
+  const RecipeArgs a = parse("run", args, {"mode", "trace", "summary", "iterations", "baseline"});
   const auto r = prepared(a.recipe, a.overrides, a.options, err, "", true);
   if (!r) {
     err << "nodeemu run: refused; nothing was started\n";
@@ -135,7 +135,15 @@ int run_command(const std::vector<std::string>& args, std::ostream& out, std::os
   o.iterations = int_option(a, "iterations", 0);
   o.progress = &err;
   if (auto t = a.options.find("trace"); t != a.options.end()) o.trace_path = t->second;
-  const RunReport rep = train(*r, o);
+  RunReport rep = train(*r, o);
+  const auto baseline = a.options.find("baseline");
+  if (baseline != a.options.end() && baseline->second != "on" && baseline->second != "off")
+    throw ConfigError("command line", "--baseline", "is on or off, got '" + baseline->second + "'");
+  const bool measure_baseline = baseline == a.options.end() || baseline->second == "on";
+  if (measure_baseline && has_memory_savers(*r)) {
+    err << "baseline: the same recipe with offload and recompute off, for peak memory\n";
+    measure_memory_baseline(*r, o, rep);
+  }
   print_summary(rep, out);
   if (!o.trace_path.empty())
     out << "trace written to " << o.trace_path << " (open it in https://ui.perfetto.dev)\n";
@@ -173,7 +181,25 @@ int compare_command(const std::vector<std::string>& args, std::ostream& out, std
     TrainOptions o;
     o.iterations = int_option(a, "iterations", 0);
     o.progress = &err;
-    cases.push_back({name, train(r, o)});
+    RunReport rep = train(r, o);
+    // Peak memory without offload and recompute: from an earlier case that is this one with
+    // both off, else from a baseline run.
+    if (has_memory_savers(r)) {
+      const auto base = without_memory_savers(r).flattened();
+      std::size_t i = 0;
+      for (; i < cases.size(); ++i)
+        if (without_memory_savers(recipes[i].second).flattened() == base &&
+            !has_memory_savers(recipes[i].second))
+          break;
+      if (i < cases.size()) {
+        for (std::size_t d = 0; d < rep.devices.size(); ++d)
+          rep.devices[d].peak_mem_without_savers_bytes = cases[i].report.devices[d].peak_mem_bytes;
+      } else {
+        err << "case " << name << ": baseline with offload and recompute off, for peak memory\n";
+        measure_memory_baseline(r, o, rep);
+      }
+    }
+    cases.push_back({name, std::move(rep)});
   }
   print_compare(cases, out);
   return 0;

@@ -34,7 +34,46 @@ NodeOptions node_options(const Recipe& r) {
   o.thread_budget = r.int32("emulator.thread_budget");
   o.workers_per_device = r.int32("emulator.workers_per_device");
   o.collective_timeout_s = r.real("emulator.collective_timeout_s");
+  o.bindpcie = r.flag("emulator.bindpcie");
   return o;
+}
+
+std::optional<offload::OffloadConfig> offload_config(const Recipe& r, int pp_rank) {
+  if (!r.flag("model.fine_grained_activation_offloading")) return std::nullopt;
+  offload::OffloadConfig c;
+  if (r.is_set("model.offload_modules")) c.modules = r.list("model.offload_modules");
+  if (r.is_set("model.offload_tensors")) c.tensors = r.list("model.offload_tensors");
+  c.min_tensor_elements = r.integer("model.min_offloaded_tensor_size");
+  c.fraction = r.real("model.activation_offload_fraction");
+  if (r.is_set("model.max_inflight_offloads"))
+    c.max_inflight = r.int32("model.max_inflight_offloads");
+  c.delta_bytes_across_pp_ranks = r.integer("model.delta_offload_bytes_across_pp_ranks");
+  c.pp_rank = pp_rank;
+  return c;
+}
+
+layers::RecomputeSet recompute_set(const Recipe& r) {
+  if (r.text("model.recompute_granularity") != "selective") return {};
+  try {
+    // Megatron's default modules for selective recompute: core_attn.
+    return layers::RecomputeSet::from_modules(r.is_set("model.recompute_modules")
+                                                  ? r.list("model.recompute_modules")
+                                                  : std::vector<std::string>{"core_attn"});
+  } catch (const UsageError& e) {
+    throw ConfigError(r.name(), "model.recompute_modules", e.what());
+  }
+}
+
+bool has_memory_savers(const Recipe& r) {
+  return r.flag("model.fine_grained_activation_offloading") || recompute_set(r).any();
+}
+
+Recipe without_memory_savers(const Recipe& r) {
+  Recipe base = r;
+  base.set("model.fine_grained_activation_offloading=false");
+  base.set("model.recompute_granularity=null");
+  base.set("model.recompute_modules=null");
+  return base;
 }
 
 layers::ModelConfig model_config(const Recipe& r) {

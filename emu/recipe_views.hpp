@@ -2,12 +2,15 @@
 // that validate() accepted; on one it refuses they may throw ConfigError.
 #pragma once
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "comm/parallel_layout.hpp"
 #include "devices/node.hpp"
 #include "emu/recipe.hpp"
 #include "layers/model_config.hpp"
+#include "layers/recompute.hpp"
+#include "offload/offload_config.hpp"
 
 namespace nodeemu::emu {
 
@@ -24,6 +27,14 @@ int virtual_chunks(const Recipe& r);  // VPP, 1 when unset
 // Layers of each virtual stage, in stage order (virtual stage v * PP + pp_rank): the
 // emulator.pipeline_layout when set, otherwise an even split. Empty when it does not divide.
 std::vector<int> layers_per_virtual_stage(const Recipe& r);
+// The offload engine's settings for pipeline rank `pp_rank`; none when
+// model.fine_grained_activation_offloading is off.
+std::optional<offload::OffloadConfig> offload_config(const Recipe& r, int pp_rank);
+// What selective recompute drops (recompute_granularity=selective); empty otherwise.
+layers::RecomputeSet recompute_set(const Recipe& r);
+// The same recipe with offload and recompute off: what their memory saving is measured against.
+Recipe without_memory_savers(const Recipe& r);
+bool has_memory_savers(const Recipe& r);
 // global_batch_size / (micro_batch_size * DP).
 int microbatches_per_rank(const Recipe& r, int world);
 

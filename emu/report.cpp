@@ -53,6 +53,32 @@ std::uint64_t peak_of(const RunReport& r) {
   return p;
 }
 
+// The baseline's peak (offload and recompute off), or "-" when there was none to measure.
+std::string baseline_peak(const RunReport& r) {
+  std::uint64_t p = 0;
+  for (const auto& d : r.devices) {
+    if (!d.peak_mem_without_savers_bytes) return "-";
+    p = std::max(p, *d.peak_mem_without_savers_bytes);
+  }
+  return r.devices.empty() ? "-" : gib(p);
+}
+
+std::string mib(std::uint64_t b) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(1) << double(b) / double(1ull << 20);
+  return o.str();
+}
+
+std::uint64_t mean_offload_bytes(const RunReport& r) {
+  std::uint64_t b = 0;
+  for (const auto& d : r.devices) b += d.offload_bytes;
+  return r.devices.empty() ? 0 : b / r.devices.size();
+}
+
+std::string opt_bytes(const std::optional<std::uint64_t>& b) {
+  return b ? std::to_string(*b) : "null";
+}
+
 }  // namespace
 
 std::string hex(std::uint64_t v) {
@@ -80,12 +106,43 @@ void print_summary(const RunReport& r, std::ostream& os) {
      << " excluded\n";
   os << "comm per device per step: exposed " << ms(r.exposed_comm_s) << " ms of "
      << ms(r.total_comm_s) << " ms total; compute utilisation " << std::fixed
-     << std::setprecision(1) << 100 * r.compute_utilisation << "%\n\n";
-  os << "  GPU    compute ms       comm ms    exposed ms  peak mem GiB\n";
-  for (const auto& d : r.devices)
+     << std::setprecision(1) << 100 * r.compute_utilisation << "%\n";
+  if (r.offload) {
+    const double hidden =
+        r.total_offload_s > 0 ? 100 * (1 - r.exposed_offload_s / r.total_offload_s) : 100.0;
+    os << "offload per device per step: " << mib(mean_offload_bytes(r))
+       << " MiB to the host; copies " << ms(r.total_offload_s) << " ms, " << ms(r.exposed_offload_s)
+       << " ms of it with no kernel running (" << std::fixed << std::setprecision(1) << hidden
+       << "% hidden)\n";
+  }
+  if (r.recompute) os << "recompute per device per step: " << ms(r.recompute_s) << " ms\n";
+  os << "\n  GPU    compute ms       comm ms    exposed ms  peak mem GiB";
+  const bool savers = r.offload || r.recompute;
+  if (savers) os << "  w/o offl+rec  offload MiB  offl exp ms  recompute ms";
+  os << "\n";
+  for (const auto& d : r.devices) {
     os << "  " << std::setw(3) << d.id << std::setw(14) << ms(d.compute_busy_s) << std::setw(14)
        << ms(d.comm_busy_s) << std::setw(14) << ms(d.exposed_comm_s) << std::setw(14)
-       << gib(d.peak_mem_bytes) << "\n";
+       << gib(d.peak_mem_bytes);
+    if (savers)
+      os << std::setw(14)
+         << (d.peak_mem_without_savers_bytes ? gib(*d.peak_mem_without_savers_bytes) : "-")
+         << std::setw(13) << mib(d.offload_bytes) << std::setw(13) << ms(d.exposed_offload_s)
+         << std::setw(14) << ms(d.recompute_s);
+    os << "\n";
+  }
+  if (r.offload || r.bindpcie) {
+    // Where each rank's host side lives: bindpcie puts it on the GPU's own NUMA node.
+    os << "\nhost side (" << (r.bindpcie ? "bindpcie" : "unbound: the default policy")
+       << "):\n  GPU  GPU NUMA  host NUMA  real NUMA  pinned MiB  host thread CPUs\n";
+    for (const auto& d : r.devices)
+      os << "  " << std::setw(3) << d.id << std::setw(10) << d.gpu_numa << std::setw(11)
+         << d.host_numa << (d.host_numa != d.gpu_numa ? "*" : " ") << std::setw(10)
+         << (d.host_real_numa >= 0 ? std::to_string(d.host_real_numa) : std::string("-"))
+         << std::setw(12) << mib(d.pinned_host_bytes) << "  "
+         << (d.host_cpus.empty() ? std::string("unbound") : d.host_cpus) << "\n";
+    os << "  (* far socket: PCIe copies to this memory pay the topology's remote_numa_factor)\n";
+  }
   os << "\nnumerics hash " << (r.numerics_hash ? hex(*r.numerics_hash) : "- (meta mode)")
      << ", timeline hash " << hex(r.timeline_hash) << "\n";
   os << "wall time " << std::fixed << std::setprecision(2) << r.wall_time_s << " s for "
@@ -114,6 +171,10 @@ void write_summary_json(const RunReport& r, const Recipe& recipe, std::ostream& 
   os << "  \"total_comm_s\": " << num(r.total_comm_s) << ",\n";
   os << "  \"exposed_offload_s\": " << num(r.exposed_offload_s) << ",\n";
   os << "  \"total_offload_s\": " << num(r.total_offload_s) << ",\n";
+  os << "  \"recompute_s\": " << num(r.recompute_s) << ",\n";
+  os << "  \"offload\": " << (r.offload ? "true" : "false") << ",\n";
+  os << "  \"recompute\": " << (r.recompute ? "true" : "false") << ",\n";
+  os << "  \"bindpcie\": " << (r.bindpcie ? "true" : "false") << ",\n";
   os << "  \"compute_utilisation\": " << num(r.compute_utilisation) << ",\n";
   os << "  \"devices\": [";
   for (std::size_t i = 0; i < r.devices.size(); ++i) {
@@ -123,7 +184,15 @@ void write_summary_json(const RunReport& r, const Recipe& recipe, std::ostream& 
        << ", \"compute_busy_s\": " << num(d.compute_busy_s)
        << ", \"comm_busy_s\": " << num(d.comm_busy_s)
        << ", \"exposed_comm_s\": " << num(d.exposed_comm_s)
-       << ", \"offload_bytes\": " << d.offload_bytes << "}";
+       << ", \"offload_bytes\": " << d.offload_bytes
+       << ", \"offload_busy_s\": " << num(d.offload_busy_s)
+       << ", \"exposed_offload_s\": " << num(d.exposed_offload_s)
+       << ", \"recompute_s\": " << num(d.recompute_s)
+       << ", \"peak_mem_without_savers_bytes\": " << opt_bytes(d.peak_mem_without_savers_bytes)
+       << ", \"gpu_numa\": " << d.gpu_numa << ", \"host_numa\": " << d.host_numa
+       << ", \"host_real_numa\": " << d.host_real_numa
+       << ", \"host_cpus\": " << json_string(d.host_cpus)
+       << ", \"pinned_host_bytes\": " << d.pinned_host_bytes << "}";
   }
   os << "],\n";
   os << "  \"numerics_hash\": " << (r.numerics_hash ? json_string(hex(*r.numerics_hash)) : "null")
@@ -156,7 +225,8 @@ void print_compare(const std::vector<Case>& cases, std::ostream& os) {
   for (const auto& c : cases) w = std::max(w, c.name.size());
   os << std::left << std::setw(int(w)) << "case" << std::right << " | " << std::setw(26)
      << "schedule"
-     << " | steady mean ms | vs first | exposed comm ms | peak mem GiB | numerics hash\n";
+     << " | steady mean ms | vs first | exposed comm ms | peak mem GiB | w/o offl+rec | "
+        "offload MiB | offl exp/total ms | recompute ms | numerics hash\n";
   const double base = cases.empty() ? 1 : cases.front().report.step_time_s;
   for (const auto& c : cases) {
     const RunReport& r = c.report;
@@ -165,7 +235,10 @@ void print_compare(const std::vector<Case>& cases, std::ostream& os) {
     os << std::left << std::setw(int(w)) << c.name << std::right << " | " << std::setw(26)
        << r.schedule << " | " << std::setw(14) << ms(r.step_time_s) << " | " << std::setw(8)
        << rel.str() << " | " << std::setw(15) << ms(r.exposed_comm_s) << " | " << std::setw(12)
-       << gib(peak_of(r)) << " | " << (r.numerics_hash ? hex(*r.numerics_hash) : std::string("-"))
+       << gib(peak_of(r)) << " | " << std::setw(12) << baseline_peak(r) << " | " << std::setw(11)
+       << mib(mean_offload_bytes(r)) << " | " << std::setw(17)
+       << (ms(r.exposed_offload_s) + "/" + ms(r.total_offload_s)) << " | " << std::setw(12)
+       << ms(r.recompute_s) << " | " << (r.numerics_hash ? hex(*r.numerics_hash) : std::string("-"))
        << "\n";
   }
 }

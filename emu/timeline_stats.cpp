@@ -45,13 +45,25 @@ VTime overlap(const Intervals& x, const Intervals& y) {
 }  // namespace
 
 TimelineStats::TimelineStats(int devices)
-    : work_(static_cast<std::size_t>(devices)), comm_(static_cast<std::size_t>(devices)) {}
+    : work_(static_cast<std::size_t>(devices)),
+      comm_(static_cast<std::size_t>(devices)),
+      kernels_(static_cast<std::size_t>(devices)),
+      offload_(static_cast<std::size_t>(devices)),
+      recompute_(static_cast<std::size_t>(devices)) {}
 
 void TimelineStats::on_op(const OpRecord& r) {
   if (r.end <= r.start || r.device < 0 || r.device >= int(work_.size())) return;
-  if (r.kind == OpKind::Kernel || r.kind == OpKind::Copy)
-    work_[std::size_t(r.device)].emplace_back(r.start, r.end);
-  else if (r.kind == OpKind::Comm)
+  const std::size_t d = std::size_t(r.device);
+  auto starts = [&](const char* prefix) { return r.name && r.name->rfind(prefix, 0) == 0; };
+  if (r.kind == OpKind::Kernel || r.kind == OpKind::Copy) work_[d].emplace_back(r.start, r.end);
+  // The offload engine names its copies "offload ..." and "reload ...", and selective recompute
+  // its kernels "recompute.*".
+  if (r.kind == OpKind::Kernel) {
+    kernels_[d].emplace_back(r.start, r.end);
+    if (starts("recompute.")) recompute_[d].emplace_back(r.start, r.end);
+  } else if (r.kind == OpKind::Copy && (starts("offload ") || starts("reload "))) {
+    offload_[d].emplace_back(r.start, r.end);
+  } else if (r.kind == OpKind::Comm)
     comm_[std::size_t(r.device)].emplace_back(r.start, r.end);
 }
 
@@ -65,6 +77,11 @@ TimelineStats::Busy TimelineStats::busy(int device, double from_s, double to_s) 
   b.compute_s = double(measure(w)) * s;
   b.comm_s = double(measure(c)) * s;
   b.exposed_comm_s = double(measure(c) - overlap(c, w)) * s;
+  const Intervals k = merged(kernels_[std::size_t(device)], lo, hi);
+  const Intervals o = merged(offload_[std::size_t(device)], lo, hi);
+  b.offload_s = double(measure(o)) * s;
+  b.exposed_offload_s = double(measure(o) - overlap(o, k)) * s;
+  b.recompute_s = double(measure(merged(recompute_[std::size_t(device)], lo, hi))) * s;
   return b;
 }
 

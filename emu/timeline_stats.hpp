@@ -14,16 +14,19 @@ class TimelineStats : public TimelineObserver {
   void on_op(const OpRecord& r) override;
 
   struct Busy {
-    double compute_s = 0;       // some kernel or copy runs
-    double comm_s = 0;          // some collective or transfer runs
-    double exposed_comm_s = 0;  // a collective runs and no kernel or copy does
+    double compute_s = 0;          // some kernel or copy runs
+    double comm_s = 0;             // some collective or transfer runs
+    double exposed_comm_s = 0;     // a collective runs and no kernel or copy does
+    double offload_s = 0;          // some offload or reload copy runs
+    double exposed_offload_s = 0;  // an offload or reload copy runs and no kernel does
+    double recompute_s = 0;        // some selective-recompute kernel runs
   };
   // Over [from_s, to_s) of device `device`.
   Busy busy(int device, double from_s, double to_s) const;
 
  private:
   using Intervals = std::vector<std::pair<VTime, VTime>>;
-  std::vector<Intervals> work_, comm_;
+  std::vector<Intervals> work_, comm_, kernels_, offload_, recompute_;
 };
 
 }  // namespace nodeemu::emu

@@ -13,12 +13,14 @@
 #include "comm/communicator.hpp"
 #include "devices/check.hpp"
 #include "devices/errors.hpp"
+#include "devices/host_topology.hpp"
 #include "devices/node.hpp"
 #include "emu/optimizer.hpp"
 #include "emu/recipe_views.hpp"
 #include "emu/step_context_impl.hpp"
 #include "emu/timeline_stats.hpp"
 #include "layers/gemm.hpp"
+#include "offload/offload_engine.hpp"
 
 namespace nodeemu::emu {
 
@@ -55,7 +57,17 @@ struct RankResult {
   std::vector<double> loss;   // this rank's share of each iteration's loss (last stage only)
   std::vector<GradDigest> digests;
   std::uint64_t peak_mem = 0;
+  std::vector<std::uint64_t> offload_bytes;  // per iteration
+  int host_real_numa = -1;
+  std::uint64_t pinned_host_bytes = 0;
+  std::string host_cpus;
 };
+
+std::string cpu_list(const std::vector<int>& pus) {
+  std::string s;
+  for (int p : pus) s += (s.empty() ? "" : ",") + std::to_string(p);
+  return s;
+}
 
 }  // namespace
 
@@ -109,6 +121,14 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     }
     layers::ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
     ctx.delay_wgrad = recipe.flag("comm_overlap.delay_wgrad_compute");
+    ctx.recompute = recompute_set(recipe);
+    std::unique_ptr<offload::OffloadEngine> offloader;
+    if (auto oc = offload_config(recipe, p)) {
+      offloader = std::make_unique<offload::OffloadEngine>(dev, *oc);
+      ctx.hooks = offloader.get();
+    }
+    if (dev.placement().process_bound)
+      out.host_cpus = cpu_list(HostTopology::current_thread_binding());
     if (recipe.flag("model.moe_shared_expert_overlap")) {
       ctx.shared_expert_overlap = true;
       ctx.shared_experts = dev.create_stream(Priority::Normal, "shared_experts");
@@ -131,6 +151,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
 
     for (int it = 0; it < iterations; ++it) {
       for (auto& c : chunks) c->zero_grad(ctx.compute);
+      if (offloader) offloader->begin_iteration();
       StepContext::Impl impl(ctx, chunks, links, microbatches, p, pp,
                              [&](int mb) {
                                // Megatron's sampler: each global micro-batch step hands DP rank d
@@ -155,6 +176,10 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
       }
       optimizer.step(ctx.compute);
       dev.synchronize();
+      if (offloader) {
+        offloader->end_iteration();
+        out.offload_bytes.push_back(offloader->iterations().back().bytes_offloaded);
+      }
       out.end_s.push_back(host.now_s());
       double loss = 0;
       for (const auto& l : impl.loss_handles()) loss += *l * loss_scale;
@@ -168,6 +193,10 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
       }
     }
     out.peak_mem = dev.memory().peak;
+    if (offloader) {
+      out.host_real_numa = offloader->host_pool().real_numa();
+      out.pinned_host_bytes = offloader->host_pool().reserved_bytes();
+    }
   });
 
   RunReport rep;
@@ -178,6 +207,9 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
   rep.topology = node.topology().name;
   rep.world = world;
   rep.device_ops = node.engine_ops();
+  rep.offload = recipe.flag("model.fine_grained_activation_offloading");
+  rep.recompute = recompute_set(recipe).any();
+  rep.bindpcie = node.options().bindpcie;
   // Iteration ends are the slowest rank's.
   std::vector<double> ends(static_cast<std::size_t>(iterations), 0.0);
   for (const auto& res : results)
@@ -213,6 +245,22 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     dr.compute_busy_s = b.compute_s / steady;
     dr.comm_busy_s = b.comm_s / steady;
     dr.exposed_comm_s = b.exposed_comm_s / steady;
+    dr.offload_busy_s = b.offload_s / steady;
+    dr.exposed_offload_s = b.exposed_offload_s / steady;
+    dr.recompute_s = b.recompute_s / steady;
+    const RankResult& res = results[std::size_t(dev)];
+    for (std::size_t it = std::size_t(rep.warmup_iterations); it < res.offload_bytes.size(); ++it)
+      dr.offload_bytes += res.offload_bytes[it];
+    dr.offload_bytes /= std::uint64_t(steady);
+    const DevicePlacement& place = node.device(dev).placement();
+    dr.gpu_numa = place.emulated_numa;
+    dr.host_numa = place.process_numa;
+    dr.host_real_numa = res.host_real_numa;
+    dr.host_cpus = res.host_cpus;
+    dr.pinned_host_bytes = res.pinned_host_bytes;
+    rep.exposed_offload_s += dr.exposed_offload_s / world;
+    rep.total_offload_s += dr.offload_busy_s / world;
+    rep.recompute_s += dr.recompute_s / world;
     rep.exposed_comm_s += dr.exposed_comm_s / world;
     rep.total_comm_s += dr.comm_busy_s / world;
     rep.compute_utilisation += dr.compute_busy_s / rep.step_time_s / world;
@@ -237,6 +285,16 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
   rep.wall_time_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   return rep;
+}
+
+void measure_memory_baseline(const Recipe& recipe, const TrainOptions& options, RunReport& report) {
+  if (!has_memory_savers(recipe)) return;
+  TrainOptions o;
+  o.iterations = options.iterations;
+  o.schedule = options.schedule;
+  const RunReport base = train(without_memory_savers(recipe), o);
+  for (std::size_t d = 0; d < report.devices.size() && d < base.devices.size(); ++d)
+    report.devices[d].peak_mem_without_savers_bytes = base.devices[d].peak_mem_bytes;
 }
 
 }  // namespace nodeemu::emu

@@ -36,7 +36,23 @@ struct DeviceReport {
   double compute_busy_s = 0;  // per steady step: time some kernel or copy runs
   double comm_busy_s = 0;     // per steady step: time some collective runs
   double exposed_comm_s = 0;  // per steady step: collective time with no kernel or copy running
+  // Activation offload, per steady step: bytes copied to the host, time some offload or reload
+  // copy runs, and the part of it with no kernel running (the copy time compute did not hide).
   std::uint64_t offload_bytes = 0;
+  double offload_busy_s = 0;
+  double exposed_offload_s = 0;
+  double recompute_s = 0;  // per steady step: selective-recompute kernels
+  // Peak memory of the same recipe with offload and recompute off (set by `run` and `compare`
+  // when either is on; see measure_memory_baseline).
+  std::optional<std::uint64_t> peak_mem_without_savers_bytes;
+  // Where the rank's host side lives (bindpcie): the GPU's PCIe-local NUMA node, the emulated
+  // NUMA node of its pinned host memory and the real node it landed on (-1 unknown or meta),
+  // and the real CPUs its host thread was bound to ("" = unbound).
+  int gpu_numa = 0;
+  int host_numa = 0;
+  int host_real_numa = -1;
+  std::string host_cpus;
+  std::uint64_t pinned_host_bytes = 0;  // the offload pool's pinned memory
 };
 
 struct RunReport {
@@ -44,9 +60,11 @@ struct RunReport {
   int world = 0;
   std::vector<IterationReport> iterations;
   int warmup_iterations = 0;
-  double step_time_s = 0;                       // steady mean
-  double exposed_comm_s = 0, total_comm_s = 0;  // mean per device per steady step
-  double exposed_offload_s = 0, total_offload_s = 0;
+  double step_time_s = 0;                             // steady mean
+  double exposed_comm_s = 0, total_comm_s = 0;        // mean per device per steady step
+  double exposed_offload_s = 0, total_offload_s = 0;  // mean per device per steady step
+  double recompute_s = 0;                             // mean per device per steady step
+  bool offload = false, recompute = false, bindpcie = false;
   double compute_utilisation = 0;  // mean compute_busy_s / step_time_s
   std::vector<DeviceReport> devices;
   std::optional<std::uint64_t> numerics_hash;  // none in meta mode
@@ -58,5 +76,9 @@ struct RunReport {
 
 // Runs a recipe that validate() accepted. Throws ConfigError for a recipe it cannot run.
 RunReport train(const Recipe& recipe, const TrainOptions& options = {});
+
+// For a recipe with offload or recompute on: runs it once more with both off (no trace, no
+// progress) and records that run's peak memory per device in `report`.
+void measure_memory_baseline(const Recipe& recipe, const TrainOptions& options, RunReport& report);
 
 }  // namespace nodeemu::emu

@@ -266,10 +266,15 @@ class Rules {
     if (b("model.add_qkv_bias")) refuse("model.add_qkv_bias", "a QKV bias");
     if (set("model.mtp_num_layers") && i("model.mtp_num_layers") > 0)
       refuse("model.mtp_num_layers", "multi-token prediction");
-    if (set("model.recompute_granularity"))
-      refuse("model.recompute_granularity", "activation recompute");
-    if (b("model.fine_grained_activation_offloading") || b("model.cpu_offloading"))
-      refuse("model.fine_grained_activation_offloading", "activation offload");
+    if (r_.text("model.recompute_granularity") == "full")
+      refuse("model.recompute_granularity",
+             "full recompute (use selective with recompute_modules)");
+    if (recompute_has("mla_up_proj"))
+      error("model.recompute_modules",
+            "mla_up_proj needs multi-latent attention, which NodeEmu does not model; remove it");
+    if (b("model.cpu_offloading"))
+      refuse("model.cpu_offloading",
+             "whole-layer cpu_offloading (use fine_grained_activation_offloading)");
     if (r_.text("emulator.mode") == "meta" && r_.text("model.moe_token_dispatcher_type") == "flex")
       refuse("model.moe_token_dispatcher_type", "the flex dispatcher in meta mode");
   }

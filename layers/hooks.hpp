@@ -2,8 +2,10 @@
 // Megatron's offload_modules names: attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm,
 // router, shared_experts, expert_fc1, moe_act, expert_fc2) reports its start and end on the
 // stream it runs on, and every tensor it keeps for backward passes through tensor_saved when it
-// is kept and tensor_needed just before backward reads it. Both may replace the tensor (an
-// offloaded copy, a reloaded one, a recomputed one).
+// is kept, tensor_needed just before backward reads it (each time it does), and tensor_released
+// once backward is done with it. tensor_saved and tensor_needed may replace the tensor: the
+// offload engine keeps its own handle and hands back the device copy, or the reloaded one. A
+// module's group of tensors has ended its backward when all of them are released.
 #pragma once
 #include <string>
 
@@ -30,6 +32,7 @@ class ActivationHooks {
   virtual void module_end(const ModuleId&, Stream&) {}
   virtual void tensor_saved(const SavedTensorId&, Tensor&, Stream&) {}
   virtual void tensor_needed(const SavedTensorId&, Tensor&, Stream&) {}
+  virtual void tensor_released(const SavedTensorId&) {}
 };
 
 }  // namespace nodeemu::layers

@@ -37,7 +37,7 @@ void rmsnorm_forward(At at, const std::string& name, const Tensor& x, const Para
   rstd = at.empty({rows}, DType::F32);
   View vx = view(x), vw = view(w.value), vy = view(y), vr = view(rstd);
   launch(
-      at.stream, name,
+      at.stream, at.named(name),
       work(4.0 * double(x.numel()), bytes_of({&x, &w.value, &y, &rstd}), x.dtype()),
       [=] {
         F32Scope f;
@@ -52,7 +52,7 @@ Tensor rmsnorm_dgrad(At at, const std::string& name, const Tensor& dy, const Ten
   Tensor dx = at.empty(x.shape(), dy.dtype());
   View vdy = view(dy), vx = view(x), vw = view(w.value), vr = view(rstd), vdx = view(dx);
   launch(
-      at.stream, name + "_dgrad",
+      at.stream, at.named(name + "_dgrad"),
       work(6.0 * double(x.numel()), bytes_of({&dy, &x, &w.value, &rstd, &dx}), x.dtype()),
       [=] {
         F32Scope f;
@@ -68,7 +68,7 @@ void rmsnorm_wgrad(At at, const std::string& name, const Tensor& dy, const Tenso
   const std::int64_t rows = rows_of(x), h = cols_of(x);
   View vdy = view(dy), vx = view(x), vr = view(rstd), vg = view(w.main_grad);
   launch(
-      at.stream, name + "_wgrad",
+      at.stream, at.named(name + "_wgrad"),
       work(3.0 * double(x.numel()), bytes_of({&dy, &x, &rstd, &w.main_grad}), x.dtype()),
       [=] {
         F32Scope f;
@@ -89,7 +89,7 @@ Tensor linear_forward(At at, const std::string& name, const Tensor& x, const Ten
   Tensor y = at.empty({rows_of(x), out}, out_dtype);
   View vx = view(x), vw = view(w), vy = view(y);
   launch(
-      at.stream, name,
+      at.stream, at.named(name),
       work(2.0 * double(rows_of(x)) * double(in) * double(out), bytes_of({&x, &w, &y}), x.dtype()),
       [=] {
         F32Scope f;
@@ -106,7 +106,7 @@ Tensor linear_dgrad(At at, const std::string& name, const Tensor& dy, const Tens
   Tensor dx = at.empty({rows_of(dy), in}, out_dtype);
   View vdy = view(dy), vw = view(w), vdx = view(dx);
   launch(
-      at.stream, name + "_dgrad",
+      at.stream, at.named(name + "_dgrad"),
       work(2.0 * double(rows_of(dy)) * double(in) * double(out), bytes_of({&dy, &w, &dx}),
            dy.dtype()),
       [=] {
@@ -123,7 +123,7 @@ void linear_wgrad(At at, const std::string& name, const Tensor& dy, const Tensor
   const std::int64_t in = w.value.shape().back();
   View vdy = view(dy), vx = view(x), vg = view(w.main_grad);
   launch(
-      at.stream, name + "_wgrad",
+      at.stream, at.named(name + "_wgrad"),
       work(2.0 * double(rows_of(x)) * double(in) * double(out),
            bytes_of({&dy, &x, &w.main_grad}) + double(w.main_grad.bytes()), x.dtype()),
       [=] {
@@ -138,7 +138,7 @@ void rope(At at, const std::string& name, Tensor& qkv, const kernels::AttentionS
   View v = view(qkv);
   const double touched = double(s.rows() * (s.heads + s.kv_heads) * s.head_dim);
   launch(
-      at.stream, name,
+      at.stream, at.named(name),
       work(3.0 * touched, 2.0 * touched * double(dtype_bytes(qkv.dtype())), qkv.dtype()),
       [=] {
         F32Scope f;
@@ -153,7 +153,7 @@ void attention_forward(At at, const Tensor& qkv, const kernels::AttentionShape& 
   lse = at.empty({s.batch, s.heads, s.seq}, DType::F32);
   View vq = view(qkv), vo = view(out), vl = view(lse);
   launch(
-      at.stream, "core_attention",
+      at.stream, at.named("core_attention"),
       work(kernels::attention_forward_flops(s), bytes_of({&qkv, &out, &lse}), qkv.dtype()),
       [=] {
         F32Scope f;
@@ -167,7 +167,7 @@ Tensor attention_backward(At at, const Tensor& dout, const Tensor& qkv, const Te
   Tensor dqkv = at.empty(qkv.shape(), dout.dtype());
   View vd = view(dout), vq = view(qkv), vo = view(out), vl = view(lse), vdq = view(dqkv);
   launch(
-      at.stream, "core_attention_bwd",
+      at.stream, at.named("core_attention_bwd"),
       work(kernels::attention_backward_flops(s), bytes_of({&dout, &qkv, &out, &lse, &dqkv}),
            qkv.dtype()),
       [=] {
@@ -185,7 +185,8 @@ Tensor swiglu_forward(At at, const std::string& name, const Tensor& h, const Ten
   View vh = view(h), vp = probs ? view(probs) : View{}, va = view(a);
   const bool with_probs = static_cast<bool>(probs);
   launch(
-      at.stream, name, work(5.0 * double(a.numel()), bytes_of({&h, &probs, &a}), h.dtype()),
+      at.stream, at.named(name),
+      work(5.0 * double(a.numel()), bytes_of({&h, &probs, &a}), h.dtype()),
       [=] {
         F32Scope f;
         kernels::swiglu_forward(f.in(vh), with_probs ? vp.as<const float>() : nullptr, f.out(va),
@@ -204,7 +205,7 @@ void swiglu_backward(At at, const std::string& name, const Tensor& da, const Ten
        vdp = probs ? view(dprobs) : View{};
   const bool with_probs = static_cast<bool>(probs);
   launch(
-      at.stream, name + "_bwd",
+      at.stream, at.named(name + "_bwd"),
       work(10.0 * double(da.numel()), bytes_of({&da, &h, &probs, &dh, &dprobs}), h.dtype()),
       [=] {
         F32Scope f;
@@ -218,7 +219,7 @@ Tensor add(At at, const std::string& name, const Tensor& a, const Tensor& b) {
   Tensor out = at.empty(a.shape(), a.dtype());
   View va = view(a), vb = view(b), vo = view(out);
   launch(
-      at.stream, name, work(double(a.numel()), bytes_of({&a, &b, &out}), a.dtype()),
+      at.stream, at.named(name), work(double(a.numel()), bytes_of({&a, &b, &out}), a.dtype()),
       [=] {
         F32Scope f;
         const float *x = f.in(va), *y = f.in(vb);
@@ -235,7 +236,8 @@ Tensor add3(At at, const std::string& name, const Tensor& a, const Tensor& b, co
   const bool has_c = static_cast<bool>(c);
   View va = view(a), vb = view(b), vc = has_c ? view(c) : View{}, vo = view(out);
   launch(
-      at.stream, name, work(2.0 * double(a.numel()), bytes_of({&a, &b, &c, &out}), out_dtype),
+      at.stream, at.named(name),
+      work(2.0 * double(a.numel()), bytes_of({&a, &b, &c, &out}), out_dtype),
       [=] {
         F32Scope f;
         const float *x = f.in(va), *y = f.in(vb), *z = has_c ? f.in(vc) : nullptr;
@@ -250,7 +252,7 @@ Tensor cast(At at, const std::string& name, const Tensor& x, DType dtype) {
   Tensor out = at.empty(x.shape(), dtype);
   View vx = view(x), vo = view(out);
   launch(
-      at.stream, name, work(0, bytes_of({&x, &out}), x.dtype()),
+      at.stream, at.named(name), work(0, bytes_of({&x, &out}), x.dtype()),
       [=] {
         F32Scope f;
         const float* in = f.in(vx);

@@ -17,6 +17,10 @@ namespace nodeemu::layers::ops {
 struct At {
   Stream& stream;
   WorkTally* tally;
+  // Prefixed to every kernel's name: "recompute." marks selective recompute in the timeline
+  // (the reports sum those kernels as recompute time).
+  const char* tag = nullptr;
+  std::string named(std::string name) const { return tag ? tag + name : name; }
   // A new zero-filled tensor on the stream's device.
   Tensor empty(Shape shape, DType dtype) const;
 };

@@ -21,7 +21,7 @@ Tensor SavedTensors::need(const std::string& module, const std::string& name, St
 }
 
 void SavedTensors::release(const std::string& module, const std::string& name) {
-  saved_.erase({module, name});
+  if (saved_.erase({module, name}) && hooks_) hooks_->tensor_released({this->module(module), name});
 }
 
 ModuleScope::ModuleScope(SavedTensors& saved, const std::string& module, Stream& s)

@@ -13,6 +13,7 @@
 #include "devices/event.hpp"
 #include "devices/stream.hpp"
 #include "layers/launch.hpp"
+#include "layers/recompute.hpp"
 
 namespace nodeemu::layers {
 
@@ -28,6 +29,8 @@ struct ExecContext {
   // backward_dw() later.
   bool delay_wgrad = false;
   ActivationHooks* hooks = nullptr;
+  // Selective recompute: what forward does not keep and backward recomputes.
+  RecomputeSet recompute;
   WorkTally* tally = nullptr;
   // moe_shared_expert_overlap: the shared experts run on this side stream, launched right after
   // the dispatch all-to-all (forward) and the combine's backward, and joined by events.

@@ -97,6 +97,10 @@ struct LayerPlan::State {
   Tensor grad_out;     // the layer's output gradient, for the residual and shared paths
   Tensor shared_in;    // the shared experts' input (the pre-MLP norm's output), until they run
   Tensor g_shared_in;  // the shared experts' input gradient
+  Tensor dense_in;     // a dense MLP's input (the pre-MLP norm's output), until mlp forward
+  // Selective recompute: tensors recomputed in backward, held from first use to last.
+  Tensor re_ln1, re_qkv, re_ctx, re_lse, re_ln2, re_shared_f1, re_shared_a, re_h1, re_a;
+  bool attn_recomputed = false;
   // moe_shared_expert_overlap: when the side stream may start, and when it is done.
   Event shared_ready, shared_done;
   kernels::AttentionShape attn() const;
@@ -155,6 +159,7 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
   State& st = *st_;
   ops::At at{s, ctx_.tally};
   SavedTensors& sv = st.saved;
+  const RecomputeSet& re = ctx_.recompute;
   if (!st.input || !*st.input)
     throw UsageError("layer " + std::to_string(L_.layer_) +
                      ": pre_dispatch forward before its input exists");
@@ -170,20 +175,21 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
     ModuleScope m(sv, "qkv_linear", s);
     qkv = ops::linear_forward(at, "linear_qkv", ln1, L_.qkv_.value, ops::one_group(ln1), c.dtype);
     ops::rope(at, "rotary_pos_emb", qkv, st.attn(), c.rotary_base, false);
-    sv.save("qkv_linear", "input", ln1, s);
+    if (!re.input_norm) sv.save("qkv_linear", "input", ln1, s);
   }
   {
     ModuleScope m(sv, "core_attn", s);
     ops::attention_forward(at, qkv, st.attn(), ctx, lse);
-    sv.save("core_attn", "input", qkv, s);
-    sv.save("core_attn", "lse", lse, s);
+    if (!re.qkv) sv.save("core_attn", "input", qkv, s);
+    if (!re.attn_stats) sv.save("core_attn", "lse", lse, s);
   }
   Tensor attn_out;
   {
     ModuleScope m(sv, "attn_proj", s);
     attn_out =
         ops::linear_forward(at, "linear_proj", ctx, L_.proj_.value, ops::one_group(ctx), c.dtype);
-    sv.save("attn_proj", "input", ctx, s);  // also core_attn's output, for its backward
+    // Also core_attn's output, for its backward.
+    if (!re.attn_out) sv.save("attn_proj", "input", ctx, s);
   }
   st.h = ops::add(at, "attn_residual_add", x, attn_out);
   Tensor ln2, rstd2;
@@ -193,9 +199,11 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
                          rstd2);
     sv.save("mlp_norm", "input", st.h, s);
     sv.save("mlp_norm", "rstd", rstd2, s);
-    sv.save("mlp_norm", "pre_mlp_layernorm_output", ln2, s);
   }
-  if (!L_.is_moe()) return;
+  if (!L_.is_moe()) {
+    st.dense_in = ln2;
+    return;
+  }
 
   if (L_.shared_fc1_.value) st.shared_in = ln2;
   if (overlap_shared())
@@ -237,6 +245,9 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
         },
         {logits, L_.expert_bias_, io.topk_idx, io.topk_probs, io.tokens_per_expert}, ctx_.tally);
     sv.save("router", "logits", logits, s);
+    // The router's input, read again by its wgrad and the shared experts' (the tensor
+    // LoongForge's offload_tensors calls pre_mlp_layernorm_output).
+    if (!ctx_.recompute.mlp_norm) sv.save("router", "pre_mlp_layernorm_output", ln2, s);
   }
   st.dispatch->preprocess(at);
 }
@@ -255,7 +266,8 @@ void LayerPlan::mlp_forward(Stream& s) {
     probs = st.dispatch->io.expert_probs;
     rows = st.dispatch->io.rows_per_expert;
   } else {
-    in = sv.need("mlp_norm", "pre_mlp_layernorm_output", s);
+    in = st.dense_in;
+    st.dense_in = Tensor();
     rows = ops::one_group(in);
   }
   const char* fc1 = moe ? "expert_fc1" : "dense_fc1";
@@ -265,18 +277,23 @@ void LayerPlan::mlp_forward(Stream& s) {
   {
     ModuleScope m(sv, fc1, s);
     h1 = ops::linear_forward(at, fc1, in, L_.fc1_.value, rows, c.dtype);
-    if (moe) sv.save(fc1, "input", in, s);
+    // The experts' input is the dispatched tokens (LoongForge's dispatched_input); a dense
+    // MLP's is the pre-MLP norm's output.
+    if (moe)
+      sv.save(fc1, "dispatched_input", in, s);
+    else if (!ctx_.recompute.mlp_norm)
+      sv.save(fc1, "pre_mlp_layernorm_output", in, s);
   }
   {
     ModuleScope m(sv, act, s);
     a = ops::swiglu_forward(at, act, h1, probs);
-    sv.save(act, "input", h1, s);
+    if (!re_fc1()) sv.save(act, "input", h1, s);
     if (moe) sv.save(act, "probs", probs, s);
   }
   {
     ModuleScope m(sv, fc2, s);
     y = ops::linear_forward(at, fc2, a, L_.fc2_.value, rows, c.dtype);
-    sv.save(fc2, "input", a, s);
+    if (!re_act()) sv.save(fc2, "input", a, s);
   }
   if (moe) {
     st.dispatch->io.expert_in = st.dispatch->io.expert_probs = Tensor();
@@ -310,8 +327,10 @@ void LayerPlan::shared_experts_forward(Stream& s) {
   Tensor a = ops::swiglu_forward(at, "shared_act", f1, Tensor());
   st.shared_out =
       ops::linear_forward(at, "shared_fc2", a, L_.shared_fc2_.value, ops::one_group(a), c.dtype);
-  sv.save("shared_experts", "fc1_output", f1, s);
-  sv.save("shared_experts", "act_output", a, s);
+  if (!ctx_.recompute.shared) {
+    sv.save("shared_experts", "fc1_output", f1, s);
+    sv.save("shared_experts", "act_output", a, s);
+  }
   if (overlap_shared()) s.record(st.shared_done);
 }
 
@@ -328,9 +347,9 @@ void LayerPlan::shared_experts_backward(Stream& s) {
   st.g_shared_out = st.grad_out;
   Tensor ga = ops::linear_dgrad(at, "shared_fc2", st.grad_out, L_.shared_fc2_.value, rows, c.dtype);
   Tensor dummy;
-  ops::swiglu_backward(at, "shared_act", ga, sv.need("shared_experts", "fc1_output", s), Tensor(),
-                       st.g_shared_fc1, dummy);
+  ops::swiglu_backward(at, "shared_act", ga, shared_fc1_out(s), Tensor(), st.g_shared_fc1, dummy);
   sv.release("shared_experts", "fc1_output");
+  st.re_shared_f1 = Tensor();
   st.g_shared_in =
       ops::linear_dgrad(at, "shared_fc1", st.g_shared_fc1, L_.shared_fc1_.value, rows, c.dtype);
   if (overlap_shared()) s.record(st.shared_done);
@@ -390,11 +409,13 @@ void LayerPlan::mlp_backward(Stream& s) {
       ops::linear_dgrad(at, moe ? "expert_fc2" : "dense_fc2", gy, L_.fc2_.value, rows, c.dtype);
   Tensor g1, gprobs;
   {
-    Tensor h1 = sv.need(act, "input", s);
-    Tensor probs = moe ? sv.need(act, "probs", s) : Tensor();
-    ops::swiglu_backward(at, act, ga, h1, probs, g1, gprobs);
+    ops::swiglu_backward(at, act, ga, fc1_out(s), probs(s), g1, gprobs);
+    // A recomputed activation output is made now, while its input is still here: the wgrad
+    // may run later (delay_wgrad_compute).
+    if (re_act()) (void)act_out(s);
     sv.release(act, "input");
     sv.release(act, "probs");
+    st.re_h1 = Tensor();
   }
   Tensor gin =
       ops::linear_dgrad(at, moe ? "expert_fc1" : "dense_fc1", g1, L_.fc1_.value, rows, c.dtype);
@@ -420,12 +441,11 @@ void LayerPlan::mlp_dw(Stream& s) {
   const char* fc1 = moe ? "expert_fc1" : "dense_fc1";
   const char* fc2 = moe ? "expert_fc2" : "dense_fc2";
   // fc2 first, then fc1 (the order Megatron's delayed expert wgrad runs them in).
-  ops::linear_wgrad(at, fc2, st.g_fc2_out, sv.need(fc2, "input", s), rows, L_.fc2_);
+  ops::linear_wgrad(at, fc2, st.g_fc2_out, act_out(s), rows, L_.fc2_);
   sv.release(fc2, "input");
-  const Tensor in =
-      moe ? sv.need(fc1, "input", s) : sv.need("mlp_norm", "pre_mlp_layernorm_output", s);
-  ops::linear_wgrad(at, fc1, st.g_fc1_out, in, rows, L_.fc1_);
-  if (moe) sv.release(fc1, "input");
+  st.re_a = Tensor();
+  ops::linear_wgrad(at, fc1, st.g_fc1_out, fc1_in(s), rows, L_.fc1_);
+  if (moe) sv.release(fc1, "dispatched_input");
   st.g_fc2_out = st.g_fc1_out = Tensor();
 }
 
@@ -441,7 +461,6 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
     st.dispatch->preprocess_backward(at);
     const std::int64_t T = st.batch * st.seq, E = c.num_moe_experts;
     Tensor logits = sv.need("router", "logits", s);
-    Tensor ln2 = sv.need("mlp_norm", "pre_mlp_layernorm_output", s);
     st.g_logits = at.empty({T, E}, DType::F32);
     {
       View vl = view(logits), vg = view(io.grad_probs), vd = view(st.g_logits);
@@ -460,8 +479,8 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
           },
           {logits, io.grad_probs, st.g_logits}, ctx_.tally);
     }
-    Tensor g_router = ops::linear_dgrad(at, "router_gating", st.g_logits, L_.router_.value,
-                                        ops::one_group(ln2), c.dtype);
+    Tensor g_router =
+        ops::linear_dgrad(at, "router_gating", st.g_logits, L_.router_.value, {T}, c.dtype);
     if (overlap_shared())
       s.wait(st.shared_done);
     else
@@ -481,11 +500,10 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
   st.g_h = ops::add(at, "attn_residual_add_bwd", g_hn, st.grad_out);
   Tensor g_ctx =
       ops::linear_dgrad(at, "linear_proj", st.g_h, L_.proj_.value, ops::one_group(st.g_h), c.dtype);
-  Tensor g_qkv = ops::attention_backward(at, g_ctx, sv.need("core_attn", "input", s),
-                                         sv.need("attn_proj", "input", s),
-                                         sv.need("core_attn", "lse", s), st.attn());
+  Tensor g_qkv = ops::attention_backward(at, g_ctx, qkv(s), attn_out(s), attn_lse(s), st.attn());
   sv.release("core_attn", "input");
   sv.release("core_attn", "lse");
+  st.re_qkv = st.re_lse = Tensor();
   ops::rope(at, "rotary_pos_emb_bwd", g_qkv, st.attn(), c.rotary_base, true);
   st.g_qkv = g_qkv;
   st.g_ln1 =
@@ -502,35 +520,166 @@ void LayerPlan::pre_dispatch_dw(Stream& s) {
   ops::At at{s, ctx_.tally};
   SavedTensors& sv = st.saved;
   if (L_.is_moe()) {
-    Tensor ln2 = sv.need("mlp_norm", "pre_mlp_layernorm_output", s);
+    const Tensor ln2 = this->ln2(s);
     ops::linear_wgrad(at, "router_gating", st.g_logits, ln2, ops::one_group(ln2), L_.router_);
     sv.release("router", "logits");
     if (L_.shared_fc1_.value) {
-      ops::linear_wgrad(at, "shared_fc2", st.g_shared_out,
-                        sv.need("shared_experts", "act_output", s), ops::one_group(ln2),
+      ops::linear_wgrad(at, "shared_fc2", st.g_shared_out, shared_act_out(s), ops::one_group(ln2),
                         L_.shared_fc2_);
       ops::linear_wgrad(at, "shared_fc1", st.g_shared_fc1, ln2, ops::one_group(ln2),
                         L_.shared_fc1_);
       sv.release("shared_experts", "act_output");
+      st.re_shared_a = Tensor();
     }
     st.g_logits = st.g_shared_out = st.g_shared_fc1 = Tensor();
   }
-  sv.release("mlp_norm", "pre_mlp_layernorm_output");
+  sv.release(ln2_owner(), "pre_mlp_layernorm_output");
+  st.re_ln2 = Tensor();
   ops::rmsnorm_wgrad(at, "pre_mlp_layernorm", st.g_ln2, sv.need("mlp_norm", "input", s),
                      sv.need("mlp_norm", "rstd", s), L_.mlp_norm_);
   sv.release("mlp_norm", "input");
   sv.release("mlp_norm", "rstd");
-  const Tensor ctxt = sv.need("attn_proj", "input", s);
+  const Tensor ctxt = attn_out(s);
   ops::linear_wgrad(at, "linear_proj", st.g_h, ctxt, ops::one_group(ctxt), L_.proj_);
   sv.release("attn_proj", "input");
-  const Tensor ln1 = sv.need("qkv_linear", "input", s);
+  st.re_ctx = Tensor();
+  const Tensor ln1 = this->ln1(s);
   ops::linear_wgrad(at, "linear_qkv", st.g_qkv, ln1, ops::one_group(ln1), L_.qkv_);
   sv.release("qkv_linear", "input");
+  st.re_ln1 = Tensor();
+  st.attn_recomputed = false;
   ops::rmsnorm_wgrad(at, "input_layernorm", st.g_ln1, sv.need("attn_norm", "input", s),
                      sv.need("attn_norm", "rstd", s), L_.input_norm_);
   sv.release("attn_norm", "input");
   sv.release("attn_norm", "rstd");
   st.g_ln2 = st.g_h = st.g_qkv = st.g_ln1 = Tensor();
+}
+
+// --- selective recompute --------------------------------------------------------------------
+
+ops::At LayerPlan::recompute_at(Stream& s) const {
+  return ops::At{s, ctx_.tally, "recompute."};
+}
+
+bool LayerPlan::re_fc1() const {
+  return L_.is_moe() ? ctx_.recompute.expert_fc1 : ctx_.recompute.dense_fc1;
+}
+
+bool LayerPlan::re_act() const {
+  return L_.is_moe() ? ctx_.recompute.expert_act : ctx_.recompute.dense_act;
+}
+
+Tensor LayerPlan::ln1(Stream& s) {
+  State& st = *st_;
+  if (!ctx_.recompute.input_norm) return st.saved.need("qkv_linear", "input", s);
+  if (!st.re_ln1) {
+    Tensor rstd;
+    ops::rmsnorm_forward(recompute_at(s), "input_layernorm", st.saved.need("attn_norm", "input", s),
+                         L_.input_norm_, L_.cfg_.layernorm_epsilon, st.re_ln1, rstd);
+  }
+  return st.re_ln1;
+}
+
+Tensor LayerPlan::qkv(Stream& s) {
+  State& st = *st_;
+  if (!ctx_.recompute.qkv) return st.saved.need("core_attn", "input", s);
+  if (!st.re_qkv) {
+    const ops::At at = recompute_at(s);
+    const Tensor in = ln1(s);
+    st.re_qkv =
+        ops::linear_forward(at, "linear_qkv", in, L_.qkv_.value, ops::one_group(in), L_.cfg_.dtype);
+    ops::rope(at, "rotary_pos_emb", st.re_qkv, st.attn(), L_.cfg_.rotary_base, false);
+  }
+  return st.re_qkv;
+}
+
+// Runs the attention forward again; keeps the output and statistics forward did not keep.
+void LayerPlan::recompute_attention(Stream& s) {
+  State& st = *st_;
+  if (st.attn_recomputed) return;
+  st.attn_recomputed = true;
+  Tensor ctx, lse;
+  ops::attention_forward(recompute_at(s), qkv(s), st.attn(), ctx, lse);
+  if (ctx_.recompute.attn_out) st.re_ctx = ctx;
+  if (ctx_.recompute.attn_stats) st.re_lse = lse;
+}
+
+Tensor LayerPlan::attn_out(Stream& s) {
+  if (!ctx_.recompute.attn_out) return st_->saved.need("attn_proj", "input", s);
+  recompute_attention(s);
+  return st_->re_ctx;
+}
+
+Tensor LayerPlan::attn_lse(Stream& s) {
+  if (!ctx_.recompute.attn_stats) return st_->saved.need("core_attn", "lse", s);
+  recompute_attention(s);
+  return st_->re_lse;
+}
+
+Tensor LayerPlan::ln2(Stream& s) {
+  State& st = *st_;
+  if (!ctx_.recompute.mlp_norm) return st.saved.need(ln2_owner(), "pre_mlp_layernorm_output", s);
+  if (!st.re_ln2) {
+    Tensor rstd;
+    ops::rmsnorm_forward(recompute_at(s), "pre_mlp_layernorm",
+                         st.saved.need("mlp_norm", "input", s), L_.mlp_norm_,
+                         L_.cfg_.layernorm_epsilon, st.re_ln2, rstd);
+  }
+  return st.re_ln2;
+}
+
+void LayerPlan::recompute_shared(Stream& s) {
+  State& st = *st_;
+  if (st.re_shared_f1 || st.re_shared_a) return;
+  const ops::At at = recompute_at(s);
+  const Tensor in = ln2(s);
+  st.re_shared_f1 = ops::linear_forward(at, "shared_fc1", in, L_.shared_fc1_.value,
+                                        ops::one_group(in), L_.cfg_.dtype);
+  st.re_shared_a = ops::swiglu_forward(at, "shared_act", st.re_shared_f1, Tensor());
+}
+
+Tensor LayerPlan::shared_fc1_out(Stream& s) {
+  if (!ctx_.recompute.shared) return st_->saved.need("shared_experts", "fc1_output", s);
+  recompute_shared(s);
+  return st_->re_shared_f1;
+}
+
+Tensor LayerPlan::shared_act_out(Stream& s) {
+  if (!ctx_.recompute.shared) return st_->saved.need("shared_experts", "act_output", s);
+  recompute_shared(s);
+  return st_->re_shared_a;
+}
+
+Tensor LayerPlan::fc1_in(Stream& s) {
+  return L_.is_moe() ? st_->saved.need("expert_fc1", "dispatched_input", s) : ln2(s);
+}
+
+Tensor LayerPlan::probs(Stream& s) {
+  return L_.is_moe() ? st_->saved.need("moe_act", "probs", s) : Tensor();
+}
+
+Tensor LayerPlan::fc1_out(Stream& s) {
+  State& st = *st_;
+  const char* act = L_.is_moe() ? "moe_act" : "dense_act";
+  if (!re_fc1()) return st.saved.need(act, "input", s);
+  if (!st.re_h1) {
+    const Tensor in = fc1_in(s);
+    const std::vector<std::int64_t> rows =
+        L_.is_moe() ? st.dispatch->io.rows_per_expert : ops::one_group(in);
+    st.re_h1 = ops::linear_forward(recompute_at(s), L_.is_moe() ? "expert_fc1" : "dense_fc1", in,
+                                   L_.fc1_.value, rows, L_.cfg_.dtype);
+  }
+  return st.re_h1;
+}
+
+Tensor LayerPlan::act_out(Stream& s) {
+  State& st = *st_;
+  const bool moe = L_.is_moe();
+  if (!re_act()) return st.saved.need(moe ? "expert_fc2" : "dense_fc2", "input", s);
+  if (!st.re_a)
+    st.re_a =
+        ops::swiglu_forward(recompute_at(s), moe ? "moe_act" : "dense_act", fc1_out(s), probs(s));
+  return st.re_a;
 }
 
 }  // namespace nodeemu::layers

@@ -18,6 +18,7 @@
 
 #include "comm/group.hpp"
 #include "layers/model_config.hpp"
+#include "layers/ops.hpp"
 #include "layers/parameter.hpp"
 #include "layers/schedule_node.hpp"
 #include "layers/token_dispatcher.hpp"
@@ -88,6 +89,25 @@ class LayerPlan {
   void shared_experts_forward(Stream& s);
   void shared_experts_backward(Stream& s);
   bool overlap_shared() const;
+  // What backward reads, kept by forward or recomputed here (selective recompute); a recomputed
+  // tensor is held from its first use until its last.
+  ops::At recompute_at(Stream& s) const;
+  Tensor ln1(Stream& s);
+  Tensor qkv(Stream& s);
+  Tensor attn_out(Stream& s);
+  Tensor attn_lse(Stream& s);
+  void recompute_attention(Stream& s);
+  Tensor ln2(Stream& s);
+  Tensor shared_fc1_out(Stream& s);
+  Tensor shared_act_out(Stream& s);
+  void recompute_shared(Stream& s);
+  Tensor fc1_in(Stream& s);
+  Tensor fc1_out(Stream& s);
+  Tensor act_out(Stream& s);
+  Tensor probs(Stream& s);
+  bool re_fc1() const;
+  bool re_act() const;
+  const char* ln2_owner() const { return L_.is_moe() ? "router" : "dense_fc1"; }
   TransformerLayer& L_;
   ExecContext& ctx_;
   std::unique_ptr<State> st_;

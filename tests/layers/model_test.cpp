@@ -195,6 +195,9 @@ class RecordingHooks : public ActivationHooks {
   void tensor_needed(const SavedTensorId& t, Tensor&, Stream&) override {
     if (t.owner.layer == 0) events.push_back("needed " + t.owner.module + "." + t.tensor);
   }
+  void tensor_released(const SavedTensorId& t) override {
+    if (t.owner.layer == 0) events.push_back("released " + t.owner.module + "." + t.tensor);
+  }
 };
 
 TEST(Model, HooksSeeEveryModuleAndEverySavedTensor) {
@@ -232,9 +235,18 @@ TEST(Model, HooksSeeEveryModuleAndEverySavedTensor) {
   EXPECT_LT(pos("start attn_norm"), pos("start core_attn"));
   EXPECT_LT(pos("start router"), pos("start expert_fc1"));
   for (const char* t : {"attn_norm.input", "qkv_linear.input", "core_attn.input", "attn_proj.input",
-                        "mlp_norm.input", "mlp_norm.pre_mlp_layernorm_output", "expert_fc1.input",
-                        "moe_act.input", "expert_fc2.input"})
+                        "mlp_norm.input", "router.pre_mlp_layernorm_output",
+                        "expert_fc1.dispatched_input", "moe_act.input", "expert_fc2.input"})
     EXPECT_LT(pos(std::string("saved ") + t), pos(std::string("needed ") + t)) << t;
+  // Every saved tensor is released once backward is done with it (what ends an offload group's
+  // backward), after its last use.
+  for (const std::string& e : hooks.events) {
+    if (e.rfind("saved ", 0) != 0) continue;
+    const std::string t = e.substr(6);
+    const auto last_need = std::find(hooks.events.rbegin(), hooks.events.rend(), "needed " + t);
+    ASSERT_NE(last_need, hooks.events.rend()) << t;
+    EXPECT_LT(hooks.events.rend() - last_need - 1, pos("released " + t)) << t;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,387 @@
+#include "offload/offload_engine.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "devices/check.hpp"
+#include "devices/device.hpp"
+#include "devices/node.hpp"
+#include "offload/hazard_checker.hpp"
+
+namespace nodeemu::offload {
+
+namespace {
+
+using layers::ModuleId;
+using layers::SavedTensorId;
+using layers::Tensor;
+
+// 64-bit words folded with a multiply: a few GB/s, enough to check every reload.
+std::uint64_t checksum(const void* data, std::size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  std::uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 0x100000001b3ull;
+    h ^= h >> 29;
+  }
+  for (; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+using TensorKey = std::tuple<int, int, std::string, std::string>;  // layer, mb, module, tensor
+
+TensorKey key_of(const SavedTensorId& id) {
+  return {id.owner.layer, id.owner.microbatch, id.owner.module, id.tensor};
+}
+
+std::string label(const SavedTensorId& id) {
+  return id.owner.module + "." + id.tensor;
+}
+
+bool contains(const std::vector<std::string>& xs, const std::string& x) {
+  return std::find(xs.begin(), xs.end(), x) != xs.end();
+}
+
+// What a functional-mode reload check found wrong; reported by end_iteration.
+struct Verification {
+  std::atomic<std::uint64_t> verified{0};
+  std::mutex mu;
+  std::string failure;
+  SavedTensorId failed;
+};
+
+struct Entry {
+  SavedTensorId id;
+  Tensor device;    // until its D2H is enqueued; for a kept group, until released
+  Tensor reloaded;  // from the reload until released
+  layers::Shape shape;
+  layers::DType dtype = layers::DType::F32;
+  std::size_t bytes = 0;
+  PinnedHostPool::Lease host;
+  std::shared_ptr<std::uint64_t> sum = std::make_shared<std::uint64_t>(0);
+};
+
+struct Group {
+  GroupKey key;
+  int microbatch = 0;
+  std::deque<Entry> entries;
+  std::uint64_t bytes = 0;
+  bool offloaded = false, reload_issued = false;
+  std::size_t released = 0;
+  Event produced, offloaded_ev, reloaded_ev, backward_end;
+  HazardChecker::Stamp d2h, h2d;
+  Stream last_stream;               // where its backward last read it
+  std::vector<const void*> waited;  // streams that waited for the reload
+};
+
+}  // namespace
+
+struct OffloadEngine::Impl {
+  Impl(Device& d, OffloadConfig c)
+      : device(d),
+        cfg(std::move(c)),
+        d2h(d.create_stream(Priority::Normal, "offload_d2h")),
+        h2d(d.create_stream(Priority::Normal, "offload_h2d")),
+        pool(d),
+        functional(d.node().mode() == Mode::Functional) {}
+
+  Device& device;
+  OffloadConfig cfg;
+  Stream d2h, h2d;
+  PinnedHostPool pool;
+  HazardChecker checker;
+  bool functional;
+  Fault fault = Fault::None;
+
+  bool warm = false;  // the warm-up iteration has ended
+  OffloadPlan plan;
+  std::vector<GroupRecord> records;
+  std::map<GroupKey, std::pair<std::uint64_t, int>> warm_bytes;  // sum, passes
+  std::vector<IterationStats> done;
+  IterationStats now;
+
+  std::deque<Group> groups;  // this iteration's, in commit order (stable addresses)
+  Group* open = nullptr;
+  std::map<TensorKey, std::pair<Group*, Entry*>> index;
+  std::map<int, std::vector<Group*>> stacks;  // per micro-batch, commit order
+  std::deque<Group*> inflight;                // offloaded groups whose D2H may still run
+  std::shared_ptr<Verification> verification = std::make_shared<Verification>();
+
+  Group& new_group(GroupKey key, int microbatch) {
+    Group& g = groups.emplace_back();
+    g.key = std::move(key);
+    g.microbatch = microbatch;
+    return g;
+  }
+
+  // Takes `t` into `g` (the layer keeps an empty handle; tensor_needed gives it back).
+  void capture(Group& g, const SavedTensorId& id, Tensor& t) {
+    if (!t || t.numel() < cfg.min_tensor_elements) return;
+    Entry& e = g.entries.emplace_back();
+    e.id = id;
+    e.shape = t.shape();
+    e.dtype = t.dtype();
+    e.bytes = t.bytes();
+    e.device = std::move(t);
+    t = Tensor();
+    g.bytes += e.bytes;
+    index[key_of(id)] = {&g, &e};
+  }
+
+  void wait(Stream& s, Event& e) {
+    s.wait(e);
+    checker.wait(s, e);
+  }
+  void record(Stream& s, Event& e) {
+    s.record(e);
+    checker.record(s, e);
+  }
+
+  void commit(Group& g, Stream& s) {
+    if (g.entries.empty()) return;
+    stacks[g.microbatch].push_back(&g);
+    if (!warm) {
+      auto& [sum, n] = warm_bytes[g.key];
+      if (n == 0) records.push_back({g.key, 0});
+      sum += g.bytes;
+      ++n;
+    }
+    if (warm && !plan.offloads(g.key)) {
+      ++now.groups_kept;
+      return;
+    }
+    // max_inflight_offloads: the compute stream waits for the oldest D2H still running.
+    while (!inflight.empty() && inflight.front()->offloaded_ev.query()) inflight.pop_front();
+    if (cfg.max_inflight > 0 && int(inflight.size()) >= cfg.max_inflight) {
+      wait(s, inflight.front()->offloaded_ev);
+      inflight.pop_front();
+    }
+    record(s, g.produced);
+    wait(d2h, g.produced);
+    for (Entry& e : g.entries) {
+      e.host = pool.acquire(e.bytes);
+      // A reused buffer: its last reload must have read it before this copy writes it.
+      if (e.host.last_read) wait(d2h, *e.host.last_read);
+      std::function<void()> then;
+      if (functional && cfg.verify) {
+        const void* p = e.host.buffer.data();
+        then = [p, n = e.bytes, sum = e.sum] { *sum = checksum(p, n); };
+      }
+      d2h.copy(e.host.buffer, e.device.buffer(), e.bytes,
+               "offload L" + std::to_string(g.key.layer) + " " + label(e.id), std::move(then));
+      g.d2h = checker.issue(d2h);
+      e.device = Tensor();  // released: the memory returns once the copy has read it
+    }
+    record(d2h, g.offloaded_ev);
+    g.offloaded = true;
+    inflight.push_back(&g);
+    ++now.groups_offloaded;
+    now.bytes_offloaded += g.bytes;
+  }
+
+  void reload(Group& g) {
+    if (fault != Fault::ReloadWithoutOffloadWait) wait(h2d, g.offloaded_ev);
+    if (!checker.ordered(g.d2h, h2d))
+      throw OffloadHazard(label(g.entries.front().id), g.key.layer, g.microbatch,
+                          "the reload would read its pinned host buffer before the D2H that "
+                          "fills it has completed: the H2D stream never waited for the group's "
+                          "offload event (the race of Megatron-LM #7398)");
+    auto read_done = std::make_shared<Event>();
+    for (Entry& e : g.entries) {
+      e.reloaded = Tensor::empty(device, e.shape, e.dtype);
+      std::function<void()> then;
+      if (functional && cfg.verify) {
+        const void* p = e.reloaded.buffer().data();
+        then = [p, n = e.bytes, sum = e.sum, v = verification, id = e.id] {
+          if (checksum(p, n) == *sum) {
+            ++v->verified;
+            return;
+          }
+          std::lock_guard<std::mutex> lock(v->mu);
+          if (v->failure.empty()) {
+            v->failure = "the reloaded bytes differ from the bytes that were offloaded";
+            v->failed = id;
+          }
+        };
+      }
+      h2d.copy(e.reloaded.buffer(), e.host.buffer, e.bytes,
+               "reload L" + std::to_string(g.key.layer) + " " + label(e.id), std::move(then));
+      g.h2d = checker.issue(h2d);
+    }
+    record(h2d, g.reloaded_ev);
+    record(h2d, *read_done);
+    for (Entry& e : g.entries) {
+      e.host.last_read = read_done;
+      pool.release(std::move(e.host));
+      e.host = {};
+    }
+    g.reload_issued = true;
+    now.bytes_reloaded += g.bytes;
+  }
+
+  // The group's backward is over: prefetch the next offloaded group of its micro-batch.
+  void prefetch_after(Group& g) {
+    auto& stack = stacks[g.microbatch];
+    auto it = std::find(stack.begin(), stack.end(), &g);
+    NE_CHECK(it != stack.end(), "offload: ended group not on its micro-batch's stack");
+    while (it != stack.begin()) {
+      Group& p = **--it;
+      if (!p.offloaded || p.reload_issued) continue;
+      if (g.last_stream.state()) {
+        record(g.last_stream, g.backward_end);
+        wait(h2d, g.backward_end);
+      }
+      reload(p);
+      return;
+    }
+  }
+};
+
+OffloadEngine::OffloadEngine(Device& device, OffloadConfig config) {
+  config.validate();
+  impl_ = std::make_unique<Impl>(device, std::move(config));
+}
+
+OffloadEngine::~OffloadEngine() = default;
+
+void OffloadEngine::begin_iteration() {
+  Impl& m = *impl_;
+  m.groups.clear();
+  m.index.clear();
+  m.stacks.clear();
+  m.inflight.clear();
+  m.open = nullptr;
+  m.now = {};
+}
+
+void OffloadEngine::end_iteration() {
+  Impl& m = *impl_;
+  m.checker.synchronize();
+  // Buffers of groups that were never reloaded (a forward without backward) go back as well.
+  for (Group& g : m.groups)
+    for (Entry& e : g.entries)
+      if (e.host.buffer) m.pool.release(std::move(e.host));
+  {
+    std::lock_guard<std::mutex> lock(m.verification->mu);
+    if (!m.verification->failure.empty()) {
+      const SavedTensorId id = m.verification->failed;
+      throw OffloadHazard(label(id), id.owner.layer, id.owner.microbatch, m.verification->failure);
+    }
+  }
+  m.now.tensors_verified = m.verification->verified.exchange(0);
+  m.done.push_back(m.now);
+  if (!m.warm) {
+    for (GroupRecord& r : m.records) {
+      const auto& [sum, n] = m.warm_bytes[r.key];
+      r.bytes = sum / std::uint64_t(n);
+    }
+    m.plan = plan_after_warmup(m.records, m.cfg);
+    m.warm = true;
+  }
+  begin_iteration();
+}
+
+bool OffloadEngine::warming_up() const {
+  return !impl_->warm;
+}
+const OffloadPlan& OffloadEngine::plan() const {
+  return impl_->plan;
+}
+const std::vector<GroupRecord>& OffloadEngine::warmup_groups() const {
+  return impl_->records;
+}
+const std::vector<IterationStats>& OffloadEngine::iterations() const {
+  return impl_->done;
+}
+const OffloadConfig& OffloadEngine::config() const {
+  return impl_->cfg;
+}
+Stream OffloadEngine::d2h_stream() const {
+  return impl_->d2h;
+}
+Stream OffloadEngine::h2d_stream() const {
+  return impl_->h2d;
+}
+const PinnedHostPool& OffloadEngine::host_pool() const {
+  return impl_->pool;
+}
+void OffloadEngine::inject_fault(Fault f) {
+  impl_->fault = f;
+}
+
+void OffloadEngine::module_start(const ModuleId& m, Stream&) {
+  Impl& im = *impl_;
+  if (contains(im.cfg.modules, m.module))
+    im.open = &im.new_group({m.layer, m.module}, m.microbatch);
+}
+
+void OffloadEngine::module_end(const ModuleId& m, Stream& s) {
+  Impl& im = *impl_;
+  Group* g = im.open;
+  if (!g || g->key.layer != m.layer || g->key.name != m.module || g->microbatch != m.microbatch)
+    return;
+  im.open = nullptr;
+  im.commit(*g, s);
+}
+
+void OffloadEngine::tensor_saved(const SavedTensorId& id, Tensor& t, Stream& s) {
+  Impl& im = *impl_;
+  Group* g = im.open;
+  if (g && g->key.layer == id.owner.layer && g->key.name == id.owner.module &&
+      g->microbatch == id.owner.microbatch) {
+    im.capture(*g, id, t);
+  } else if (contains(im.cfg.tensors, id.tensor)) {
+    Group& own = im.new_group({id.owner.layer, id.tensor}, id.owner.microbatch);
+    im.capture(own, id, t);
+    im.commit(own, s);
+  }
+}
+
+void OffloadEngine::tensor_needed(const SavedTensorId& id, Tensor& t, Stream& s) {
+  Impl& im = *impl_;
+  auto it = im.index.find(key_of(id));
+  if (it == im.index.end()) return;
+  auto [g, e] = it->second;
+  g->last_stream = s;
+  if (!g->offloaded) {
+    t = e->device;
+    return;
+  }
+  if (!g->reload_issued) {
+    if (im.fault == Fault::SkipReload)
+      throw OffloadHazard(label(id), id.owner.layer, id.owner.microbatch,
+                          "backward reads the device copy that was released when its group was "
+                          "offloaded; no reload was issued for it");
+    im.reload(*g);
+  }
+  if (std::find(g->waited.begin(), g->waited.end(), s.state()) == g->waited.end()) {
+    if (im.fault != Fault::ComputeWithoutReloadWait) im.wait(s, g->reloaded_ev);
+    g->waited.push_back(s.state());
+  }
+  if (!im.checker.ordered(g->h2d, s))
+    throw OffloadHazard(label(id), id.owner.layer, id.owner.microbatch,
+                        "backward on stream '" + s.name() +
+                            "' would read the reloaded copy before its H2D has completed: the "
+                            "stream never waited for the group's reload event");
+  t = e->reloaded;
+}
+
+void OffloadEngine::tensor_released(const SavedTensorId& id) {
+  Impl& im = *impl_;
+  auto it = im.index.find(key_of(id));
+  if (it == im.index.end()) return;
+  auto [g, e] = it->second;
+  im.index.erase(it);
+  e->device = e->reloaded = Tensor();
+  if (++g->released == g->entries.size()) im.prefetch_after(*g);
+}
+
+}  // namespace nodeemu::offload
