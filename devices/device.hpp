@@ -41,6 +41,8 @@ class Device {
   // device, the size asked for, the size in use and the capacity. Zero-filled.
   Buffer allocate(std::size_t bytes, std::vector<std::int64_t> shape = {});
   MemoryStats memory() const;
+  // The peak over a window of virtual time (seconds): e.g. one phase of a step.
+  std::uint64_t peak_memory(double from_s, double to_s) const;
   // Host memory of the process that drives this GPU, on its NUMA node (placement().process_numa):
   // where its pinned staging buffers live.
   Buffer allocate_host(std::size_t bytes, bool pinned = true);

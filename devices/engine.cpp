@@ -1,6 +1,7 @@
 #include "devices/engine.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 
 #include "devices/buffer_state.hpp"
@@ -617,14 +618,26 @@ void Engine::release_memory(const PendingRelease& r, VTime t) {
 }
 
 std::uint64_t Engine::peak_memory(int device) const {
+  return peak_memory(device, 0, std::numeric_limits<VTime>::max());
+}
+
+std::uint64_t Engine::peak_memory(int device, VTime from, VTime to) const {
   auto deltas = devices_[static_cast<size_t>(device)].mem.deltas;
   // At one instant, frees count before allocations: a buffer handed back at t can be reused at t.
   std::stable_sort(deltas.begin(), deltas.end(), [](const auto& x, const auto& y) {
     return x.first != y.first ? x.first < y.first : x.second < y.second;
   });
   std::int64_t cur = 0, peak = 0;
-  for (auto& [t, v] : deltas) peak = std::max(peak, cur += v);
-  return static_cast<std::uint64_t>(peak);
+  for (auto& [t, v] : deltas) {
+    if (t >= to) break;
+    cur += v;
+    if (t >= from) peak = std::max(peak, cur);
+  }
+  // The level already reached when the window opens counts too.
+  std::int64_t at_from = 0;
+  for (auto& [t, v] : deltas)
+    if (t < from) at_from += v;
+  return static_cast<std::uint64_t>(std::max(peak, from > 0 ? at_from : 0));
 }
 
 }  // namespace nodeemu::detail

@@ -260,6 +260,8 @@ class Engine {
   // `uses`: the operations that used the buffer; those still running hold the bytes.
   void account_free(int device, std::uint64_t bytes, const std::vector<OpId>& uses);
   std::uint64_t peak_memory(int device) const;
+  // The peak over virtual time [from, to).
+  std::uint64_t peak_memory(int device, VTime from, VTime to) const;
   std::uint64_t memory_in_use(int device) const { return devices_[size_t(device)].mem.live; }
 
   // --- actors ---

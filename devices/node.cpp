@@ -223,6 +223,11 @@ Buffer Device::allocate_host(std::size_t bytes, bool pinned) {
   return node_->allocate_host(bytes, placement_.process_numa, pinned, placement_.node);
 }
 
+std::uint64_t Device::peak_memory(double from_s, double to_s) const {
+  auto vt = [](double s) { return VTime(s * double(kPicosPerSecond)); };
+  return node_->engine().peak_memory(id(), vt(from_s), vt(to_s));
+}
+
 MemoryStats Device::memory() const {
   auto& e = node_->engine();
   return {e.memory_in_use(id()), e.peak_memory(id()), spec_->hbm_bytes};

@@ -1,0 +1,247 @@
+// The offload engine on one device, under the layers it plugs into: bit-identical numerics with
+// every reload checksummed, the warm-up then the plan, exact memory savings in meta mode, and the
+// hazard checker catching deliberately broken reloads.
+#include <gtest/gtest.h>
+
+#include "devices/node.hpp"
+#include "offload/hazard_checker.hpp"
+#include "offload/offload_engine.hpp"
+#include "tests/layers/model_support.hpp"
+
+namespace nodeemu::offload {
+namespace {
+
+using layers::ExecContext;
+using layers::ModelChunk;
+
+const std::vector<std::string> kAllModules = {"attn_norm", "qkv_linear", "core_attn", "attn_proj",
+                                              "mlp_norm",  "expert_fc1", "moe_act"};
+
+struct Outcome {
+  std::vector<double> losses;                       // per iteration and micro-batch
+  std::vector<std::vector<float>> grads;            // per iteration, every parameter
+  std::vector<IterationStats> stats;                // the engine's, per iteration
+  std::uint64_t peak = 0;
+};
+
+// `iterations` steps of `mbs` micro-batches (forward then backward each) on one device, with
+// the engine when `cfg` is given.
+Outcome run(const std::optional<OffloadConfig>& cfg, int iterations = 2, int mbs = 2,
+            OffloadEngine::Fault fault = OffloadEngine::Fault::None) {
+  const layers::ModelConfig model = testing::tiny_moe(layers::DType::BF16);
+  Node node(testing::model_options(1));
+  Communicator comm(node);
+  Outcome out;
+  node.run([&](Host& host) {
+    Device& dev = host.device();
+    ModelChunk chunk(model, {0, model.num_layers, true, true}, dev, testing::kSeed,
+                     comm.group({0}, "ep"), 0);
+    ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
+    std::unique_ptr<OffloadEngine> engine;
+    if (cfg) {
+      engine = std::make_unique<OffloadEngine>(dev, *cfg);
+      engine->inject_fault(fault);
+      ctx.hooks = engine.get();
+    }
+    for (int it = 0; it < iterations; ++it) {
+      if (engine) engine->begin_iteration();
+      chunk.zero_grad(ctx.compute);
+      std::vector<std::unique_ptr<layers::ChunkPlan>> plans;
+      for (int m = 0; m < mbs; ++m) {
+        plans.push_back(chunk.plan(
+            ctx, m,
+            layers::synthetic_microbatch(model, 1, testing::kSeq, testing::kSeed, m, it), 1.0));
+        plans.back()->forward_all();
+        plans.back()->backward_all();
+      }
+      dev.synchronize();
+      if (engine) {
+        engine->end_iteration();
+        out.stats.push_back(engine->iterations().back());
+      }
+      for (auto& p : plans) out.losses.push_back(p->loss_sum());
+      std::vector<float> g;
+      for (auto* p : chunk.parameters()) {
+        auto v = p->main_grad.to_f32();
+        g.insert(g.end(), v.begin(), v.end());
+      }
+      out.grads.push_back(std::move(g));
+    }
+    out.peak = dev.memory().peak;
+  });
+  return out;
+}
+
+OffloadConfig everything() {
+  OffloadConfig c;
+  c.modules = kAllModules;
+  c.tensors = {"pre_mlp_layernorm_output"};
+  c.min_tensor_elements = 0;  // the tiny model's tensors are small
+  return c;
+}
+
+TEST(OffloadEngine, BitIdenticalWithEveryReloadChecksummed) {
+  const Outcome off = run(std::nullopt);
+  const Outcome on = run(everything());
+  ASSERT_EQ(on.losses.size(), off.losses.size());
+  for (std::size_t i = 0; i < off.losses.size(); ++i) EXPECT_EQ(on.losses[i], off.losses[i]);
+  EXPECT_EQ(on.grads, off.grads);
+  ASSERT_EQ(on.stats.size(), 2u);
+  // Warm-up: every group of every layer and micro-batch offloaded, and all of it came back.
+  const IterationStats& w = on.stats[0];
+  EXPECT_EQ(w.groups_offloaded, 2 * 4 * 8);  // micro-batches x layers x (7 modules + 1 tensor)
+  EXPECT_EQ(w.groups_kept, 0);
+  EXPECT_GT(w.bytes_offloaded, 0u);
+  EXPECT_EQ(w.bytes_reloaded, w.bytes_offloaded);
+  EXPECT_GT(w.tensors_verified, 2u * 4 * 8);  // attn_norm and core_attn keep two tensors each
+  // After it, the last layer's group of each name stays on the device.
+  const IterationStats& s = on.stats[1];
+  EXPECT_EQ(s.groups_offloaded, 2 * 3 * 8);
+  EXPECT_EQ(s.groups_kept, 2 * 8);
+  EXPECT_EQ(s.bytes_reloaded, s.bytes_offloaded);
+}
+
+TEST(OffloadEngine, FractionAndInflightBoundKeepNumerics) {
+  OffloadConfig c = everything();
+  c.fraction = 0.5;
+  c.max_inflight = 1;
+  const Outcome on = run(c, 3);
+  const Outcome off = run(std::nullopt, 3);
+  EXPECT_EQ(on.grads, off.grads);
+  EXPECT_EQ(on.stats[2].groups_offloaded, 2 * 12);  // half of the 24 eligible per micro-batch
+}
+
+// Expects `fault` to be reported, naming a tensor, its layer and micro-batch.
+void expect_hazard(OffloadEngine::Fault fault, const std::string& what) {
+  try {
+    run(everything(), 1, 1, fault);
+    FAIL() << "no hazard reported for: " << what;
+  } catch (const OffloadHazard& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(what), std::string::npos) << msg;
+    EXPECT_NE(msg.find("(layer " + std::to_string(e.layer()) + ", micro-batch 0)"),
+              std::string::npos)
+        << msg;
+    EXPECT_FALSE(e.tensor().empty());
+  }
+}
+
+TEST(OffloadEngine, HazardCheckerReportsAReloadThatDoesNotWaitForItsOffload) {
+  expect_hazard(OffloadEngine::Fault::ReloadWithoutOffloadWait,
+                "before the D2H that fills it has completed");
+}
+
+TEST(OffloadEngine, HazardCheckerReportsBackwardThatDoesNotWaitForTheReload) {
+  expect_hazard(OffloadEngine::Fault::ComputeWithoutReloadWait,
+                "would read the reloaded copy before its H2D has completed");
+}
+
+TEST(OffloadEngine, HazardCheckerReportsAUseOfTheReleasedDeviceCopy) {
+  expect_hazard(OffloadEngine::Fault::SkipReload, "released when its group was offloaded");
+}
+
+TEST(HazardChecker, OrderingIsHappensBeforeNotTiming) {
+  Node node(testing::model_options(1));
+  Device& dev = node.device(0);
+  Stream a = dev.create_stream(Priority::Normal, "a"), b = dev.create_stream(Priority::Normal, "b");
+  HazardChecker c;
+  const auto op = c.issue(a);
+  EXPECT_TRUE(c.ordered(op, a));
+  EXPECT_FALSE(c.ordered(op, b));
+  Event e;
+  c.record(a, e);
+  c.wait(b, e);
+  EXPECT_TRUE(c.ordered(op, b));
+  const auto later = c.issue(a);  // after the event: b is not ordered after it
+  EXPECT_FALSE(c.ordered(later, b));
+  c.synchronize();
+  EXPECT_TRUE(c.ordered(later, b));
+}
+
+// Meta mode, Qwen3-30B-A3B-sized MoE layers, eight micro-batches in flight (a pipeline's
+// warm-up): the activation peak, at the end of the forwards, drops by exactly the bytes the plan
+// offloads per micro-batch pass, for each of them. (The backward phase is not asserted: the
+// emulator charges a reload's buffer when the host enqueues it and frees a consumed activation
+// when the device has used it, so a host running ahead counts both; PyTorch's caching allocator
+// frees at host time.)
+TEST(OffloadEngine, MetaPeakMemoryDropsByThePlannedBytes) {
+  layers::ModelConfig cfg = testing::tiny_moe(layers::DType::BF16);
+  cfg.num_layers = 4;
+  cfg.hidden_size = 2048;
+  cfg.num_attention_heads = 32;
+  cfg.num_query_groups = 4;
+  cfg.kv_channels = 128;
+  cfg.num_moe_experts = 128;
+  cfg.moe_ffn_hidden_size = 768;
+  cfg.moe_shared_expert_intermediate_size = 0;
+  cfg.router.num_experts = 128;
+  cfg.router.topk = 8;
+  cfg.router.force_load_balancing = true;
+  const std::int64_t T = 1024;
+  constexpr int kMicrobatches = 8;
+  auto peak = [&](bool offload, OffloadPlan* plan, std::vector<GroupRecord>* records) {
+    Node node(testing::model_options(1, 1, 1, Mode::Meta));
+    Communicator comm(node);
+    std::uint64_t p = 0;
+    node.run([&](Host& host) {
+      Device& dev = host.device();
+      ModelChunk chunk(cfg, {0, cfg.num_layers, false, false}, dev, 1, comm.group({0}, "ep"), 0);
+      ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
+      OffloadConfig oc;
+      oc.modules = {"expert_fc1", "moe_act"};
+      oc.fraction = 0.5;
+      OffloadEngine engine(dev, oc);
+      if (offload) ctx.hooks = &engine;
+      // A pipeline's warm-up: every micro-batch's forward, then the backwards, last first.
+      for (int it = 0; it < 2; ++it) {
+        engine.begin_iteration();
+        layers::MicroBatch mb;
+        mb.seq = T;
+        mb.tokens.assign(std::size_t(T), 0);
+        mb.labels.assign(std::size_t(T), 0);
+        std::vector<std::unique_ptr<layers::ChunkPlan>> plans;
+        const double t0 = host.now_s();
+        for (int m = 0; m < kMicrobatches; ++m) {
+          plans.push_back(chunk.plan(ctx, m, mb, 1.0 / double(T)));
+          plans.back()->input =
+              layers::Tensor::empty(dev, {T, cfg.hidden_size}, layers::DType::BF16);
+          // Node by node with the host in step with the device: the emulator charges an
+          // allocation when the host makes it and a free when the device is done with the
+          // buffer, so a host running ahead would count transients that a caching allocator
+          // reuses.
+          for (auto& l : plans.back()->layers)
+            for (layers::ScheduleNode* n : {&l->pre_dispatch, &l->dispatch, &l->mlp, &l->combine}) {
+              n->forward();
+              dev.synchronize();
+            }
+        }
+        p = dev.peak_memory(t0, host.now_s());
+        for (int m = kMicrobatches - 1; m >= 0; --m) {
+          auto& pl = plans[std::size_t(m)];
+          pl->grad_output = layers::Tensor::empty(dev, {T, cfg.hidden_size}, layers::DType::BF16);
+          pl->backward_all();
+          pl.reset();
+        }
+        dev.synchronize();
+        engine.end_iteration();
+      }
+      if (plan) *plan = engine.plan();
+      if (records) *records = engine.warmup_groups();
+    });
+    return p;
+  };
+  OffloadPlan plan;
+  std::vector<GroupRecord> records;
+  const std::uint64_t with = peak(true, &plan, &records);
+  const std::uint64_t without = peak(false, nullptr, nullptr);
+  // Layer 3 keeps both groups (the last of each name); of the six eligible groups of layers 0-2,
+  // the fraction 0.5 offloads the first three: layer 0's expert_fc1 (the dispatched tokens, T x
+  // top-k x hidden) and moe_act (fc1's output, T x top-k x 2 x ffn), and layer 1's expert_fc1.
+  // The router probabilities are under min_offloaded_tensor_size and stay.
+  const std::uint64_t expected = plan.bytes_offloaded_per_pass(records);
+  EXPECT_EQ(expected, std::uint64_t(T) * 8 * (2048 + 2 * 768 + 2048) * 2);
+  EXPECT_EQ(without - with, kMicrobatches * expected);
+}
+
+}  // namespace
+}  // namespace nodeemu::offload
