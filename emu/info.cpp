@@ -3,6 +3,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "devices/errors.hpp"
 #include "devices/node.hpp"
 #include "devices/numa_memory.hpp"
 #include "devices/worker_pool.hpp"
@@ -48,11 +49,16 @@ NodeOptions node_options_from(const Flags& f) {
   o.thread_budget = f.get_int("thread-budget", 0);
   o.workers_per_device = f.get_int("workers", 0);
   o.cuda_device_max_connections = f.get_int("max-connections", 8);
+  const std::string bind = f.get("bindpcie", "off");
+  if (bind != "on" && bind != "off")
+    throw ConfigError("command line", "--bindpcie", "is on or off, got '" + bind + "'");
+  o.bindpcie = bind == "on";
   return o;
 }
 
 int info_command(const std::vector<std::string>& args, std::ostream& out, std::ostream&) {
-  Flags flags("info", args, {"topology", "nodes", "synthetic-host", "thread-budget", "workers"});
+  Flags flags("info", args,
+              {"topology", "nodes", "synthetic-host", "thread-budget", "workers", "bindpcie"});
   Node node(node_options_from(flags));
   const NodeTopology& t = node.topology();
   const GpuSpec& g = t.gpu;
@@ -98,6 +104,20 @@ int info_command(const std::vector<std::string>& args, std::ostream& out, std::o
         << std::right << "\n";
   }
   // Where device memory really lands, read back from the kernel rather than trusted.
+  // Where each rank's host side lives: its host thread and its pinned host pool (offload
+  // buffers). bindpcie puts them on the GPU's PCIe-local node; unbound, the ranks spread over
+  // the sockets and half of a DGX's land on the far one.
+  out << "\nHost side of each rank (" << (node.options().bindpcie ? "--bindpcie on" : "unbound")
+      << "):\n  GPU  GPU-NUMA  host-mem-NUMA  real-NUMA  host-thread-PUs\n";
+  for (int d = 0; d < node.device_count(); ++d) {
+    const DevicePlacement& p = node.device(d).placement();
+    out << "  " << std::left << std::setw(5) << d << std::setw(10) << p.emulated_numa
+        << std::setw(15)
+        << (std::to_string(p.process_numa) + (p.process_numa != p.emulated_numa ? " (far)" : ""))
+        << std::setw(11) << p.process_real_numa
+        << (p.process_bound ? ranges(p.process_real_pus) : std::string("unbound")) << std::right
+        << "\n";
+  }
   out << "\nDevice memory placement check:\n";
   std::vector<int> seen;
   for (int d = 0; d < node.device_count(); ++d) {
