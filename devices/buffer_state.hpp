@@ -28,7 +28,7 @@ struct BufferState : std::enable_shared_from_this<BufferState> {
   numa::Placement placement;  // ptr is null for meta buffers
   std::vector<OpId> uses;     // operations that used it and may still be running (engine-pruned)
   ~BufferState() {
-    if (placement.ptr) numa::release(placement);
+    if (placement.ptr) numa::recycle(placement);
   }
 };
 

@@ -40,6 +40,9 @@ class Device {
   // node that stands for the GPU's socket in functional mode. Throws OutOfMemory naming the
   // device, the size asked for, the size in use and the capacity. Zero-filled.
   Buffer allocate(std::size_t bytes, std::vector<std::int64_t> shape = {});
+  // The same without the zero-fill, for memory the caller overwrites before reading (a copy's
+  // destination). Its contents are unspecified.
+  Buffer allocate_uninitialized(std::size_t bytes, std::vector<std::int64_t> shape = {});
   MemoryStats memory() const;
   // The peak over a window of virtual time (seconds): e.g. one phase of a step.
   std::uint64_t peak_memory(double from_s, double to_s) const;
@@ -55,6 +58,7 @@ class Device {
   Device(Node* node, DevicePlacement placement, const GpuSpec* spec, WorkerPool* pool);
 
  private:
+  Buffer allocate_impl(std::size_t bytes, std::vector<std::int64_t> shape, bool zeroed);
   Node* node_;
   DevicePlacement placement_;
   const GpuSpec* spec_;

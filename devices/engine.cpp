@@ -1,8 +1,8 @@
 #include "devices/engine.hpp"
 
 #include <algorithm>
-#include <limits>
 #include <cmath>
+#include <limits>
 
 #include "devices/buffer_state.hpp"
 #include "devices/check.hpp"

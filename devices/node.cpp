@@ -198,6 +198,14 @@ Stream Device::create_stream(Priority p, std::string name) {
 }
 
 Buffer Device::allocate(std::size_t bytes, std::vector<std::int64_t> shape) {
+  return allocate_impl(bytes, std::move(shape), true);
+}
+
+Buffer Device::allocate_uninitialized(std::size_t bytes, std::vector<std::int64_t> shape) {
+  return allocate_impl(bytes, std::move(shape), false);
+}
+
+Buffer Device::allocate_impl(std::size_t bytes, std::vector<std::int64_t> shape, bool zeroed) {
   auto& engine = node_->engine();
   engine.account_alloc(id(), bytes);
   auto s = std::make_shared<detail::BufferState>();
@@ -209,7 +217,7 @@ Buffer Device::allocate(std::size_t bytes, std::vector<std::int64_t> shape) {
   s->meta = engine.mode() == Mode::Meta;
   if (!s->meta) {
     try {
-      s->placement = numa::allocate_on_node(bytes, placement_.real_numa);
+      s->placement = numa::allocate_on_node(bytes, placement_.real_numa, zeroed);
     } catch (...) {
       engine.account_free(id(), bytes, {});
       throw;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -91,7 +92,44 @@ bool node_exists(int node) {
   return false;
 }
 
-Placement allocate_on_node(std::size_t bytes, int node) {
+namespace {
+
+// Released unpinned blocks, by (node, bytes): see allocate_on_node.
+struct BlockCache {
+  static constexpr std::size_t kCapBytes = std::size_t(1) << 30;
+  std::mutex mu;
+  std::map<std::pair<int, std::size_t>, std::vector<Placement>> free;
+  std::size_t cached = 0;
+};
+
+BlockCache& block_cache() {
+  static BlockCache* c = new BlockCache;  // never destroyed: released blocks may outlive statics
+  return *c;
+}
+
+bool take_cached(std::size_t bytes, int node, Placement& out) {
+  BlockCache& c = block_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto it = c.free.find({node, bytes});
+  if (it == c.free.end() || it->second.empty()) return false;
+  out = it->second.back();
+  it->second.pop_back();
+  c.cached -= bytes;
+  return true;
+}
+
+bool keep_cached(const Placement& p) {
+  BlockCache& c = block_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (c.cached + p.bytes > BlockCache::kCapBytes) return false;
+  c.free[{p.requested_node, p.bytes}].push_back(p);
+  c.cached += p.bytes;
+  return true;
+}
+
+}  // namespace
+
+Placement allocate_on_node(std::size_t bytes, int node, bool zeroed) {
   // Checked before libnuma sees the node: it would bind to nothing, hand back node-0 memory and
   // only complain on stderr.
   if (!node_exists(node))
@@ -103,6 +141,10 @@ Placement allocate_on_node(std::size_t bytes, int node) {
   p.requested_node = node;
   // Like cudaMallocHost(0): nothing to place, a null pointer that release() accepts.
   if (bytes == 0) return p;
+  if (take_cached(bytes, node, p)) {
+    if (zeroed) std::memset(p.ptr, 0, bytes);
+    return p;
+  }
 
   void* ptr = nullptr;
   if (available()) {
@@ -127,6 +169,11 @@ Placement allocate_pinned_on_node(std::size_t bytes, int node) {
   Placement p = allocate_on_node(bytes, node);
   if (p.ptr != nullptr) p.locked = mlock(p.ptr, p.bytes) == 0;
   return p;
+}
+
+void recycle(const Placement& p) {
+  if (p.ptr != nullptr && !p.locked && keep_cached(p)) return;
+  release(p);
 }
 
 void release(const Placement& p) {

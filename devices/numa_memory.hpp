@@ -24,11 +24,18 @@ struct Placement {
 // Allocates `bytes` on real NUMA node `node`, zero-filled. Throws HostError if the node does not
 // exist, and OutOfMemory-like HostError if the host has no memory left. When libnuma is not
 // usable, falls back to ordinary page-aligned memory and reports actual_node = -1.
-Placement allocate_on_node(std::size_t bytes, int node);
+//
+// Recycled unpinned blocks are kept (up to 1 GiB, by node and exact size) and handed out again, as
+// a caching allocator would: faulting in and checking fresh pages costs several times the copy
+// that fills them. `zeroed = false` skips the zero-fill of a reused block, for memory the caller
+// overwrites at once (a reload's destination).
+Placement allocate_on_node(std::size_t bytes, int node, bool zeroed = true);
 // The same, then mlock()ed: pinned host memory for copy engines. Failing to lock is not an
 // error (RLIMIT_MEMLOCK); `locked` says what happened.
 Placement allocate_pinned_on_node(std::size_t bytes, int node);
 void release(const Placement& p);
+// Like release, but an unpinned block may be kept for allocate_on_node to hand out again.
+void recycle(const Placement& p);
 
 // The real NUMA node of the page holding `addr`, or -1 if the kernel cannot say.
 int node_of(const void* addr);

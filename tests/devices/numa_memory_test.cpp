@@ -164,6 +164,19 @@ TEST(NumaAllocate, ReleaseUnmaps) {
   EXPECT_FALSE(is_mapped(p.ptr, p.bytes));
 }
 
+TEST(NumaAllocate, RecycledBlocksAreReusedZeroFilledOnTheirNode) {
+  Placement p = allocate_on_node(7 * kPage, 0);
+  static_cast<char*>(p.ptr)[100] = 42;
+  recycle(p);
+  EXPECT_TRUE(is_mapped(p.ptr, p.bytes));  // kept
+  Placement q = allocate_on_node(7 * kPage, 0);
+  EXPECT_EQ(q.ptr, p.ptr);
+  EXPECT_EQ(q.actual_node, p.actual_node);
+  EXPECT_EQ(static_cast<char*>(q.ptr)[100], 0);  // zero-filled again
+  release(q);
+  EXPECT_FALSE(is_mapped(q.ptr, q.bytes));
+}
+
 TEST(NumaAllocate, ZeroBytesIsANullPlacement) {
   Placement p = allocate_on_node(0, 0);
   EXPECT_EQ(p.ptr, nullptr);

@@ -44,10 +44,10 @@ TEST(OffloadRun, ListOverridesReachTheEngine) {
 TEST(OffloadRun, OffloadAndRecomputeKeepTheNumericsHash) {
   const RunReport base = train(tiny({"train.train_iters=3"}));
   const RunReport off = train(tiny(kOffload));
-  const RunReport rec = train(tiny(
-      {"model.recompute_granularity=selective",
-       "model.recompute_modules=[core_attn,layernorm,moe_act,moe,shared_experts]",
-       "train.train_iters=3"}));
+  const RunReport rec =
+      train(tiny({"model.recompute_granularity=selective",
+                  "model.recompute_modules=[core_attn,layernorm,moe_act,moe,shared_experts]",
+                  "train.train_iters=3"}));
   ASSERT_TRUE(base.numerics_hash);
   EXPECT_EQ(off.numerics_hash, base.numerics_hash);
   EXPECT_EQ(rec.numerics_hash, base.numerics_hash);
@@ -69,19 +69,20 @@ TEST(OffloadRun, OffloadAndRecomputeKeepTheNumericsHash) {
 }
 
 TEST(OffloadRun, CombinedScheduleWithOffloadAndOverlapNodeRecomputeIsBitIdentical) {
-  const std::vector<std::string> pp = {
-      "emulator.gpus_per_node=8", "model.pipeline_model_parallel_size=2",
-      "model.virtual_pipeline_model_parallel_size=2",
-      "comm_overlap.overlap_moe_expert_parallel_comm=true",
-      "comm_overlap.delay_wgrad_compute=true", "train.train_iters=2"};
+  const std::vector<std::string> pp = {"emulator.gpus_per_node=8",
+                                       "model.pipeline_model_parallel_size=2",
+                                       "model.virtual_pipeline_model_parallel_size=2",
+                                       "comm_overlap.overlap_moe_expert_parallel_comm=true",
+                                       "comm_overlap.delay_wgrad_compute=true",
+                                       "train.train_iters=2"};
   const RunReport base = train(tiny(pp));
-  const RunReport all = train(tiny(with(
-      pp, {"model.recompute_granularity=selective",
-           "model.recompute_modules=[a2a_overlap_attn,a2a_overlap_post_attn,a2a_overlap_mlp]",
-           "model.fine_grained_activation_offloading=true",
-           "model.offload_modules=[attn_norm,mlp_norm,expert_fc1]",
-           "model.offload_tensors=[dispatched_input,pre_mlp_layernorm_output]",
-           "model.min_offloaded_tensor_size=0"})));
+  const RunReport all = train(tiny(
+      with(pp, {"model.recompute_granularity=selective",
+                "model.recompute_modules=[a2a_overlap_attn,a2a_overlap_post_attn,a2a_overlap_mlp]",
+                "model.fine_grained_activation_offloading=true",
+                "model.offload_modules=[attn_norm,mlp_norm,expert_fc1]",
+                "model.offload_tensors=[dispatched_input,pre_mlp_layernorm_output]",
+                "model.min_offloaded_tensor_size=0"})));
   EXPECT_EQ(all.numerics_hash, base.numerics_hash);
   EXPECT_GT(all.recompute_s, 0);
 }
@@ -115,13 +116,20 @@ TEST(OffloadRun, BaselineMeasuresPeakMemoryWithoutOffload) {
 // copies are slower and less hidden.
 TEST(OffloadRun, BindPcieLowersExposedOffloadInVirtualTime) {
   const std::vector<std::string> meta = {
-      "emulator.mode=meta", "model.moe_router_force_load_balancing=true",
-      "model.hidden_size=1024", "model.num_attention_heads=8", "model.num_query_groups=4",
-      "model.ffn_hidden_size=2048", "model.moe_ffn_hidden_size=1024",
-      "model.moe_shared_expert_intermediate_size=1024", "train.seq_length=4096",
-      "model.vocab_size=32000", "train.global_batch_size=8",
+      "emulator.mode=meta",
+      "model.moe_router_force_load_balancing=true",
+      "model.hidden_size=1024",
+      "model.num_attention_heads=8",
+      "model.num_query_groups=4",
+      "model.ffn_hidden_size=2048",
+      "model.moe_ffn_hidden_size=1024",
+      "model.moe_shared_expert_intermediate_size=1024",
+      "train.seq_length=4096",
+      "model.vocab_size=32000",
+      "train.global_batch_size=8",
       "model.fine_grained_activation_offloading=true",
-      "model.offload_modules=[expert_fc1,moe_act,attn_norm,mlp_norm]", "train.train_iters=3"};
+      "model.offload_modules=[expert_fc1,moe_act,attn_norm,mlp_norm]",
+      "train.train_iters=3"};
   const RunReport unbound = train(tiny(with(meta, {"emulator.bindpcie=false"})));
   const RunReport bound = train(tiny(with(meta, {"emulator.bindpcie=true"})));
   EXPECT_TRUE(bound.bindpcie);

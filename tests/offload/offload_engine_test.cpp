@@ -18,9 +18,9 @@ const std::vector<std::string> kAllModules = {"attn_norm", "qkv_linear", "core_a
                                               "mlp_norm",  "expert_fc1", "moe_act"};
 
 struct Outcome {
-  std::vector<double> losses;                       // per iteration and micro-batch
-  std::vector<std::vector<float>> grads;            // per iteration, every parameter
-  std::vector<IterationStats> stats;                // the engine's, per iteration
+  std::vector<double> losses;             // per iteration and micro-batch
+  std::vector<std::vector<float>> grads;  // per iteration, every parameter
+  std::vector<IterationStats> stats;      // the engine's, per iteration
   std::uint64_t peak = 0;
 };
 
@@ -49,8 +49,8 @@ Outcome run(const std::optional<OffloadConfig>& cfg, int iterations = 2, int mbs
       std::vector<std::unique_ptr<layers::ChunkPlan>> plans;
       for (int m = 0; m < mbs; ++m) {
         plans.push_back(chunk.plan(
-            ctx, m,
-            layers::synthetic_microbatch(model, 1, testing::kSeq, testing::kSeed, m, it), 1.0));
+            ctx, m, layers::synthetic_microbatch(model, 1, testing::kSeq, testing::kSeed, m, it),
+            1.0));
         plans.back()->forward_all();
         plans.back()->backward_all();
       }
