@@ -220,6 +220,10 @@ class Rules {
     if (f < 0 || f > 1) error("model.activation_offload_fraction", "must be in [0, 1]");
     if (set("model.max_inflight_offloads") && i("model.max_inflight_offloads") < 1)
       error("model.max_inflight_offloads", "must be at least 1 (or unset)");
+    if (r_.integer("model.min_offloaded_tensor_size") < 0)
+      error("model.min_offloaded_tensor_size", "must be 0 or more elements");
+    if (r_.integer("model.delta_offload_bytes_across_pp_ranks") < 0)
+      error("model.delta_offload_bytes_across_pp_ranks", "must be 0 or more bytes");
   }
 
   void recompute() {

@@ -147,6 +147,10 @@ const Rule kRules[] = {
      {"model.activation_offload_fraction=0.5"},
      {"model.activation_offload_fraction=1.5"},
      "error: model.activation_offload_fraction: must be in [0, 1]\n"},
+    {"offload_sizes_not_negative",
+     {"model.min_offloaded_tensor_size=0"},
+     {"model.min_offloaded_tensor_size=-1"},
+     "error: model.min_offloaded_tensor_size: must be 0 or more elements\n"},
     // --- recompute ---
     {"moe_act_recompute_needs_grouped_gemm",
      {"model.recompute_granularity=selective", "model.recompute_modules=[moe_act,layernorm]"},

@@ -9,26 +9,8 @@
 namespace nodeemu::layers {
 namespace {
 
-ModelConfig qwen3_30b_a3b_layer() {
-  ModelConfig c;
-  c.num_layers = 1;
-  c.hidden_size = 2048;
-  c.num_attention_heads = 32;
-  c.num_query_groups = 4;
-  c.kv_channels = 128;
-  c.vocab_size = 151936;
-  c.num_moe_experts = 128;
-  c.moe_ffn_hidden_size = 768;
-  c.router.num_experts = 128;
-  c.router.topk = 8;
-  c.router.force_load_balancing = true;  // meta mode: routing known on the host
-  c.rotary_base = 1e6;
-  c.dtype = DType::BF16;
-  return c;
-}
-
 TEST(Meta, Qwen3LayerReportsFlopsBytesAndMemoryWithoutData) {
-  const ModelConfig cfg = qwen3_30b_a3b_layer();
+  const ModelConfig cfg = testing::qwen3_30b_a3b_layer();
   const std::int64_t T = 4096, H = 2048;
   Node node(testing::model_options(1, 1, 1, Mode::Meta));
   Communicator comm(node);

@@ -33,6 +33,25 @@ inline layers::ModelConfig tiny_moe(layers::DType dt = layers::DType::F32) {
   return c;
 }
 
+// One Qwen3-30B-A3B MoE layer at full size (for meta mode).
+inline layers::ModelConfig qwen3_30b_a3b_layer() {
+  layers::ModelConfig c;
+  c.num_layers = 1;
+  c.hidden_size = 2048;
+  c.num_attention_heads = 32;
+  c.num_query_groups = 4;
+  c.kv_channels = 128;
+  c.vocab_size = 151936;
+  c.num_moe_experts = 128;
+  c.moe_ffn_hidden_size = 768;
+  c.router.num_experts = 128;
+  c.router.topk = 8;
+  c.router.force_load_balancing = true;  // meta mode: routing known on the host
+  c.rotary_base = 1e6;
+  c.dtype = layers::DType::BF16;
+  return c;
+}
+
 constexpr std::int64_t kSeq = 16;
 constexpr std::uint64_t kSeed = 1234;
 

@@ -165,18 +165,8 @@ TEST(HazardChecker, OrderingIsHappensBeforeNotTiming) {
 // when the device has used it, so a host running ahead counts both; PyTorch's caching allocator
 // frees at host time.)
 TEST(OffloadEngine, MetaPeakMemoryDropsByThePlannedBytes) {
-  layers::ModelConfig cfg = testing::tiny_moe(layers::DType::BF16);
+  layers::ModelConfig cfg = testing::qwen3_30b_a3b_layer();
   cfg.num_layers = 4;
-  cfg.hidden_size = 2048;
-  cfg.num_attention_heads = 32;
-  cfg.num_query_groups = 4;
-  cfg.kv_channels = 128;
-  cfg.num_moe_experts = 128;
-  cfg.moe_ffn_hidden_size = 768;
-  cfg.moe_shared_expert_intermediate_size = 0;
-  cfg.router.num_experts = 128;
-  cfg.router.topk = 8;
-  cfg.router.force_load_balancing = true;
   const std::int64_t T = 1024;
   constexpr int kMicrobatches = 8;
   auto peak = [&](bool offload, OffloadPlan* plan, std::vector<GroupRecord>* records) {
