@@ -1,8 +1,9 @@
 // Emulated memory: device memory on an emulated GPU, or pinned/pageable host memory on an
 // emulated NUMA node. A Buffer is a shared handle. Its memory is returned to the device's
-// account (virtual time) when the last handle is dropped *and* the last operation that used it
-// has completed, and the real bytes are freed once that operation has also run for real —
-// CUDA's caching-allocator-with-record_stream behaviour.
+// account (virtual time) when the last handle is dropped *and* its last use on a stream other
+// than the compute (default) stream has completed; uses on the compute stream do not hold it,
+// since what the host allocates next runs after them. That is PyTorch's caching allocator with
+// record_stream on the side streams. The real bytes are freed once every use has run for real.
 #pragma once
 
 #include <cstddef>
