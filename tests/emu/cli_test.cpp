@@ -81,6 +81,20 @@ TEST(Cli, InfoOnASyntheticHostFoldsOntoThisMachine) {
   EXPECT_NE(r.out.find("synthetic"), std::string::npos);
 }
 
+TEST(Cli, InfoSaysWhereEachRanksHostThreadAndPinnedMemoryLive) {
+  Result bound = run("info --synthetic-host 'package:2 numa:1 core:4 pu:1' --bindpcie on");
+  ASSERT_EQ(bound.code, 0) << bound.err;
+  EXPECT_NE(bound.out.find("Host side of each rank (--bindpcie on)"), std::string::npos);
+  EXPECT_EQ(bound.out.find("(far)"), std::string::npos) << bound.out;
+  Result unbound = run("info");
+  ASSERT_EQ(unbound.code, 0) << unbound.err;
+  EXPECT_NE(unbound.out.find("Host side of each rank (unbound)"), std::string::npos);
+  EXPECT_NE(unbound.out.find("1 (far)"), std::string::npos) << unbound.out;  // GPU 4: socket 1
+  Result bad = run("info --bindpcie maybe");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--bindpcie: is on or off"), std::string::npos) << bad.err;
+}
+
 TEST(Cli, MissingTopologyFileIsOneLineNamingTheFile) {
   Result r = run("info --topology /nonexistent/topo.yaml");
   EXPECT_EQ(r.code, 2);
