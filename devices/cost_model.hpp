@@ -1,5 +1,6 @@
-// The timing plane's price list: how long an operation takes on the target GPU when it has the
-// whole device (or the whole PCIe direction) to itself. Sharing is the engine's business.
+// The timing plane's price list for one GPU: how long an operation takes when it has the whole
+// device (or its copy engine) to itself, from the GPU's measured profile. Sharing is the engine's
+// business (contention, from the same profile).
 #pragma once
 
 #include "devices/gpu_spec.hpp"
@@ -8,16 +9,13 @@
 
 namespace nodeemu {
 
-// t = max(flops / (peak x eff_compute(flops)), bytes / (HBM bw x eff_memory(bytes))), or
-// `fixed_s` when given. A communication kernel (sms > 0) is priced as if it ran on its own SMs:
-// its FLOP rate scales with sms / total.
-double kernel_seconds(const GpuSpec& gpu, const Work& w);
+// From the profile's tables (GpuProfile::price); a spec without a profile prices every kernel by
+// the datasheet roofline, reported as unpriced.
+KernelPrice kernel_price(const GpuSpec& gpu, const Work& w);
 
-enum class CopyDirection { HostToDevice, DeviceToHost, DeviceToDevice };
-
-// latency + bytes / rate, where the PCIe rate is scaled down for pageable host memory and for a
-// host buffer on the socket that is not local to the GPU (the bindpcie question). A copy within
-// HBM reads and writes every byte.
+// A copy through its engine: the profile's PCIe table by direction, host memory kind and size.
+// A host buffer on the socket that is not local to the GPU (the bindpcie question) moves its
+// bytes at the topology's remote_numa_factor of the rate; the fixed start-up stays.
 double copy_seconds(const GpuSpec& gpu, const PcieSpec& pcie, CopyDirection dir, double bytes,
                     bool pageable, bool remote_numa);
 

@@ -158,11 +158,17 @@ OpId Engine::issue(StreamState& s, Issue in) {
   Actor& a = current();
   DeviceState& d = devices_[static_cast<size_t>(s.device)];
   VTime issued = a.clock;
+  if (a.graph_replay > 0) {
+    // Replayed from a captured graph: no eager launch, and the GPU starts it when it gets there.
+    in.host_cost_s = d.spec->graph_kernel_host_s;
+    in.latency_s = 0;
+  }
   a.clock += seconds_to_vtime(in.host_cost_s);
   emit_host(a.id, in.name, issued, a.clock);
   OpId id = new_op(s, in.kind, std::move(in.name), in.res);
   Op& op = ops_[id];
   op.sms = in.sms;
+  op.memory_bound = in.memory_bound;
   op.remaining = static_cast<double>(seconds_to_vtime(in.duration_s));
   op.ready_at = a.clock + seconds_to_vtime(in.latency_s);
   if (in.res == ResourceKind::H2D) op.track = d.h2d_track;
@@ -199,15 +205,27 @@ OpId Engine::issue(StreamState& s, Issue in) {
 OpId Engine::launch(StreamState& s, OpKind kind, ResourceKind res, double duration_s, int sms,
                     std::string name, std::function<void()> body,
                     std::vector<std::shared_ptr<BufferState>> uses, double host_cost_s,
-                    double latency_s) {
-  return issue(s, {kind, res, std::move(name), host_cost_s, latency_s, duration_s, sms,
-                   std::move(body), std::move(uses), nullptr});
+                    double latency_s, bool memory_bound) {
+  Issue in{kind,       res, std::move(name), host_cost_s,     latency_s,
+           duration_s, sms, std::move(body), std::move(uses), nullptr};
+  in.memory_bound = memory_bound;
+  return issue(s, std::move(in));
+}
+
+void Engine::enter_graph_replay() {
+  ++current().graph_replay;
+}
+
+void Engine::leave_graph_replay() {
+  Actor& a = current();
+  NE_CHECK(a.graph_replay > 0, "leave_graph_replay without enter_graph_replay");
+  --a.graph_replay;
 }
 
 void Engine::record(StreamState& s, EventState& e) {
   // A record is an operation of its stream: the event completes when everything enqueued on
   // the stream before it has.
-  const double cost = devices_[static_cast<size_t>(s.device)].spec->event_host_s;
+  const double cost = devices_[static_cast<size_t>(s.device)].spec->event_record_host_s;
   OpId id =
       issue(s, {OpKind::Record, ResourceKind::None, "record", cost, 0, 0, 0, {}, {}, nullptr});
   e.engine = this;
@@ -222,7 +240,7 @@ void Engine::wait(StreamState& s, const EventState& e) {
     throw UsageError(
         "wait: the event was recorded on another Node; events order work within one "
         "node only");
-  const double cost = devices_[static_cast<size_t>(s.device)].spec->event_host_s;
+  const double cost = devices_[static_cast<size_t>(s.device)].spec->stream_wait_host_s;
   issue(s, {OpKind::Wait, ResourceKind::None, "wait", cost, 0, 0, 0, {}, {}, &e});
 }
 
@@ -283,7 +301,7 @@ void Engine::admit(Resource& r, OpId id) {
     return;
   }
   activate(r, id);
-  rerate(r);
+  rerate(devices_[static_cast<size_t>(ops_[id].device)]);
 }
 
 void Engine::activate(Resource& r, OpId id) {
@@ -294,52 +312,77 @@ void Engine::activate(Resource& r, OpId id) {
   r.active.push_back(id);
 }
 
-void Engine::rerate(Resource& r) {
-  // Settle the work done at the old rates, then hand out the new ones.
-  for (OpId id : r.active) {
-    Op& op = ops_[id];
-    op.remaining -= static_cast<double>(now_ - op.last_update) * op.rate;
-    if (op.remaining < 0) op.remaining = 0;
-    op.last_update = now_;
-  }
-  // Rates are written straight into the operations: this runs at every start and finish, so it
-  // allocates nothing.
-  if (r.kind == ResourceKind::Sm) {
-    // Communication kernels hold their SMs first (in start order); compute kernels of the
-    // highest priority present split what is left; lower priorities wait for SMs.
-    int free_sms = r.capacity;
-    int top = INT32_MIN;
-    int sharers = 0;
-    for (OpId id : r.active) {
-      Op& op = ops_[id];
-      op.rate = 0;
-      if (op.sms > 0) {
-        int got = std::min(op.sms, free_sms);
-        free_sms -= got;
-        op.rate = static_cast<double>(got) / op.sms;
-      } else if (op.priority > top) {
-        top = op.priority;
-        sharers = 1;
-      } else if (op.priority == top) {
-        ++sharers;
-      }
+void Engine::set_rate(OpId id, double rate) {
+  // Only a changed rate re-times the operation: settle the work done at the old rate, then
+  // schedule the completion at the new one (each re-timing rounds up to the next picosecond).
+  Op& op = ops_[id];
+  if (rate == op.rate) return;
+  op.remaining -= static_cast<double>(now_ - op.last_update) * op.rate;
+  if (op.remaining < 0) op.remaining = 0;
+  op.last_update = now_;
+  op.rate = rate;
+  ++op.version;
+  // A rendezvous party ends with its transfer, not with its own work.
+  if (op.rate <= 0 || op.rendezvous != kNoRendezvous) return;
+  const double left = std::ceil(op.remaining / op.rate);
+  push(now_ + static_cast<VTime>(left), CalendarEntry::What::Complete, id, op.version);
+}
+
+void Engine::rerate(DeviceState& d) {
+  // Rates are computed here for every running operation of the device and written straight into
+  // the operations: this runs at every start and finish, so it allocates nothing.
+  //
+  // SMs: communication kernels hold theirs first (in start order); compute kernels of the
+  // highest priority present share what is left; lower priorities wait for SMs. SMs held slow
+  // the sharers by the profile's measured curve (far less than in proportion). A memory-bound
+  // kernel (or a D2D copy) beside a compute-bound one shares HBM rather than SMs: each runs at
+  // its measured co-run slowdown, and kernels of one class split their class's rate. PCIe copies
+  // beside a GEMM cost it the measured few percent; both PCIe directions at once run at the
+  // measured duplex rate.
+  const Contention& c = d.spec->contention;
+  int free_sms = d.sm.capacity;
+  int top = INT32_MIN;
+  int compute = 0, memory = 0;
+  for (OpId id : d.sm.active) {
+    const Op& op = ops_[id];
+    if (op.sms > 0) {
+      free_sms -= std::min(op.sms, free_sms);
+    } else if (op.priority > top) {
+      top = op.priority;
     }
-    for (OpId id : r.active) {
-      Op& op = ops_[id];
-      if (op.sms == 0 && op.priority == top)
-        op.rate = static_cast<double>(free_sms) / sharers / r.capacity;
-    }
-  } else {
-    for (OpId id : r.active) ops_[id].rate = 1.0 / static_cast<double>(r.active.size());
   }
-  for (OpId id : r.active) {
+  for (OpId id : d.sm.active) {
+    const Op& op = ops_[id];
+    if (op.sms == 0 && op.priority == top) (op.memory_bound ? memory : compute) += 1;
+  }
+  const int d2d = static_cast<int>(d.d2d.active.size());
+  const bool pcie = !d.h2d.active.empty() || !d.d2h.active.empty();
+  const double held = 1.0 - static_cast<double>(free_sms) / d.sm.capacity;
+  const double base = free_sms > 0 ? 1.0 / c.with_sms_held(held) : 0.0;
+  const double compute_rate =
+      compute == 0 ? 0
+                   : base / compute / (memory + d2d > 0 ? c.compute_beside_memory : 1.0) /
+                         (pcie ? c.compute_beside_pcie : 1.0);
+  const double memory_share = 1.0 / (compute > 0 ? c.memory_beside_compute : 1.0);
+  const double memory_rate = memory == 0 ? 0 : base * memory_share / (memory + d2d);
+  int left = d.sm.capacity;
+  for (OpId id : d.sm.active) {
     Op& op = ops_[id];
-    ++op.version;
-    // A rendezvous party ends with its transfer, not with its own work.
-    if (op.rate <= 0 || op.rendezvous != kNoRendezvous) continue;
-    double left = std::ceil(op.remaining / op.rate);
-    push(now_ + static_cast<VTime>(left), CalendarEntry::What::Complete, id, op.version);
+    double rate = 0;
+    if (op.sms > 0) {
+      const int got = std::min(op.sms, left);
+      left -= got;
+      rate = static_cast<double>(got) / op.sms;
+    } else if (op.priority == top) {
+      rate = op.memory_bound ? memory_rate : compute_rate;
+    }
+    set_rate(id, rate);
   }
+  for (OpId id : d.d2d.active) set_rate(id, memory_share / (memory + d2d));
+  const bool duplex = !d.h2d.active.empty() && !d.d2h.active.empty();
+  for (Resource* r : {&d.h2d, &d.d2h})
+    for (OpId id : r->active)
+      set_rate(id, (duplex ? d.spec->pcie_duplex : 1.0) / static_cast<double>(r->active.size()));
 }
 
 void Engine::finish(OpId id) {
@@ -355,7 +398,7 @@ void Engine::finish(OpId id) {
         activate(r, r.waiting.front());
         r.waiting.pop_front();
       }
-      if (!r.active.empty()) rerate(r);
+      rerate(devices_[static_cast<size_t>(op.device)]);
     }
   }
   OpRecord rec{
@@ -511,7 +554,8 @@ void Engine::catch_up_to_host() {
 bool Engine::host_query(OpId id, const std::shared_ptr<FuncTask>& task) {
   if (id == kNoOp) return true;
   Actor& a = current();
-  double cost = devices_[static_cast<size_t>(ops_[id].device)].spec->event_host_s;
+  // A query is priced as the cheapest measured call into the runtime, a stream wait.
+  double cost = devices_[static_cast<size_t>(ops_[id].device)].spec->stream_wait_host_s;
   host_charge(std::max(cost, kMinPollSeconds), "query");
   if (!ops_[id].complete() && now_ <= a.clock) catch_up_to_host();
   bool done = ops_[id].complete() && ops_[id].end <= a.clock;

@@ -88,7 +88,8 @@ struct Op {
   int device;
   int track;
   int host;
-  int sms;  // > 0: a communication kernel holding this many SMs
+  int sms;                    // > 0: a communication kernel holding this many SMs
+  bool memory_bound = false;  // bound by HBM traffic: shares bandwidth, not SMs, with a GEMM
   std::string name;
   VTime ready_at = 0;
   VTime start = -1, end = -1;  // on its resource (a queued copy starts when an engine is free)
@@ -193,6 +194,7 @@ struct Actor {
   int live_children = 0;
   std::string deadlock;     // set when the actor was woken because nothing could ever wake it
   OpId waiting_on = kNoOp;  // while blocked in a synchronize, for deadlock reports
+  int graph_replay = 0;     // > 0: inside a CUDA-graph scope (GraphReplay)
   std::exception_ptr error;
 };
 
@@ -219,9 +221,16 @@ class Engine {
   void drain_functional(bool final = false);
   VTime host_clock() { return current().clock; }
   void host_charge(double seconds, const std::string& what);
+  // `memory_bound`: the kernel shares HBM bandwidth rather than SMs with a compute-bound one
+  // (the profile's measured co-run slowdowns apply).
   OpId launch(StreamState& s, OpKind kind, ResourceKind res, double duration_s, int sms,
               std::string name, std::function<void()> body,
-              std::vector<std::shared_ptr<BufferState>> uses, double host_cost_s, double latency_s);
+              std::vector<std::shared_ptr<BufferState>> uses, double host_cost_s, double latency_s,
+              bool memory_bound = false);
+  // Inside a CUDA-graph scope the running host's launches, records and waits replay from the
+  // captured graph: each costs the host graph_kernel_host_s and starts without launch latency.
+  void enter_graph_replay();
+  void leave_graph_replay();
   void record(StreamState& s, EventState& e);
   void wait(StreamState& s, const EventState& e);
   // Blocks the running actor until `op` has completed in virtual time and for real; the clock
@@ -304,6 +313,7 @@ class Engine {
     const EventState* waits;  // Wait: the event whose marked work must complete first
     RendezvousId rendezvous = kNoRendezvous;
     std::vector<std::function<void()>> phase_bodies;  // a rendezvous party's functional work
+    bool memory_bound = false;
   };
   OpId issue(StreamState& s, Issue in);
   OpId new_op(StreamState& s, OpKind kind, std::string name, ResourceKind res);
@@ -318,7 +328,10 @@ class Engine {
   Resource& resource(const Op& op);
   void admit(Resource& r, OpId id);
   void activate(Resource& r, OpId id);
-  void rerate(Resource& r);
+  // Hands out the rates of every operation running on the device (its SMs, copy engines): the
+  // resources are coupled by the measured contention (SMs held, HBM and PCIe beside a GEMM).
+  void rerate(DeviceState& d);
+  void set_rate(OpId id, double rate);
   void wake(Actor& a, VTime t);
   void block_current();
   void schedule(Actor& self);

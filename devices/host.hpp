@@ -13,6 +13,22 @@ namespace nodeemu {
 class Node;
 class Device;
 
+// A CUDA-graph scope of the calling host program: while one is alive, what the host issues
+// (launches, copies, records, waits) is replayed from a captured graph, as Transformer Engine's
+// scoped graphs and Megatron's full-iteration graph do. Each op then costs the host the profile's
+// measured per-kernel replay cost instead of an eager launch, and starts without launch latency;
+// the device work is unchanged. Scopes nest.
+class GraphReplay {
+ public:
+  explicit GraphReplay(Node& node);
+  ~GraphReplay();
+  GraphReplay(const GraphReplay&) = delete;
+  GraphReplay& operator=(const GraphReplay&) = delete;
+
+ private:
+  Node* node_;
+};
+
 class Host {
  public:
   explicit Host(Node& node) : node_(&node) {}

@@ -157,6 +157,16 @@ std::uint64_t Node::timeline_records() const {
 const TraceRecorder& Node::trace() const {
   return impl_->recorder;
 }
+detail::PriceBook& Node::price_book() {
+  return impl_->prices;
+}
+
+std::vector<std::string> Node::unpriced_kernels() const {
+  std::vector<std::string> out;
+  for (const auto& [name, what] : impl_->prices.unpriced()) out.push_back(name + " (" + what + ")");
+  return out;
+}
+
 std::uint64_t Node::engine_ops() const {
   return impl_->engine->ops_issued();
 }
@@ -253,6 +263,13 @@ int Host::rank() const {
 VTime Host::now() const {
   return node_->engine().current().clock;
 }
+GraphReplay::GraphReplay(Node& node) : node_(&node) {
+  node_->engine().enter_graph_replay();
+}
+GraphReplay::~GraphReplay() {
+  node_->engine().leave_graph_replay();
+}
+
 void Host::compute(double seconds, const std::string& what) {
   node_->engine().host_charge(seconds, what);
 }

@@ -34,6 +34,7 @@ class ExecutionBudget;
 
 namespace detail {
 class Engine;
+class PriceBook;
 struct NodeImpl;
 }  // namespace detail
 
@@ -96,6 +97,9 @@ class Node {
   std::uint64_t timeline_hash() const;
   std::uint64_t timeline_records() const;
   std::uint64_t engine_ops() const;  // device operations issued so far
+  // Kernels that no table of the GPU profile priced (the roofline fallback did), as
+  // "name (what it is)": the run summary warns about each.
+  std::vector<std::string> unpriced_kernels() const;
   const TraceRecorder& trace() const;
   void write_chrome_trace(std::ostream& os) const;
   // Writes to a temporary file, then renames: a failed run never leaves half a trace.
@@ -103,6 +107,7 @@ class Node {
 
   detail::Engine& engine();
   std::shared_ptr<detail::Engine> engine_ptr();
+  detail::PriceBook& price_book();
 
  private:
   std::unique_ptr<detail::NodeImpl> impl_;

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "devices/detail/price_book.hpp"
 #include "devices/device.hpp"
 #include "devices/engine.hpp"
 #include "devices/node.hpp"
@@ -24,6 +25,7 @@ struct NodeImpl {
   std::shared_ptr<Engine> engine;
   std::deque<Device> devices;
   TraceRecorder recorder;
+  PriceBook prices;
 
   ~NodeImpl() {
     if (engine) engine->drain_functional(true);

@@ -4,6 +4,7 @@
 
 #include "devices/buffer_state.hpp"
 #include "devices/cost_model.hpp"
+#include "devices/detail/price_book.hpp"
 #include "devices/device.hpp"
 #include "devices/engine.hpp"
 #include "devices/errors.hpp"
@@ -27,13 +28,14 @@ std::vector<std::shared_ptr<detail::BufferState>> states_of(const std::vector<Bu
 
 void Stream::launch(Kernel k) {
   if (!state_) throw UsageError("launch: the Stream handle is empty; get one from a Device");
-  detail::Engine& e = device_->node().engine();
+  Node& node = device_->node();
+  detail::Engine& e = node.engine();
   const GpuSpec& g = device_->spec();
-  double t = kernel_seconds(g, k.work);
+  const double t = node.price_book().seconds(g, k.work, k.name);
   auto uses = states_of(k.uses);
   e.launch(*state_, OpKind::Kernel, detail::ResourceKind::Sm, t, k.work.sms, std::move(k.name),
            e.mode() == Mode::Functional ? std::move(k.body) : nullptr, uses, g.kernel_launch_host_s,
-           g.launch_latency_s);
+           g.launch_latency_s, k.work.shape.kind == KernelKind::MemoryBound);
 }
 
 void Stream::copy(const Buffer& dst, const Buffer& src, std::size_t bytes, std::string name,

@@ -29,12 +29,9 @@ struct NvlinkSpec {
   EfficiencyCurve curve() const { return {efficiency, half_bytes}; }
 };
 
+// The host side of PCIe. Copy rates by size, pinned or pageable, come from the GPU profile.
 struct PcieSpec {
   int generation = 0;
-  double h2d_bytes_per_s = 0;  // measured-class rate, pinned host memory
-  double d2h_bytes_per_s = 0;
-  double latency_s = 0;
-  double pageable_factor = 1.0;     // rate multiplier for pageable host memory
   double remote_numa_factor = 1.0;  // rate multiplier when the host buffer is on the far socket
 };
 

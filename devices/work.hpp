@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "devices/buffer.hpp"
+#include "devices/kernel_shape.hpp"
 
 namespace nodeemu {
 
@@ -24,8 +25,11 @@ struct Work {
   int sms = 0;       // SMs a communication kernel holds while it runs; 0 = a compute
                      // kernel that spreads over whatever SMs are free
   Precision precision = Precision::BF16;
-  double fixed_s = 0;  // an explicit duration at full device (calibrated kernels, tests);
-                       // overrides flops and bytes when > 0
+  double fixed_s = 0;  // an explicit duration at full device (tests, the demo); overrides
+                       // the shape, flops and bytes when > 0
+  // What the kernel is, for the GPU profile's tables (kernel_shape.hpp). A kernel without a shape
+  // is priced by the roofline over `flops` and `bytes` and reported as unpriced.
+  KernelShape shape;
 };
 
 struct Kernel {

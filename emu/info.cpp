@@ -70,19 +70,33 @@ int info_command(const std::vector<std::string>& args, std::ostream& out, std::o
       << " TFLOP/s, fp8 " << fixed(g.fp8_flops / 1e12, 0) << " TFLOP/s, HBM "
       << format_bytes(g.hbm_bytes) << " at " << fixed(g.hbm_bytes_per_s / 1e12, 2)
       << " TB/s, compute capability " << g.cc_major << "." << g.cc_minor << "\n";
-  out << "  launch   " << fixed(g.kernel_launch_host_s * 1e6, 1) << " us host per kernel, "
-      << fixed(g.launch_latency_s * 1e6, 1) << " us to start\n";
-  out << "  host     " << t.host.sockets << " sockets x " << t.host.cores_per_socket
+  out << "  profile  " << (g.profile ? g.profile->provenance() : "none: datasheet roofline")
+      << "\n";
+  if (g.profile && !g.profile->measured())
+    out << "           (derived, not measured: its times are the H100's scaled by datasheet "
+           "ratios)\n";
+  out << "  host     " << fixed(g.kernel_launch_host_s * 1e6, 1) << " us per eager launch, "
+      << fixed(g.event_record_host_s * 1e6, 1) << " us per event record, "
+      << fixed(g.sync_host_s * 1e6, 1) << " us per synchronize, "
+      << fixed(g.graph_kernel_host_s * 1e6, 1) << " us per kernel in a CUDA graph\n";
+  out << "  CPUs     " << t.host.sockets << " sockets x " << t.host.cores_per_socket
       << " cores; NUMA";
   for (int i = 0; i < t.host.numa_count(); ++i)
     out << " " << i << "(socket " << t.host.numa_socket[static_cast<size_t>(i)] << ")";
   out << "\n  NVLink   " << t.nvlink.links << " links, " << fixed(t.nvlink.bytes_per_s / 1e9, 0)
       << " GB/s per direction x " << fixed(t.nvlink.efficiency, 2) << ", "
       << fixed(t.nvlink.latency_s * 1e6, 1) << " us\n";
-  out << "  PCIe     gen" << t.pcie.generation << ": H2D " << fixed(t.pcie.h2d_bytes_per_s / 1e9, 1)
-      << " GB/s, D2H " << fixed(t.pcie.d2h_bytes_per_s / 1e9, 1) << " GB/s, far socket x "
-      << fixed(t.pcie.remote_numa_factor, 2) << ", pageable x " << fixed(t.pcie.pageable_factor, 2)
-      << "\n";
+  if (g.profile) {
+    const double gib = 1 << 30;
+    auto rate = [&](CopyDirection d, bool pageable) {
+      return fixed(gib / g.profile->copy_seconds(d, gib, pageable) / 1e9, 1);
+    };
+    out << "  PCIe     gen" << t.pcie.generation << ", 1 GiB pinned: H2D "
+        << rate(CopyDirection::HostToDevice, false) << " GB/s, D2H "
+        << rate(CopyDirection::DeviceToHost, false) << " GB/s (pageable "
+        << rate(CopyDirection::HostToDevice, true) << "/" << rate(CopyDirection::DeviceToHost, true)
+        << "), far socket x " << fixed(t.pcie.remote_numa_factor, 2) << "\n";
+  }
   out << "  NIC      " << t.nic.per_node << " x " << fixed(t.nic.bytes_per_s / 1e9, 1)
       << " GB/s per direction, " << fixed(t.nic.latency_s * 1e6, 1) << " us\n";
 

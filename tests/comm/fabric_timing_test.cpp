@@ -87,7 +87,9 @@ TEST(FabricTiming, ConcurrentCollectivesShareTheirLinks) {
 
 TEST(FabricTiming, CommunicationKernelsTakeTheirSmsFromCompute) {
   // A 100 us compute kernel (ready at 2 us) next to an all-to-all that holds 20 of the 100 SMs
-  // from 3 us to 14 us: compute runs at 80% for those 11 us and ends 2.2 us late, at 104.2 us.
+  // from 3 us to 14 us. Holding 20% of the SMs slows a GEMM x1.0544, as measured (linear between
+  // sm_contention.csv's 24 and 32 of 132 SMs, x1.025 and x1.123), not x1.25: compute loses
+  // 11 * (1 - 1/1.0544) = 0.5675 us and ends at 102.5675 us.
   Node node(comm_options(2, Mode::Meta));
   Communicator comm(node);
   node.run([&](Host& host) {
@@ -102,7 +104,7 @@ TEST(FabricTiming, CommunicationKernelsTakeTheirSmsFromCompute) {
   for (int d = 0; d < 2; ++d) {
     EXPECT_EQ(find_op(node, d, "all_to_all_v").start, us(3));
     EXPECT_EQ(find_op(node, d, "all_to_all_v").end, us(14));
-    EXPECT_EQ(find_op(node, d, "gemm").end, us(104.2));
+    EXPECT_NEAR(double(find_op(node, d, "gemm").end), 102.5675e6, 1e3);
   }
 }
 

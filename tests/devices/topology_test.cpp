@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "devices/errors.hpp"
@@ -31,16 +32,8 @@ gpu:
   hbm_gib: 80
   hbm_tb_s: 3.35
   compute_capability: "9.0"
+  profile: h100_sxm5
   copy_engines: {h2d: 1, d2h: 1}
-  efficiency:
-    compute: {max: 0.80, half_gflop: 1.0}
-    memory: {max: 0.90, half_mb: 4.0}
-  launch:
-    kernel_host_us: 4.0
-    memcpy_host_us: 5.0
-    event_host_us: 1.0
-    sync_host_us: 2.0
-    latency_us: 1.0
 host:
   sockets: 2
   cores_per_socket: 56
@@ -48,7 +41,7 @@ host:
   numa_mem_gb_s: 300
   gpu_numa: [0, 0, 0, 0, 1, 1, 1, 1]
 nvlink: {links: 18, gb_s: 450, efficiency: 0.85, half_kb: 512, latency_us: 1.0}
-pcie: {generation: 5, h2d_gb_s: 54.8, d2h_gb_s: 46.8, latency_us: 2.0, pageable_factor: 0.5, remote_numa_factor: 0.8}
+pcie: {generation: 5, remote_numa_factor: 0.8}
 nic: {per_node: 8, gb_s: 50, efficiency: 0.97, half_kb: 128, latency_us: 2.0}
 comm_kernels: {nccl_sms: 24, deepep_sms: 20, hybridep_sms: 16}
 )";
@@ -123,15 +116,25 @@ TEST(Topology, DgxH100FiguresComeThroughInSiUnits) {
   EXPECT_EQ(g.cc_minor, 0);
   EXPECT_EQ(g.h2d_copy_engines, 1);
   EXPECT_EQ(g.d2h_copy_engines, 1);
-  EXPECT_EQ(g.compute_eff.max, 0.80);
-  EXPECT_EQ(g.compute_eff.half, 1.0e9);
-  EXPECT_EQ(g.memory_eff.max, 0.90);
-  EXPECT_EQ(g.memory_eff.half, 4.0e6);
-  EXPECT_EQ(g.kernel_launch_host_s, 4.0e-6);
-  EXPECT_EQ(g.memcpy_launch_host_s, 5.0e-6);
-  EXPECT_EQ(g.event_host_s, 1.0e-6);
-  EXPECT_EQ(g.sync_host_s, 2.0e-6);
-  EXPECT_EQ(g.launch_latency_s, 1.0e-6);
+  // Host costs come from the measured profile's host_costs.csv (eager PyTorch on the GPU box).
+  ASSERT_TRUE(g.profile);
+  EXPECT_EQ(g.profile->name(), "h100_sxm5");
+  EXPECT_TRUE(g.profile->measured());
+  EXPECT_EQ(g.kernel_launch_host_s, 9.932e-6);   // torch_add_host_per_launch
+  EXPECT_EQ(g.memcpy_launch_host_s, 9.932e-6);   // a copy is one eager op too
+  EXPECT_EQ(g.event_record_host_s, 9.346e-6);    // event_record_host
+  EXPECT_EQ(g.stream_wait_host_s, 1.511e-6);     // stream_wait_event_host
+  EXPECT_EQ(g.sync_host_s, 9.025e-6);            // sync_idle
+  EXPECT_EQ(g.graph_kernel_host_s, 1.016e-6);    // graph_replay_per_kernel
+  EXPECT_EQ(g.small_d2h_sync_host_s, 1.795e-5);  // small_d2h_host_sync_128_int64
+  // launch_plus_sync_roundtrip - launch - sync - the smallest kernel measured (1.506 us)
+  EXPECT_NEAR(g.launch_latency_s, 2.056e-5 - 9.932e-6 - 9.025e-6 - 1.506e-6, 1e-12);
+  // Contention from sm_contention.csv and overlap_contention.csv.
+  EXPECT_NEAR(g.contention.with_sms_held(32.0 / 132), 1.123, 1e-9);
+  EXPECT_NEAR(g.contention.with_sms_held(66.0 / 132), 1.557, 1e-9);
+  EXPECT_EQ(g.contention.compute_beside_memory, 1.277);
+  EXPECT_EQ(g.contention.memory_beside_compute, 1.92);
+  EXPECT_EQ(g.contention.compute_beside_pcie, 1.018);
 
   EXPECT_EQ(t.host.sockets, 2);
   EXPECT_EQ(t.host.cores_per_socket, 56);
@@ -145,10 +148,6 @@ TEST(Topology, DgxH100FiguresComeThroughInSiUnits) {
   EXPECT_EQ(t.nvlink.latency_s, 1.0e-6);
 
   EXPECT_EQ(t.pcie.generation, 5);
-  EXPECT_EQ(t.pcie.h2d_bytes_per_s, 54.8e9);
-  EXPECT_EQ(t.pcie.d2h_bytes_per_s, 46.8e9);
-  EXPECT_EQ(t.pcie.latency_s, 2.0e-6);
-  EXPECT_EQ(t.pcie.pageable_factor, 0.5);
   EXPECT_EQ(t.pcie.remote_numa_factor, 0.8);
 
   EXPECT_EQ(t.nic.per_node, 8);
@@ -187,11 +186,30 @@ TEST(Topology, UnknownKeySuggestsNearestValidKey) {
   expect_error(edited("hbm_tb_s: 3.35", "hbm_tbs: 3.35"), "gpu.hbm_tbs",
                {"unknown key", "line 10: unknown key", "did you mean 'gpu.hbm_tb_s'?"});
   expect_error(edited("nvlink:", "nvlnk:"), "nvlnk", {"did you mean 'nvlink'?"});
-  expect_error(edited("half_mb", "half_mbs"), "gpu.efficiency.memory.half_mbs",
-               {"did you mean 'gpu.efficiency.memory.half_mb'?"});
+  expect_error(edited("  profile:", "  profil:"), "gpu.profil", {"did you mean 'gpu.profile'?"});
   // A correctly spelled key one level too high points at where it belongs.
-  expect_error(edited("  compute_capability:", "  latency_us: 1.0\n  compute_capability:"),
-               "gpu.latency_us", {"did you mean 'gpu.launch.latency_us'?"});
+  expect_error(edited("  compute_capability:", "  h2d: 1\n  compute_capability:"), "gpu.h2d",
+               {"did you mean 'gpu.copy_engines.h2d'?"});
+}
+
+TEST(Topology, ProfileIsResolvedOrNamed) {
+  expect_error(edited("profile: h100_sxm5", "profile: h900"), "gpu.profile",
+               {"no GPU profile 'h900'", "h100_sxm5", "tools/measure_gpu.py"});
+  expect_error(edited("  profile: h100_sxm5\n", ""), "gpu.profile", {"missing required key"});
+  // The shipped topologies name a measured profile (H100) or derived ones, and say which.
+  for (const auto& [topo, profile, measured] :
+       std::vector<std::tuple<const char*, const char*, bool>>{{"dgx_h100", "h100_sxm5", true},
+                                                               {"dgx_h200", "h200_sxm", false},
+                                                               {"dgx_b200", "b200_sxm", false},
+                                                               {"hgx_a100", "a100_sxm4", false}}) {
+    SCOPED_TRACE(topo);
+    const NodeTopology t = NodeTopology::from_file(topology_path(topo));
+    ASSERT_TRUE(t.gpu.profile);
+    EXPECT_EQ(t.gpu.profile->name(), profile);
+    EXPECT_EQ(t.gpu.profile->measured(), measured);
+    EXPECT_NE(t.gpu.profile->provenance().find(measured ? "measured on" : "derived, not measured"),
+              std::string::npos);
+  }
 }
 
 TEST(Topology, UnknownKeyWithNothingCloseListsValidKeys) {
@@ -238,10 +256,8 @@ TEST(Topology, OutOfRangeValuesAreNamed) {
                "nvlink.efficiency", {"must be in (0, 1]", "'1.2'"});
   expect_error(edited("efficiency: 0.97", "efficiency: 0"), "nic.efficiency",
                {"must be in (0, 1]"});
-  expect_error(edited("compute: {max: 0.80", "compute: {max: 0"), "gpu.efficiency.compute.max",
-               {"must be in (0, 1]"});
-  expect_error(edited("pageable_factor: 0.5", "pageable_factor: 1.5"), "pcie.pageable_factor",
-               {"must be in (0, 1]"});
+  expect_error(edited("remote_numa_factor: 0.8", "remote_numa_factor: 1.5"),
+               "pcie.remote_numa_factor", {"must be in (0, 1]"});
   expect_error(edited("fp8_tflops: 1979", "fp8_tflops: -1"), "gpu.fp8_tflops", {"must be >= 0"});
   expect_error(edited("hbm_tb_s: 3.35", "hbm_tb_s: inf"), "gpu.hbm_tb_s", {"expected a number"});
 }

@@ -17,14 +17,16 @@ inline std::string topology_path(const std::string& name) {
   return std::string(NODEEMU_SOURCE_DIR) + "/configs/topologies/" + name + ".yaml";
 }
 
-// DGX H100 with 100 SMs, 1 us launches, 1 us launch latency and free event/sync calls.
+// DGX H100 with 100 SMs, 1 us launches, 1 us launch latency and free event/sync calls. Kernel
+// prices and contention stay the measured profile's.
 inline std::shared_ptr<const NodeTopology> round_h100() {
   auto t = std::make_shared<NodeTopology>(NodeTopology::from_file(topology_path("dgx_h100")));
   t->gpu.sms = 100;
   t->gpu.kernel_launch_host_s = 1e-6;
   t->gpu.memcpy_launch_host_s = 1e-6;
   t->gpu.launch_latency_s = 1e-6;
-  t->gpu.event_host_s = 0;
+  t->gpu.event_record_host_s = 0;
+  t->gpu.stream_wait_host_s = 0;
   t->gpu.sync_host_s = 0;
   return t;
 }

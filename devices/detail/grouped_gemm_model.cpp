@@ -1,0 +1,266 @@
+#include "devices/detail/grouped_gemm_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "devices/check.hpp"
+
+namespace nodeemu::detail {
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The GEMM that does the same work as a grouped pass over `rows` rows in total (KernelShape's
+// convention: n out and k in features of the forward's weight).
+GemmQuery equivalent(GemmLayout l, double rows, double n, double k) {
+  switch (l) {
+    case GemmLayout::NT:
+      return {l, rows, n, k};
+    case GemmLayout::NN:
+      return {l, rows, k, n};
+    case GemmLayout::TN:
+      return {l, n, k, rows};
+  }
+  return {l, rows, n, k};
+}
+
+}  // namespace
+
+void GroupedGemmModel::validate(const CsvTable& t) {
+  t.require({"shape", "groups", "rows_per_group", "n", "k", "seconds"});
+  std::map<std::string, std::pair<long long, long long>> last;
+  std::map<std::string, std::pair<long long, long long>> weight;
+  for (std::size_t r = 0; r < t.rows(); ++r) {
+    const std::string& shape = t.text(r, "shape");
+    if (shape.empty()) t.fail(r, "shape", "is empty; name the weight shape (e.g. qwen3_fc1)");
+    const std::pair<long long, long long> nk{t.count(r, "n"), t.count(r, "k")};
+    auto [w, wfresh] = weight.emplace(shape, nk);
+    if (!wfresh && w->second != nk)
+      t.fail(r, w->second.first != nk.first ? "n" : "k",
+             "differs from the first row of '" + shape + "'; one shape name, one weight shape");
+    const std::pair<long long, long long> gr{t.count(r, "groups"), t.count(r, "rows_per_group")};
+    auto [it, fresh] = last.emplace(shape, gr);
+    if (!fresh && !(it->second < gr))
+      t.fail(r, gr.first != it->second.first ? "groups" : "rows_per_group",
+             "sizes must increase within '" + shape +
+                 "' (rows sorted by groups, then rows per group)");
+    it->second = gr;
+    t.number(r, "seconds");
+  }
+}
+
+KernelShape GroupedGemmModel::query(const CsvTable& t, std::size_t row) {
+  const std::int64_t g = t.count(row, "groups"), r = t.count(row, "rows_per_group");
+  return KernelShape::grouped_gemm(GemmLayout::NT, g, g * r, t.count(row, "n"), t.count(row, "k"));
+}
+
+GroupedGemmModel::GroupedGemmModel(const CsvTable& t, const std::vector<std::size_t>& rows,
+                                   const GemmModel& gemm)
+    : gemm_(&gemm) {
+  std::map<std::pair<double, double>, std::map<Key, std::vector<std::size_t>>> fam_rows;
+  for (std::size_t r : rows) {
+    const KernelShape s = query(t, r);
+    const double g = static_cast<double>(s.groups);
+    const double x = std::max(kTileRows, static_cast<double>(s.m) / g);
+    fam_rows[{double(s.n), double(s.k)}][{g, x}].push_back(r);
+  }
+  for (auto& [nk, cells] : fam_rows) {
+    Family f;
+    f.n = nk.first, f.k = nk.second;
+    for (auto& [key, rs] : cells) {
+      // Cells that fill the same tile count are one point, at their geometric mean.
+      double log_sum = 0;
+      for (std::size_t r : rs) log_sum += std::log(t.number(r, "seconds"));
+      f.measured[key] = {std::exp(log_sum / double(rs.size())), rs, {}};
+    }
+    families_.push_back(std::move(f));
+  }
+  for (Family& f : families_) complete(f);
+}
+
+std::optional<double> GroupedGemmModel::from_own(
+    const Family& f, const Key& at, std::vector<std::pair<std::size_t, double>>& src) const {
+  std::vector<double> gs, xs;
+  for (const auto& [k, c] : f.measured) gs.push_back(k.first), xs.push_back(k.second);
+  for (auto* v : {&gs, &xs}) {
+    std::sort(v->begin(), v->end());
+    v->erase(std::unique(v->begin(), v->end()), v->end());
+  }
+  const auto cg = axis_choices(gs, at.first), cx = axis_choices(xs, at.second);
+  // Boxes that surround the point first, then the tightest: the reach of its farthest corner.
+  struct Box {
+    int outside;
+    double reach;
+    const AxisChoice *g, *x;
+  };
+  std::vector<Box> boxes;
+  auto reach = [](const std::vector<double>& ax, const AxisChoice& c, double v) {
+    return std::max(std::abs(std::log(ax[c.lo] / v)), std::abs(std::log(ax[c.hi] / v)));
+  };
+  for (const auto& a : cg)
+    for (const auto& b : cx)
+      boxes.push_back({int(!a.brackets) + int(!b.brackets),
+                       reach(gs, a, at.first) + reach(xs, b, at.second), &a, &b});
+  std::stable_sort(boxes.begin(), boxes.end(), [](const Box& a, const Box& b) {
+    return a.outside != b.outside ? a.outside < b.outside : a.reach < b.reach;
+  });
+  for (const Box& b : boxes) {
+    const double g0 = gs[b.g->lo], g1 = gs[b.g->hi], x0 = xs[b.x->lo], x1 = xs[b.x->hi];
+    const Key corners[4] = {{g0, x0}, {g1, x0}, {g0, x1}, {g1, x1}};
+    if (!std::all_of(std::begin(corners), std::end(corners),
+                     [&](const Key& k) { return f.measured.count(k) > 0; }))
+      continue;
+    const double fg = log_fraction(g0, g1, at.first), fx = log_fraction(x0, x1, at.second);
+    const double w[4] = {(1 - fg) * (1 - fx), fg * (1 - fx), (1 - fg) * fx, fg * fx};
+    double log_t = 0;
+    for (int i = 0; i < 4; ++i) {
+      if (w[i] == 0) continue;
+      const Cell& c = f.measured.at(corners[i]);
+      log_t += w[i] * std::log(c.seconds);
+      for (std::size_t r : c.rows) src.emplace_back(r, w[i] / double(c.rows.size()));
+    }
+    return std::exp(log_t);
+  }
+  return std::nullopt;
+}
+
+std::optional<double> GroupedGemmModel::from_others(
+    const Family& f, const Key& at, std::vector<std::pair<std::size_t, double>>& src) const {
+  // The family's measured cells in the same row or column, nearest first.
+  std::vector<std::pair<double, Key>> near;
+  for (const auto& [k, c] : f.measured) {
+    if (k.first == at.first && k.second != at.second)
+      near.push_back({std::abs(std::log(k.second / at.second)), k});
+    else if (k.second == at.second && k.first != at.first)
+      near.push_back({std::abs(std::log(k.first / at.first)), k});
+  }
+  std::stable_sort(near.begin(), near.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  constexpr std::size_t kNeighbours = 3;
+  std::vector<double> estimates;
+  for (std::size_t i = 0; i < near.size() && i < kNeighbours; ++i) {
+    const Key& from = near[i].second;
+    std::vector<double> steps;
+    for (const Family& o : families_) {
+      if (&o == &f) continue;
+      auto a = o.measured.find(at), b = o.measured.find(from);
+      if (a != o.measured.end() && b != o.measured.end())
+        steps.push_back(std::log(a->second.seconds / b->second.seconds));
+    }
+    if (steps.empty()) continue;
+    const Cell& c = f.measured.at(from);
+    estimates.push_back(std::log(c.seconds) + median(steps));
+    for (std::size_t r : c.rows) src.emplace_back(r, 0.5 / double(c.rows.size()));
+  }
+  if (estimates.empty()) return std::nullopt;
+  return std::exp(median(estimates));
+}
+
+void GroupedGemmModel::complete(Family& f) {
+  std::set<double> all_g, all_x;
+  for (const Family& o : families_)
+    for (const auto& [k, c] : o.measured) all_g.insert(k.first), all_x.insert(k.second);
+  double gmin = std::numeric_limits<double>::infinity(), gmax = 0, xmin = gmin, xmax = 0;
+  for (const auto& [k, c] : f.measured) {
+    gmin = std::min(gmin, k.first), gmax = std::max(gmax, k.first);
+    xmin = std::min(xmin, k.second), xmax = std::max(xmax, k.second);
+  }
+  for (double g : all_g)
+    if (g >= gmin && g <= gmax) f.gs.push_back(g);
+  for (double x : all_x)
+    if (x >= xmin && x <= xmax) f.xs.push_back(x);
+  for (double g : f.gs)
+    for (double x : f.xs) {
+      const Key at{g, x};
+      if (auto m = f.measured.find(at); m != f.measured.end()) {
+        f.grid[at] = m->second;
+        continue;
+      }
+      Cell c;
+      std::vector<std::pair<std::size_t, double>> own_src, other_src;
+      auto own = from_own(f, at, own_src);
+      auto other = from_others(f, at, other_src);
+      NE_CHECK(own || other, "GroupedGemmModel: a family with a single measured cell");
+      if (own && other) {
+        c.seconds = std::sqrt(*own * *other);
+        for (auto& s : own_src) c.from.emplace_back(s.first, s.second * 0.5);
+        for (auto& s : other_src) c.from.emplace_back(s.first, s.second * 0.5);
+      } else {
+        c.seconds = own ? *own : *other;
+        c.from = own ? own_src : other_src;
+      }
+      f.grid[at] = std::move(c);
+    }
+}
+
+Prediction GroupedGemmModel::on_family(const Family& f, double g, double x) const {
+  const double gc = std::clamp(g, f.gs.front(), f.gs.back());
+  const double xc = std::clamp(x, f.xs.front(), f.xs.back());
+  double scale = 1;
+  if (g > f.gs.back()) scale *= g / f.gs.back();
+  if (x > f.xs.back()) scale *= x / f.xs.back();
+  auto bracket = [](const std::vector<double>& ax, double v) {
+    auto hi = std::lower_bound(ax.begin(), ax.end(), v);
+    if (hi == ax.end()) --hi;
+    auto lo = (*hi == v || hi == ax.begin()) ? hi : hi - 1;
+    return std::pair<double, double>{*lo, *hi};
+  };
+  const auto [g0, g1] = bracket(f.gs, gc);
+  const auto [x0, x1] = bracket(f.xs, xc);
+  const double fg = log_fraction(g0, g1, gc), fx = log_fraction(x0, x1, xc);
+  const Key corners[4] = {{g0, x0}, {g1, x0}, {g0, x1}, {g1, x1}};
+  const double w[4] = {(1 - fg) * (1 - fx), fg * (1 - fx), (1 - fg) * fx, fg * fx};
+  Prediction p;
+  double log_t = 0;
+  bool filled = false;
+  for (int i = 0; i < 4; ++i) {
+    if (w[i] == 0) continue;
+    const Cell& c = f.grid.at(corners[i]);
+    log_t += w[i] * std::log(c.seconds);
+    filled = filled || c.rows.empty();
+    for (std::size_t r : c.rows) p.sources.emplace_back(r, w[i] / double(c.rows.size()));
+    for (auto& s : c.from) p.sources.emplace_back(s.first, w[i] * s.second);
+  }
+  p.seconds = std::exp(log_t) * scale;
+  p.how = p.sources.size() == 1 ? "measured" : "bilinear in log space over (groups, rows)";
+  if (filled) p.how += ", through holes filled from the family and the other families' steps";
+  if (scale > 1) p.how += ", above the grid: the edge's rate";
+  return p;
+}
+
+const GroupedGemmModel::Family& GroupedGemmModel::nearest(double n, double k) const {
+  const Family* best = nullptr;
+  double d_best = std::numeric_limits<double>::infinity();
+  for (const Family& f : families_) {
+    const double d = std::abs(std::log(n / f.n)) + std::abs(std::log(k / f.k));
+    if (d < d_best) d_best = d, best = &f;
+  }
+  NE_CHECK(best, "GroupedGemmModel: no families");
+  return *best;
+}
+
+Prediction GroupedGemmModel::predict(const KernelShape& s) const {
+  const double g = std::max<double>(1, double(s.groups));
+  const double rows = std::max<double>(1, double(s.m));
+  const double n = std::max<double>(1, double(s.n)), k = std::max<double>(1, double(s.k));
+  const Family& f = nearest(n, k);
+  Prediction p = on_family(f, g, std::max(kTileRows, rows / g));
+  if (f.n == n && f.k == k && s.layout == GemmLayout::NT) return p;
+  // Another weight shape or pass: the GEMM table's ratio at the same total rows.
+  const double ratio = gemm_->predict(equivalent(s.layout, rows, n, k)).seconds /
+                       gemm_->predict(equivalent(GemmLayout::NT, rows, f.n, f.k)).seconds;
+  p.seconds *= ratio;
+  p.how += std::string(", scaled from the ") + std::to_string(long(f.n)) + "x" +
+           std::to_string(long(f.k)) + " forward by the GEMM table's " +
+           gemm_layout_name(s.layout) + " ratio";
+  return p;
+}
+
+}  // namespace nodeemu::detail
