@@ -25,22 +25,27 @@ std::vector<std::size_t> AlltoallDispatcher::bytes(const std::vector<std::size_t
   return out;
 }
 
-AlltoallSplits AlltoallDispatcher::splits_from(const std::int64_t* counts, int me) const {
-  const int n = ep_.size();
+AlltoallSplits AlltoallDispatcher::splits(const std::int64_t* counts, int members, int num_experts,
+                                          int me) {
+  const int n = members, local = num_experts / members;
   AlltoallSplits s;
   s.send_rows.assign(size_t(n), 0);
   s.recv_rows.assign(size_t(n), 0);
-  s.recv_rows_per_expert.assign(size_t(n), std::vector<std::int64_t>(size_t(local_experts_)));
+  s.recv_rows_per_expert.assign(size_t(n), std::vector<std::int64_t>(size_t(local)));
   for (int d = 0; d < n; ++d)
-    for (int e = 0; e < local_experts_; ++e)
-      s.send_rows[size_t(d)] += size_t(counts[me * num_experts_ + d * local_experts_ + e]);
+    for (int e = 0; e < local; ++e)
+      s.send_rows[size_t(d)] += size_t(counts[me * num_experts + d * local + e]);
   for (int src = 0; src < n; ++src)
-    for (int e = 0; e < local_experts_; ++e) {
-      const std::int64_t c = counts[src * num_experts_ + me * local_experts_ + e];
+    for (int e = 0; e < local; ++e) {
+      const std::int64_t c = counts[src * num_experts + me * local + e];
       s.recv_rows_per_expert[size_t(src)][size_t(e)] = c;
       s.recv_rows[size_t(src)] += size_t(c);
     }
   return s;
+}
+
+AlltoallSplits AlltoallDispatcher::splits_from(const std::int64_t* counts, int me) const {
+  return splits(counts, ep_.size(), num_experts_, me);
 }
 
 AlltoallSplits AlltoallDispatcher::exchange_counts(const Buffer& tokens_per_expert, Stream& stream,
@@ -62,11 +67,9 @@ AlltoallSplits AlltoallDispatcher::exchange_counts(const Buffer& tokens_per_expe
   ep_.all_gather(tokens_per_expert, all, row, stream, {.async = true, .name = "gather counts"});
   Buffer host =
       node.allocate_host(row * size_t(n), dev.placement().emulated_numa, true, dev.node_index());
-  stream.copy(host, all, row * size_t(n), "counts D2H");
-  // The sync point: the host cannot size the all-to-all until the counts are on the host.
-  Event ready;
-  stream.record(ready);
-  ready.synchronize();
+  // The sync point: the host cannot size the all-to-all until the counts are on the host. It
+  // costs what the profile measured for a small D2H read by .tolist() (host_costs.csv).
+  stream.read_to_host(host, all, row * size_t(n), "counts D2H");
   if (node.mode() == Mode::Meta) {
     if (meta_counts.size() != size_t(n * num_experts_))
       throw UsageError(

@@ -32,6 +32,9 @@ class AlltoallDispatcher {
 
   int local_experts() const { return local_experts_; }
   bool syncs_host() const { return !capacity_; }
+  // The splits member `me` of a group of `members` gets from counts [members][num_experts]
+  // (row-major): what it sends each member, and receives from each for each local expert.
+  static AlltoallSplits splits(const std::int64_t* counts, int members, int num_experts, int me);
 
   // tokens_per_expert: int64[num_experts] on this rank's device. Issues the all-gather and the
   // device-to-host copy on `stream` and blocks the host on them, then returns the splits. In

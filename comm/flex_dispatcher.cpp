@@ -153,7 +153,7 @@ FlexLayout FlexDispatcher::get_dispatch_layout(const Buffer& topk_idx, int num_t
   }
   const double bytes = double(num_tokens) * (topk_ * 8.0 + n);
   stream.launch({"get_dispatch_layout",
-                 Work{.bytes = bytes},
+                 Work{.bytes = bytes, .shape = KernelShape::memory(MemoryOp::Elementwise)},
                  std::move(body),
                  {topk_idx, l.tokens_per_rank, l.tokens_per_expert, l.token_in_rank}});
   return l;
@@ -294,7 +294,8 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
     };
   }
   stream.launch({"dispatch_local_ids",
-                 Work{.bytes = double(rows_cap) * topk * 16.0},
+                 Work{.bytes = double(rows_cap) * topk * 16.0,
+                      .shape = KernelShape::memory(MemoryOp::Gather)},
                  std::move(body),
                  {out.topk_idx}});
   Event done;
@@ -360,10 +361,11 @@ std::optional<Event> FlexDispatcher::move_rows(const Buffer& src, const Buffer& 
     // Combine sums into zeroed rows; the zeroing is part of the combine kernel.
     auto* db = dst.as<float>();
     const size_t count = size_t(h.num_tokens) * size_t(hidden);
-    stream.launch({std::string(what) + " zero",
-                   Work{.bytes = double(count) * 4},
-                   [db, count] { std::fill(db, db + count, 0.0f); },
-                   {dst}});
+    stream.launch(
+        {std::string(what) + " zero",
+         Work{.bytes = double(count) * 4, .shape = KernelShape::memory(MemoryOp::Elementwise)},
+         [db, count] { std::fill(db, db + count, 0.0f); },
+         {dst}});
   }
   const bool known = h.num_recv >= 0;  // the host knows the routing (it synchronised)
   if (known) {

@@ -168,7 +168,7 @@ OpId Engine::issue(StreamState& s, Issue in) {
   OpId id = new_op(s, in.kind, std::move(in.name), in.res);
   Op& op = ops_[id];
   op.sms = in.sms;
-  op.memory_bound = in.memory_bound;
+  op.cls = in.cls;
   op.remaining = static_cast<double>(seconds_to_vtime(in.duration_s));
   op.ready_at = a.clock + seconds_to_vtime(in.latency_s);
   if (in.res == ResourceKind::H2D) op.track = d.h2d_track;
@@ -205,10 +205,10 @@ OpId Engine::issue(StreamState& s, Issue in) {
 OpId Engine::launch(StreamState& s, OpKind kind, ResourceKind res, double duration_s, int sms,
                     std::string name, std::function<void()> body,
                     std::vector<std::shared_ptr<BufferState>> uses, double host_cost_s,
-                    double latency_s, bool memory_bound) {
+                    double latency_s, OpClass cls) {
   Issue in{kind,       res, std::move(name), host_cost_s,     latency_s,
            duration_s, sms, std::move(body), std::move(uses), nullptr};
-  in.memory_bound = memory_bound;
+  in.cls = cls;
   return issue(s, std::move(in));
 }
 
@@ -220,6 +220,17 @@ void Engine::leave_graph_replay() {
   Actor& a = current();
   NE_CHECK(a.graph_replay > 0, "leave_graph_replay without enter_graph_replay");
   --a.graph_replay;
+}
+
+int Engine::suspend_graph_replay() {
+  Actor& a = current();
+  const int depth = a.graph_replay;
+  a.graph_replay = 0;
+  return depth;
+}
+
+void Engine::resume_graph_replay(int depth) {
+  current().graph_replay = depth;
 }
 
 void Engine::record(StreamState& s, EventState& e) {
@@ -353,7 +364,7 @@ void Engine::rerate(DeviceState& d) {
   }
   for (OpId id : d.sm.active) {
     const Op& op = ops_[id];
-    if (op.sms == 0 && op.priority == top) (op.memory_bound ? memory : compute) += 1;
+    if (op.sms == 0 && op.priority == top) (op.memory_bound() ? memory : compute) += 1;
   }
   const int d2d = static_cast<int>(d.d2d.active.size());
   const bool pcie = !d.h2d.active.empty() || !d.d2h.active.empty();
@@ -374,7 +385,7 @@ void Engine::rerate(DeviceState& d) {
       left -= got;
       rate = static_cast<double>(got) / op.sms;
     } else if (op.priority == top) {
-      rate = op.memory_bound ? memory_rate : compute_rate;
+      rate = op.memory_bound() ? memory_rate : compute_rate;
     }
     set_rate(id, rate);
   }
@@ -404,7 +415,8 @@ void Engine::finish(OpId id) {
   OpRecord rec{
       id,      op.device, op.track,
       op.kind, &op.name,  op.start,
-      op.end,  op.host,   op.waits_for == kNoOp ? -1 : static_cast<std::int64_t>(op.waits_for)};
+      op.end,  op.host,   op.waits_for == kNoOp ? -1 : static_cast<std::int64_t>(op.waits_for),
+      op.cls};
   hasher_.add(rec);
   for (auto* o : observers_) o->on_op(rec);
   for (OpId n : op.on_complete) satisfy(n);
@@ -515,7 +527,7 @@ void Engine::wait_real(const std::shared_ptr<FuncTask>& task) {
   if (f) throw KernelError(f->device, f->stream, f->kernel, f->cause);
 }
 
-void Engine::host_wait(OpId id, const std::shared_ptr<FuncTask>& task) {
+void Engine::host_wait(OpId id, const std::shared_ptr<FuncTask>& task, double sync_cost_s) {
   if (id == kNoOp) return;
   Actor& a = current();
   if (!ops_[id].complete()) {
@@ -540,7 +552,9 @@ void Engine::host_wait(OpId id, const std::shared_ptr<FuncTask>& task) {
   }
   a.clock = std::max(a.clock, ops_[id].end);
   wait_real(task);
-  host_charge(devices_[static_cast<size_t>(ops_[id].device)].spec->sync_host_s, "synchronize");
+  host_charge(sync_cost_s >= 0 ? sync_cost_s
+                               : devices_[static_cast<size_t>(ops_[id].device)].spec->sync_host_s,
+              "synchronize");
 }
 
 void Engine::catch_up_to_host() {

@@ -88,8 +88,12 @@ struct Op {
   int device;
   int track;
   int host;
-  int sms;                    // > 0: a communication kernel holding this many SMs
-  bool memory_bound = false;  // bound by HBM traffic: shares bandwidth, not SMs, with a GEMM
+  int sms;  // > 0: a communication kernel holding this many SMs
+  OpClass cls = OpClass::Other;
+  bool memory_bound() const {
+    // Bound by HBM traffic: shares bandwidth, not SMs, with a GEMM.
+    return cls == OpClass::Elementwise || cls == OpClass::Permute || cls == OpClass::Memcpy;
+  }
   std::string name;
   VTime ready_at = 0;
   VTime start = -1, end = -1;  // on its resource (a queued copy starts when an engine is free)
@@ -221,22 +225,25 @@ class Engine {
   void drain_functional(bool final = false);
   VTime host_clock() { return current().clock; }
   void host_charge(double seconds, const std::string& what);
-  // `memory_bound`: the kernel shares HBM bandwidth rather than SMs with a compute-bound one
-  // (the profile's measured co-run slowdowns apply).
+  // `cls`: what the kernel is; a memory-bound class shares HBM bandwidth rather than SMs with
+  // a compute-bound kernel (the profile's measured co-run slowdowns apply).
   OpId launch(StreamState& s, OpKind kind, ResourceKind res, double duration_s, int sms,
               std::string name, std::function<void()> body,
               std::vector<std::shared_ptr<BufferState>> uses, double host_cost_s, double latency_s,
-              bool memory_bound = false);
+              OpClass cls = OpClass::Other);
   // Inside a CUDA-graph scope the running host's launches, records and waits replay from the
   // captured graph: each costs the host graph_kernel_host_s and starts without launch latency.
   void enter_graph_replay();
   void leave_graph_replay();
+  // Issues eagerly until resumed (what a graph cannot capture: a host sync); returns the depth.
+  int suspend_graph_replay();
+  void resume_graph_replay(int depth);
   void record(StreamState& s, EventState& e);
   void wait(StreamState& s, const EventState& e);
   // Blocks the running actor until `op` has completed in virtual time and for real; the clock
-  // becomes max(clock, completion) plus the synchronize cost. Throws KernelError for a poisoned
-  // op, DeadlockError if the op can never complete.
-  void host_wait(OpId op, const std::shared_ptr<FuncTask>& task);
+  // becomes max(clock, completion) plus the synchronize cost (the spec's, unless given). Throws
+  // KernelError for a poisoned op, DeadlockError if the op can never complete.
+  void host_wait(OpId op, const std::shared_ptr<FuncTask>& task, double sync_cost_s = -1);
   // Has `op` completed by the running actor's clock? Advances the engine that far first, and
   // charges a query (never less than kMinPollSeconds, so a polling loop moves virtual time).
   bool host_query(OpId op, const std::shared_ptr<FuncTask>& task);
@@ -313,7 +320,7 @@ class Engine {
     const EventState* waits;  // Wait: the event whose marked work must complete first
     RendezvousId rendezvous = kNoRendezvous;
     std::vector<std::function<void()>> phase_bodies;  // a rendezvous party's functional work
-    bool memory_bound = false;
+    OpClass cls = OpClass::Other;
   };
   OpId issue(StreamState& s, Issue in);
   OpId new_op(StreamState& s, OpKind kind, std::string name, ResourceKind res);

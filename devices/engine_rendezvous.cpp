@@ -58,6 +58,7 @@ OpId Engine::join_rendezvous(RendezvousId rv, StreamState& s, std::string name, 
            nullptr};
   in.rendezvous = rv;
   in.phase_bodies = std::move(phase_bodies);
+  in.cls = OpClass::Comm;
   OpId id = issue(s, std::move(in));
   r.members.push_back(id);
   ++r.joined;

@@ -29,6 +29,20 @@ class GraphReplay {
   Node* node_;
 };
 
+// Issues eagerly while alive, inside a GraphReplay too: for what a graph cannot capture (a host
+// sync, which Megatron moves out of the captured region).
+class EagerIssue {
+ public:
+  explicit EagerIssue(Node& node);
+  ~EagerIssue();
+  EagerIssue(const EagerIssue&) = delete;
+  EagerIssue& operator=(const EagerIssue&) = delete;
+
+ private:
+  Node* node_;
+  int depth_;
+};
+
 class Host {
  public:
   explicit Host(Node& node) : node_(&node) {}

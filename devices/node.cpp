@@ -270,6 +270,11 @@ GraphReplay::~GraphReplay() {
   node_->engine().leave_graph_replay();
 }
 
+EagerIssue::EagerIssue(Node& node) : node_(&node), depth_(node.engine().suspend_graph_replay()) {}
+EagerIssue::~EagerIssue() {
+  node_->engine().resume_graph_replay(depth_);
+}
+
 void Host::compute(double seconds, const std::string& what) {
   node_->engine().host_charge(seconds, what);
 }

@@ -26,6 +26,23 @@ std::vector<std::shared_ptr<detail::BufferState>> states_of(const std::vector<Bu
 
 }  // namespace
 
+OpClass op_class(const KernelShape& s) {
+  switch (s.kind) {
+    case KernelKind::Gemm:
+    case KernelKind::GroupedGemm:
+      return OpClass::Gemm;
+    case KernelKind::Attention:
+      return OpClass::Attention;
+    case KernelKind::MemoryBound:
+      return s.op == MemoryOp::Gather || s.op == MemoryOp::Scatter ? OpClass::Permute
+             : s.op == MemoryOp::Copy                              ? OpClass::Memcpy
+                                                                   : OpClass::Elementwise;
+    case KernelKind::Unspecified:
+      break;
+  }
+  return OpClass::Other;
+}
+
 void Stream::launch(Kernel k) {
   if (!state_) throw UsageError("launch: the Stream handle is empty; get one from a Device");
   Node& node = device_->node();
@@ -35,12 +52,31 @@ void Stream::launch(Kernel k) {
   auto uses = states_of(k.uses);
   e.launch(*state_, OpKind::Kernel, detail::ResourceKind::Sm, t, k.work.sms, std::move(k.name),
            e.mode() == Mode::Functional ? std::move(k.body) : nullptr, uses, g.kernel_launch_host_s,
-           g.launch_latency_s, k.work.shape.kind == KernelKind::MemoryBound);
+           g.launch_latency_s, op_class(k.work.shape));
 }
 
 void Stream::copy(const Buffer& dst, const Buffer& src, std::size_t bytes, std::string name,
                   std::function<void()> then) {
   if (!state_) throw UsageError("copy: the Stream handle is empty; get one from a Device");
+  copy_impl(dst, src, bytes, std::move(name), std::move(then),
+            device_->spec().memcpy_launch_host_s);
+}
+
+void Stream::read_to_host(const Buffer& dst, const Buffer& src, std::size_t bytes,
+                          std::string name) {
+  if (!state_) throw UsageError("read_to_host: the Stream handle is empty");
+  detail::Engine& e = device_->node().engine();
+  const int depth = e.suspend_graph_replay();
+  const GpuSpec& g = device_->spec();
+  const double copy_s = copy_seconds(g, device_->node().topology().pcie,
+                                     CopyDirection::DeviceToHost, double(bytes), false, false);
+  const std::uint32_t id = copy_impl(dst, src, bytes, std::move(name), {}, 0.0);
+  e.host_wait(id, state_->last_task, std::max(0.0, g.small_d2h_sync_host_s - copy_s));
+  e.resume_graph_replay(depth);
+}
+
+std::uint32_t Stream::copy_impl(const Buffer& dst, const Buffer& src, std::size_t bytes,
+                                std::string name, std::function<void()> then, double host_cost_s) {
   if (!dst || !src) throw UsageError("copy: empty Buffer handle");
   if (bytes == SIZE_MAX) bytes = src.bytes();
   if (bytes > src.bytes() || bytes > dst.bytes())
@@ -89,8 +125,8 @@ void Stream::copy(const Buffer& dst, const Buffer& src, std::size_t bytes, std::
            : dir == CopyDirection::DeviceToHost ? "memcpy D2H"
                                                 : "memcpy D2D";
   }
-  e.launch(*state_, OpKind::Copy, res, t, 0, std::move(name), std::move(body),
-           states_of({dst, src}), device_->spec().memcpy_launch_host_s, 0.0);
+  return e.launch(*state_, OpKind::Copy, res, t, 0, std::move(name), std::move(body),
+                  states_of({dst, src}), host_cost_s, 0.0, OpClass::Memcpy);
 }
 
 void Stream::record(Event& ev) {

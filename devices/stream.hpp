@@ -7,6 +7,7 @@
 
 #include "devices/buffer.hpp"
 #include "devices/event.hpp"
+#include "devices/trace.hpp"
 #include "devices/work.hpp"
 
 namespace nodeemu {
@@ -15,6 +16,9 @@ class Device;
 namespace detail {
 struct StreamState;
 }
+
+// What a kernel of this shape is, for reports and the trace.
+OpClass op_class(const KernelShape& s);
 
 class Stream {
  public:
@@ -31,6 +35,12 @@ class Stream {
   // checkers use it to look at what arrived.
   void copy(const Buffer& dst, const Buffer& src, std::size_t bytes = SIZE_MAX,
             std::string name = "", std::function<void()> then = {});
+  // A small device-to-host read that the host waits for, as `.tolist()` or `.item()` on a device
+  // tensor does (the alltoall dispatcher's token counts): the copy, then the host blocks on it.
+  // Priced as measured for this pattern (the profile's small_d2h_sync, on an idle GPU: the copy's
+  // own time plus what is left of the measurement after the wait), not as a launch, a record and
+  // a synchronize. Issued eagerly even inside a CUDA-graph scope: a graph cannot capture it.
+  void read_to_host(const Buffer& dst, const Buffer& src, std::size_t bytes, std::string name);
   void record(Event& e);
   void wait(const Event& e);
   // Blocks the calling host until everything enqueued so far has completed.
@@ -45,6 +55,8 @@ class Stream {
   bool operator==(const Stream& o) const { return state_ == o.state_; }
 
  private:
+  std::uint32_t copy_impl(const Buffer& dst, const Buffer& src, std::size_t bytes, std::string name,
+                          std::function<void()> then, double host_cost_s);
   Device* device_ = nullptr;
   detail::StreamState* state_ = nullptr;
 };

@@ -21,8 +21,29 @@ const char* to_string(OpKind k) {
   return "?";
 }
 
+const char* to_string(OpClass c) {
+  switch (c) {
+    case OpClass::Gemm:
+      return "gemm";
+    case OpClass::Attention:
+      return "attention";
+    case OpClass::Elementwise:
+      return "elementwise";
+    case OpClass::Permute:
+      return "permute";
+    case OpClass::Memcpy:
+      return "memcpy";
+    case OpClass::Comm:
+      return "comm";
+    case OpClass::Other:
+      return "other";
+  }
+  return "?";
+}
+
 void TraceRecorder::on_op(const OpRecord& r) {
-  ops_.push_back({r.id, r.device, r.track, r.kind, *r.name, r.start, r.end, r.host, r.waits_for});
+  ops_.push_back(
+      {r.id, r.device, r.track, r.kind, *r.name, r.start, r.end, r.host, r.waits_for, r.cls});
 }
 
 void TraceRecorder::on_host(const HostRecord& r) {
@@ -121,7 +142,8 @@ void TraceRecorder::write_chrome_json(std::ostream& os, const TimelineLayout& la
     us(os, o.start);
     os << ",\"dur\":";
     us(os, o.end - o.start);
-    os << ",\"args\":{\"op\":" << o.id << ",\"host\":" << o.host << "}}";
+    os << ",\"args\":{\"op\":" << o.id << ",\"host\":" << o.host << ",\"class\":\""
+       << to_string(o.cls) << "\"}}";
     if (o.kind == OpKind::Wait && o.waits_for >= 0) {
       auto it = by_id.find(static_cast<std::uint64_t>(o.waits_for));
       if (it != by_id.end()) {

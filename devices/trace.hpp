@@ -17,6 +17,12 @@ enum class OpKind : std::uint8_t { Kernel, Copy, Record, Wait, Comm };
 
 const char* to_string(OpKind k);
 
+// What a device operation is, for reports and the trace's categories: the kernel classes that
+// `nodeemu layer` splits busy time by.
+enum class OpClass : std::uint8_t { Gemm, Attention, Elementwise, Permute, Memcpy, Comm, Other };
+
+const char* to_string(OpClass c);
+
 struct OpRecord {
   std::uint64_t id;  // issue sequence number, unique in the node
   int device;
@@ -26,6 +32,7 @@ struct OpRecord {
   VTime start, end;
   int host;                     // the host actor that issued it
   std::int64_t waits_for = -1;  // Wait ops: id of the op the event marked (a flow arrow)
+  OpClass cls = OpClass::Other;
 };
 
 struct HostRecord {
@@ -70,6 +77,7 @@ class TraceRecorder : public TimelineObserver {
     VTime start, end;
     int host;
     std::int64_t waits_for;
+    OpClass cls;
   };
   struct Host {
     int host;

@@ -25,6 +25,15 @@ const char* kUsage =
     "        or recompute on, a baseline run without them gives the peak memory they save)\n"
     "  compare RECIPE [key=value ...] --case NAME key=value ... --case NAME key=value ...\n"
     "        [--iterations N] [--mode functional|meta]: the cases side by side\n"
+    "  layer RECIPE [key=value ...] [--megatron-flag ...] [--json FILE]\n"
+    "        one micro-batch through one MoE (and one dense) layer on rank 0, communication\n"
+    "        left out: forward and forward+backward time, busy time by kernel class, host issue\n"
+    "  cost  --gpu PROFILE TABLE.csv [--explain] [--out FILE]\n"
+    "        predict each row of a table in a GPU profile's format (times and rates filled in);\n"
+    "        --explain says which measured rows each prediction came from\n"
+    "  calibrate DIR [--out PROFILE_DIR] [--name NAME]\n"
+    "        check a folder written by tools/measure_gpu.py, write a GPU profile from it, and\n"
+    "        print each table's leave-one-out error\n"
     "  help  this text\n"
     "With no --topology (or no topology: in a recipe), the DGX H100 topology built into the\n"
     "binary is used. Overrides use the recipe's dotted names (model.num_layers=8); Megatron\n"
@@ -99,8 +108,12 @@ int main(const std::vector<std::string>& args, std::ostream& out, std::ostream& 
     if (args[0] == "validate") return validate_command(rest, out, err);
     if (args[0] == "run") return run_command(rest, out, err);
     if (args[0] == "compare") return compare_command(rest, out, err);
+    if (args[0] == "layer") return layer_command(rest, out, err);
+    if (args[0] == "cost") return cost_command(rest, out, err);
+    if (args[0] == "calibrate") return calibrate_command(rest, out, err);
     err << "nodeemu: error: unknown command '" << args[0]
-        << "'; the commands are info, demo, validate, run, compare and help\n";
+        << "'; the commands are info, demo, validate, run, compare, layer, cost, calibrate and "
+           "help\n";
     return 2;
   } catch (const ConfigError& e) {
     err << "nodeemu: error: " << e.what() << "\n";

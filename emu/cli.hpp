@@ -16,6 +16,9 @@ int demo_command(const std::vector<std::string>& args, std::ostream& out, std::o
 int validate_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 int run_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 int compare_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+int layer_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+int cost_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+int calibrate_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
 // The topology shipped inside the binary (configs/topologies/dgx_h100.yaml at build time), so
 // that `nodeemu` works from any directory.

@@ -34,7 +34,9 @@ Optimizer::Optimizer(const Recipe& r, std::vector<layers::Parameter*> params, De
     const View from = layers::view(p->value), to = layers::view(st.master);
     layers::launch(
         s, "optimizer_init_master",
-        Work{.bytes = double(p->value.bytes() + st.master.bytes()), .precision = Precision::FP32},
+        Work{.bytes = double(p->value.bytes() + st.master.bytes()),
+             .precision = Precision::FP32,
+             .shape = KernelShape::memory(MemoryOp::Elementwise)},
         [from, to] {
           F32Scope sc;
           const float* w = sc.in(from);
@@ -59,7 +61,8 @@ void Optimizer::step(Stream& s) {
         s, adam ? "adam_step" : "sgd_step",
         Work{.flops = (adam ? 12.0 : 2.0) * n,
              .bytes = n * ((adam ? 7 * 4 : 3 * 4) + double(layers::dtype_bytes(w.dtype))),
-             .precision = Precision::FP32},
+             .precision = Precision::FP32,
+             .shape = KernelShape::memory(MemoryOp::Elementwise)},
         [=] {
           F32Scope sc;
           float* out = sc.out(w);

@@ -3,6 +3,7 @@
 
 #include "devices/errors.hpp"
 #include "emu/cli.hpp"
+#include "emu/layer_timing.hpp"
 #include "emu/recipe_views.hpp"
 #include "emu/report.hpp"
 #include "emu/training.hpp"
@@ -202,6 +203,17 @@ int compare_command(const std::vector<std::string>& args, std::ostream& out, std
     cases.push_back({name, std::move(rep)});
   }
   print_compare(cases, out);
+  return 0;
+}
+
+int layer_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  const RecipeArgs a = parse("layer", args, {"json"});
+  const auto r = prepared(a.recipe, a.overrides, a.options, err, "", true);
+  if (!r) return 2;
+  const LayerReport rep = time_layers(*r);
+  print_layer_report(rep, out);
+  if (auto j = a.options.find("json"); j != a.options.end())
+    write_file_atomically(j->second, layer_report_json(rep), "--json");
   return 0;
 }
 

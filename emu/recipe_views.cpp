@@ -76,7 +76,28 @@ Recipe without_memory_savers(const Recipe& r) {
   return base;
 }
 
-layers::ModelConfig model_config(const Recipe& r) {
+CudaGraphs cuda_graphs(const Recipe& r) {
+  CudaGraphs g;
+  const std::string& impl = r.text("model.cuda_graph_impl");
+  if (impl == "none") return g;
+  const auto has = [&](const char* s) {
+    return r.is_set("model.cuda_graph_scope") && r.list_has("model.cuda_graph_scope", s);
+  };
+  g.full_iteration = has("full_iteration");
+  if (g.full_iteration) return g;
+  // An unset scope captures whole layers (Megatron's "full" scope: TransformerLayer's
+  // _te_cuda_graph_capture over every submodule).
+  const bool whole = !r.is_set("model.cuda_graph_scope");
+  layers::GraphScopes& l = g.layer;
+  l.attn = whole || has("attn");
+  l.mlp = whole || has("mlp");
+  l.moe = whole || has("moe");
+  l.moe_router = has("moe_router");
+  l.moe_preprocess = has("moe_preprocess");
+  return g;
+}
+
+layers::ModelConfig model_config(const Recipe& r, const GpuSpec& gpu) {
   using namespace layers;
   ModelConfig c;
   auto opt_int = [&](const std::string& key, int fallback) {
@@ -129,6 +150,22 @@ layers::ModelConfig model_config(const Recipe& r) {
                                                                        : DropPolicy::Probs;
   rc.pad_to_capacity = r.flag("model.moe_pad_expert_input_to_capacity");
   rc.force_load_balancing = r.flag("model.moe_router_force_load_balancing");
+
+  KernelChoices& k = c.kernels;
+  k.transformer_engine = r.text("model.transformer_impl") == "transformer_engine";
+  const std::string& ab = r.text("model.attention_backend");
+  // The local spec's core attention is DotProductAttention whatever the backend key says.
+  if (!k.transformer_engine || ab == "unfused" || ab == "local")
+    k.attention = CoreAttention::Unfused;
+  else if (ab == "flash" || (ab == "auto" && gpu.cc_major < 9))
+    k.attention = CoreAttention::Flash;
+  else
+    k.attention = CoreAttention::Cudnn;
+  k.permute_fusion = r.flag("model.moe_permute_fusion");
+  k.grouped_gemm = k.transformer_engine && r.flag("model.moe_grouped_gemm");
+  k.bias_activation_fusion = r.flag("model.bias_activation_fusion");
+  k.rope_fusion = r.flag("model.apply_rope_fusion");
+  k.gradient_accumulation_fusion = r.flag("model.gradient_accumulation_fusion");
   return c;
 }
 

@@ -10,6 +10,7 @@
 #include "emu/recipe.hpp"
 #include "layers/model_config.hpp"
 #include "layers/recompute.hpp"
+#include "layers/schedule_node.hpp"
 #include "offload/offload_config.hpp"
 
 namespace nodeemu::emu {
@@ -19,7 +20,16 @@ std::shared_ptr<const NodeTopology> load_topology(const Recipe& r);
 // Node options for the recipe (topology, nodes, mode, hardware queues, threads).
 NodeOptions node_options(const Recipe& r);
 
-layers::ModelConfig model_config(const Recipe& r);
+// The model, with the kernels Megatron's keys choose resolved for `gpu` (attention_backend auto:
+// cuDNN on compute capability >= 9, else flash).
+layers::ModelConfig model_config(const Recipe& r, const GpuSpec& gpu);
+// What the recipe's CUDA graphs capture (cuda_graph_impl, cuda_graph_scope): per-layer scopes for
+// the layers, and whether the whole forward-backward is one graph (full_iteration).
+struct CudaGraphs {
+  layers::GraphScopes layer;
+  bool full_iteration = false;
+};
+CudaGraphs cuda_graphs(const Recipe& r);
 ParallelLayout parallel_layout(const Recipe& r, int world);
 
 int pipeline_size(const Recipe& r);

@@ -143,7 +143,12 @@ void print_summary(const RunReport& r, std::ostream& os) {
          << (d.host_cpus.empty() ? std::string("unbound") : d.host_cpus) << "\n";
     os << "  (* far socket: PCIe copies to this memory pay the topology's remote_numa_factor)\n";
   }
-  os << "\nnumerics hash " << (r.numerics_hash ? hex(*r.numerics_hash) : "- (meta mode)")
+  os << "\nclock: GPU profile " << r.gpu_profile << "\n";
+  for (const auto& k : r.unpriced_kernels)
+    os << "warning: kernel " << k
+       << " has no table in the GPU profile; priced by the roofline over its best measured "
+          "rates\n";
+  os << "numerics hash " << (r.numerics_hash ? hex(*r.numerics_hash) : "- (meta mode)")
      << ", timeline hash " << hex(r.timeline_hash) << "\n";
   os << "wall time " << std::fixed << std::setprecision(2) << r.wall_time_s << " s for "
      << r.device_ops << " device operations\n";
@@ -199,6 +204,11 @@ void write_summary_json(const RunReport& r, const Recipe& recipe, std::ostream& 
      << ",\n";
   os << "  \"timeline_hash\": " << json_string(hex(r.timeline_hash)) << ",\n";
   os << "  \"device_ops\": " << r.device_ops << ",\n";
+  os << "  \"gpu_profile\": " << json_string(r.gpu_profile) << ",\n";
+  os << "  \"unpriced_kernels\": [";
+  for (std::size_t i = 0; i < r.unpriced_kernels.size(); ++i)
+    os << (i ? ", " : "") << json_string(r.unpriced_kernels[i]);
+  os << "],\n";
   os << "  \"wall_time_s\": " << num(r.wall_time_s) << ",\n";
   os << "  \"config\": {";
   bool first = true;
@@ -209,15 +219,25 @@ void write_summary_json(const RunReport& r, const Recipe& recipe, std::ostream& 
   os << "\n  }\n}\n";
 }
 
-void write_summary_file(const RunReport& r, const Recipe& recipe, const std::string& path) {
+void write_file_atomically(const std::string& path, const std::string& text,
+                           const std::string& flag) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp);
-    if (!f) throw ConfigError("--summary", path, "cannot write here; check the folder exists");
-    write_summary_json(r, recipe, f);
-    if (!f) throw ConfigError("--summary", path, "writing failed");
+    if (!f) throw ConfigError(flag, path, "cannot write here; check the folder exists");
+    f << text;
+    if (!f) {
+      std::filesystem::remove(tmp);
+      throw ConfigError(flag, path, "writing failed");
+    }
   }
   std::filesystem::rename(tmp, path);
+}
+
+void write_summary_file(const RunReport& r, const Recipe& recipe, const std::string& path) {
+  std::ostringstream os;
+  write_summary_json(r, recipe, os);
+  write_file_atomically(path, os.str(), "--summary");
 }
 
 void print_compare(const std::vector<Case>& cases, std::ostream& os) {

@@ -15,6 +15,9 @@ void print_summary(const RunReport& r, std::ostream& os);
 void write_summary_json(const RunReport& r, const Recipe& recipe, std::ostream& os);
 // Writes to a temporary file and renames it, so a failed run never leaves half a summary.
 void write_summary_file(const RunReport& r, const Recipe& recipe, const std::string& path);
+// The same for any text; `flag` names the option in the error ("--json").
+void write_file_atomically(const std::string& path, const std::string& text,
+                           const std::string& flag);
 
 struct Case {
   std::string name;

@@ -6,6 +6,7 @@
 #include <iomanip>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <tuple>
@@ -76,8 +77,9 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
   NodeOptions node_opts = node_options(recipe);
   node_opts.record_trace = !options.trace_path.empty();
   const int world = node_opts.nodes * node_opts.topology->gpus;
-  const layers::ModelConfig cfg = model_config(recipe);
+  const layers::ModelConfig cfg = model_config(recipe, node_opts.topology->gpu);
   cfg.validate();
+  const CudaGraphs graphs = cuda_graphs(recipe);
   const ProcessGroups pg(parallel_layout(recipe, world));
   const int pp = pipeline_size(recipe), vpp = virtual_chunks(recipe);
   const std::vector<int> stage_layers = layers_per_virtual_stage(recipe);
@@ -122,6 +124,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     layers::ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
     ctx.delay_wgrad = recipe.flag("comm_overlap.delay_wgrad_compute");
     ctx.recompute = recompute_set(recipe);
+    ctx.graphs = graphs.layer;
     std::unique_ptr<offload::OffloadEngine> offloader;
     if (auto oc = offload_config(recipe, p)) {
       offloader = std::make_unique<offload::OffloadEngine>(dev, *oc);
@@ -162,7 +165,13 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
                              },
                              loss_scale, {mbs * seq, cfg.hidden_size});
       StepContext step(impl);
-      schedule->run(step);
+      {
+        // full_iteration: the whole forward-backward of every micro-batch is one captured graph
+        // (megatron/core/full_cuda_graph.py FullCudaGraphWrapper); the optimizer is not in it.
+        std::optional<GraphReplay> whole;
+        if (graphs.full_iteration) whole.emplace(node);
+        schedule->run(step);
+      }
       impl.check_finished(schedule->name());
       for (auto& c : chunks) layers::reduce_gradients(*c, dp, edp, ctx.compute);
       if (functional) {
@@ -207,6 +216,9 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
   rep.topology = node.topology().name;
   rep.world = world;
   rep.device_ops = node.engine_ops();
+  const GpuSpec& gpu = node.topology().gpu;
+  rep.gpu_profile = gpu.profile ? gpu.profile->provenance() : "no profile: datasheet roofline";
+  rep.unpriced_kernels = node.unpriced_kernels();
   rep.offload = recipe.flag("model.fine_grained_activation_offloading");
   rep.recompute = recompute_set(recipe).any();
   rep.bindpcie = node.options().bindpcie;

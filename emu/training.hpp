@@ -72,6 +72,10 @@ struct RunReport {
   std::uint64_t device_ops = 0;  // operations the engine laid out
   double wall_time_s = 0;
   std::vector<std::string> warnings;
+  // Where the clock's prices come from: the GPU profile's one-line provenance ("measured on ..."
+  // or "derived, not measured"), and every kernel no table of it priced ("name (what it is)").
+  std::string gpu_profile;
+  std::vector<std::string> unpriced_kernels;
 };
 
 // Runs a recipe that validate() accepted. Throws ConfigError for a recipe it cannot run.

@@ -21,6 +21,8 @@ class Rules {
     layout();
     ep_overlap();
     delay_wgrad();
+    kernels();
+    cuda_graphs();
     dispatcher();
     offload();
     recompute();
@@ -182,6 +184,86 @@ class Rules {
             "is " + te +
                 "; delay_wgrad_compute with a CUDA-graph scope needs TransformerEngine >= "
                 "2.12");
+  }
+
+  // Keys that choose kernels (layers/kernel_choices.hpp): what the local spec cannot honour is
+  // refused rather than silently dropped.
+  void kernels() {
+    if (r_.text("model.transformer_impl") != "local") return;
+    const std::string why =
+        " with transformer_impl=local: Megatron's local spec (gpt_layer_specs.py "
+        "get_gpt_layer_local_spec) ";
+    if (b("model.moe_grouped_gemm"))
+      error("model.moe_grouped_gemm",
+            "must be false" + why + "runs SequentialMLP experts; use transformer_engine");
+    const std::string& ab = r_.text("model.attention_backend");
+    if (ab == "flash" || ab == "fused")
+      error("model.attention_backend",
+            "cannot be " + ab + why +
+                "runs DotProductAttention; use transformer_engine, or auto/unfused/local");
+  }
+
+  // CUDA graphs (TransformerConfig.__post_init__ in core_r0.17, and what NodeEmu models).
+  void cuda_graphs() {
+    const std::string& impl = r_.text("model.cuda_graph_impl");
+    const bool scoped = set("model.cuda_graph_scope");
+    const auto has = [&](const char* x) {
+      return scoped && r_.list_has("model.cuda_graph_scope", x);
+    };
+    if (impl == "none") {
+      if (scoped)
+        error("model.cuda_graph_scope",
+              "has no effect with cuda_graph_impl=none; set cuda_graph_impl=transformer_engine "
+              "(or local with full_iteration), or unset the scope");
+      return;
+    }
+    if (has("mamba")) error("model.cuda_graph_scope", "mamba: this model has no Mamba layers");
+    const bool full = has("full_iteration");
+    if (full && r_.list("model.cuda_graph_scope").size() > 1)
+      error("model.cuda_graph_scope", "full_iteration captures everything; list it alone");
+    if (full && impl == "transformer_engine")
+      error("model.cuda_graph_impl",
+            "must be local for cuda_graph_scope=full_iteration (Megatron refuses it with "
+            "transformer_engine)");
+    if (impl == "local" && !full)
+      error("model.cuda_graph_scope",
+            "with cuda_graph_impl=local NodeEmu models only full_iteration (Megatron supports "
+            "per-module scopes with transformer_engine); set one of the two");
+    const bool moe = set("model.num_moe_experts");
+    const bool padded = b("model.moe_pad_expert_input_to_capacity");
+    // A graph replays fixed shapes: a dropless dispatcher's host sync on its counts cannot be
+    // captured.
+    const auto needs_static = [&](const std::string& key, const std::string& what) {
+      if (!moe) return;
+      if (r_.text("model.moe_token_dispatcher_type") == "flex")
+        error(key, what +
+                       " needs static shapes, and the flex dispatcher waits on its counts "
+                       "on the host; use alltoall with moe_pad_expert_input_to_capacity");
+      else if (!padded)
+        error("model.moe_pad_expert_input_to_capacity",
+              "must be true: " + what +
+                  " needs static shapes (drop-and-pad), not the dropless "
+                  "dispatcher's host sync");
+    };
+    if (full) needs_static("model.cuda_graph_scope", "cuda_graph_scope=full_iteration");
+    if (impl == "transformer_engine" && !scoped)
+      needs_static("model.cuda_graph_scope", "an unset cuda_graph_scope (whole layers)");
+    if (has("moe")) {
+      needs_static("model.cuda_graph_scope", "cuda_graph_scope moe");
+      if (has("moe_router"))
+        error("model.cuda_graph_scope", "moe and moe_router cannot both be listed; keep one");
+      if (b("comm_overlap.overlap_moe_expert_parallel_comm"))
+        error("model.cuda_graph_scope",
+              "moe (the whole MoE layer) cannot be captured with "
+              "comm_overlap.overlap_moe_expert_parallel_comm; use moe_router and moe_preprocess");
+    }
+    if (has("moe_preprocess") && !has("moe_router"))
+      error("model.cuda_graph_scope", "moe_preprocess needs moe_router in the scope too");
+    if (has("moe_preprocess") && r_.text("model.moe_token_dispatcher_type") == "alltoall" &&
+        set("model.moe_expert_capacity_factor"))
+      error("model.cuda_graph_scope",
+            "moe_preprocess cannot be captured with the alltoall dispatcher and a capacity factor "
+            "(its preprocess copies to the host); drop moe_preprocess");
   }
 
   void dispatcher() {

@@ -2,10 +2,17 @@
 // host (the sync point), permute by expert, all-to-all-v of the rows and of their probabilities,
 // sort by local expert; and the reverse. With pad-to-capacity every expert gets exactly
 // `capacity` rows, the splits are static and the host never waits.
+//
+// Alone (TokenDispatcher::alone, for `nodeemu layer`): rank 0 of an EP group that is not there.
+// The routing is balanced over the group as forced balance routes it, the counts are not
+// exchanged but still read on the host (that sync is the host's, not communication), and the
+// rows arrive and leave without all-to-alls.
 #include <optional>
 
 #include "comm/alltoall_dispatcher.hpp"
+#include "devices/device.hpp"
 #include "devices/errors.hpp"
+#include "devices/node.hpp"
 #include "layers/token_dispatcher.hpp"
 #include "layers/token_permute.hpp"
 
@@ -33,8 +40,8 @@ class AlltoallPlan final : public DispatchPlan {
  private:
   const AlltoallTokenDispatcher& d_;
   std::int64_t tokens_;
-  std::int64_t capacity_ = 0;  // per expert, with pad-to-capacity
-  AlltoallDispatcher rows_, probs_;
+  std::int64_t capacity_ = 0;                       // per expert, with pad-to-capacity
+  std::optional<AlltoallDispatcher> rows_, probs_;  // none when alone
   AlltoallSplits splits_;
   std::vector<RowBlock> sort_blocks_;  // (source, expert) order -> (expert, source) order
   std::int64_t sent_ = 0, received_ = 0;
@@ -44,8 +51,14 @@ class AlltoallPlan final : public DispatchPlan {
 
 class AlltoallTokenDispatcher final : public TokenDispatcher {
  public:
+  AlltoallTokenDispatcher(const ModelConfig& cfg, int ep_size)
+      : TokenDispatcher(cfg.num_moe_experts / ep_size, 0),
+        cfg_(cfg),
+        mode_(Mode::Meta),
+        ep_size_(ep_size) {}
   AlltoallTokenDispatcher(const ModelConfig& cfg, Group ep, Mode mode, int rank)
       : TokenDispatcher(cfg, ep, rank), cfg_(cfg), ep_(std::move(ep)), mode_(mode) {
+    ep_size_ = ep_->size();
     if (mode == Mode::Meta && !cfg.router.force_load_balancing && !cfg.router.pad_to_capacity)
       throw ConfigError("model", "moe_router_force_load_balancing",
                         "meta mode has no routing data: the alltoall dispatcher needs "
@@ -56,13 +69,15 @@ class AlltoallTokenDispatcher final : public TokenDispatcher {
     return std::make_unique<AlltoallPlan>(*this, tokens);
   }
   const ModelConfig& cfg() const { return cfg_; }
-  const Group& ep() const { return ep_; }
+  const std::optional<Group>& ep() const { return ep_; }
+  int ep_size() const { return ep_size_; }
   Mode mode() const { return mode_; }
 
  private:
   ModelConfig cfg_;
-  Group ep_;
+  std::optional<Group> ep_;  // none when alone
   Mode mode_;
+  int ep_size_ = 1;
 };
 
 std::size_t row_bytes(const ModelConfig& c) {
@@ -75,23 +90,36 @@ std::optional<std::size_t> capacity_of(const ModelConfig& c, std::int64_t tokens
 }
 
 AlltoallPlan::AlltoallPlan(const AlltoallTokenDispatcher& d, std::int64_t tokens)
-    : d_(d),
-      tokens_(tokens),
-      capacity_(std::int64_t(capacity_of(d.cfg(), tokens).value_or(0))),
-      rows_(d.ep(), d.cfg().num_moe_experts, row_bytes(d.cfg()), capacity_of(d.cfg(), tokens)),
-      probs_(d.ep(), d.cfg().num_moe_experts, sizeof(float), capacity_of(d.cfg(), tokens)) {}
+    : d_(d), tokens_(tokens), capacity_(std::int64_t(capacity_of(d.cfg(), tokens).value_or(0))) {
+  if (!d.ep()) return;
+  rows_.emplace(*d.ep(), d.cfg().num_moe_experts, row_bytes(d.cfg()), capacity_of(d.cfg(), tokens));
+  probs_.emplace(*d.ep(), d.cfg().num_moe_experts, sizeof(float), capacity_of(d.cfg(), tokens));
+}
 
 void AlltoallPlan::preprocess(ops::At at) {
   const auto& c = d_.cfg();
   const int E = c.num_moe_experts, k = c.router.topk, L = d_.local_experts();
   std::vector<std::int64_t> meta_counts;
-  if (d_.mode() == Mode::Meta && !capacity_) {
-    const auto one = balanced_counts(tokens_, k, E);  // every rank routes the same way
-    for (int r = 0; r < d_.ep().size(); ++r)
+  if (d_.mode() == Mode::Meta) {
+    const auto one = capacity_ ? std::vector<std::int64_t>(std::size_t(E), capacity_)
+                               : balanced_counts(tokens_, k, E);  // every rank routes the same way
+    for (int r = 0; r < d_.ep_size(); ++r)
       meta_counts.insert(meta_counts.end(), one.begin(), one.end());
   }
-  // The sync point: counts all-gathered over EP, copied to the host, and the host waits.
-  splits_ = rows_.exchange_counts(io.tokens_per_expert.buffer(), at.stream, meta_counts);
+  if (rows_) {
+    // The sync point: counts all-gathered over EP, copied to the host, and the host waits.
+    splits_ = rows_->exchange_counts(io.tokens_per_expert.buffer(), at.stream, meta_counts);
+  } else {
+    if (!capacity_) {
+      Device& dev = at.stream.device();
+      const std::size_t bytes = meta_counts.size() * sizeof(std::int64_t);
+      Buffer host =
+          dev.node().allocate_host(bytes, dev.placement().emulated_numa, true, dev.node_index());
+      at.stream.read_to_host(host, io.tokens_per_expert.buffer(),
+                             std::min(bytes, io.tokens_per_expert.bytes()), "counts D2H");
+    }
+    splits_ = AlltoallDispatcher::splits(meta_counts.data(), d_.ep_size(), E, 0);
+  }
   sent_ = received_ = 0;
   for (auto n : splits_.send_rows) sent_ += std::int64_t(n);
   for (auto n : splits_.recv_rows) received_ += std::int64_t(n);
@@ -122,10 +150,12 @@ void AlltoallPlan::dispatch(ops::At at) {
   const auto& c = d_.cfg();
   recv_ = at.empty({received_, c.hidden_size}, c.dtype);
   recv_probs_ = at.empty({received_}, DType::F32);
-  rows_.dispatch(perm_.rows.buffer(), recv_.buffer(), splits_, at.stream,
-                 {.async = true, .name = "moe_dispatch_a2a"});
-  probs_.dispatch(perm_.probs.buffer(), recv_probs_.buffer(), splits_, at.stream,
-                  {.async = true, .name = "moe_dispatch_probs_a2a"});
+  if (rows_) {
+    rows_->dispatch(perm_.rows.buffer(), recv_.buffer(), splits_, at.stream,
+                    {.async = true, .name = "moe_dispatch_a2a"});
+    probs_->dispatch(perm_.probs.buffer(), recv_probs_.buffer(), splits_, at.stream,
+                     {.async = true, .name = "moe_dispatch_probs_a2a"});
+  }
   perm_.rows = Tensor();  // freed after dispatch, as Megatron's alltoall path does
   perm_.probs = Tensor();
 }
@@ -143,8 +173,9 @@ void AlltoallPlan::unsort(ops::At at) {
 void AlltoallPlan::combine(ops::At at) {
   const auto& c = d_.cfg();
   Tensor back = at.empty({sent_, c.hidden_size}, c.dtype);
-  rows_.combine(back_rows_.buffer(), back.buffer(), splits_, at.stream,
-                {.async = true, .name = "moe_combine_a2a"});
+  if (rows_)
+    rows_->combine(back_rows_.buffer(), back.buffer(), splits_, at.stream,
+                   {.async = true, .name = "moe_combine_a2a"});
   back_rows_ = Tensor();
   io.moe_out = unpermute(at, "unpermute", back, Tensor(), perm_.slots, c.router.topk, tokens_);
 }
@@ -153,8 +184,9 @@ void AlltoallPlan::combine_backward(ops::At at) {
   const auto& c = d_.cfg();
   Tensor g_back = gather_rows(at, "unpermute_bwd", io.grad_moe_out, perm_.slots, c.router.topk);
   recv_ = at.empty({received_, c.hidden_size}, c.dtype);
-  rows_.dispatch(g_back.buffer(), recv_.buffer(), splits_, at.stream,
-                 {.async = true, .name = "moe_combine_bwd_a2a"});
+  if (rows_)
+    rows_->dispatch(g_back.buffer(), recv_.buffer(), splits_, at.stream,
+                    {.async = true, .name = "moe_combine_bwd_a2a"});
 }
 
 void AlltoallPlan::unsort_backward(ops::At at) {
@@ -172,10 +204,12 @@ void AlltoallPlan::dispatch_backward(ops::At at) {
   const auto& c = d_.cfg();
   perm_.rows = at.empty({sent_, c.hidden_size}, c.dtype);
   perm_.probs = at.empty({sent_}, DType::F32);
-  rows_.combine(recv_.buffer(), perm_.rows.buffer(), splits_, at.stream,
-                {.async = true, .name = "moe_dispatch_bwd_a2a"});
-  probs_.combine(recv_probs_.buffer(), perm_.probs.buffer(), splits_, at.stream,
-                 {.async = true, .name = "moe_dispatch_probs_bwd_a2a"});
+  if (rows_) {
+    rows_->combine(recv_.buffer(), perm_.rows.buffer(), splits_, at.stream,
+                   {.async = true, .name = "moe_dispatch_bwd_a2a"});
+    probs_->combine(recv_probs_.buffer(), perm_.probs.buffer(), splits_, at.stream,
+                    {.async = true, .name = "moe_dispatch_probs_bwd_a2a"});
+  }
   recv_ = recv_probs_ = Tensor();
 }
 
@@ -193,6 +227,10 @@ void AlltoallPlan::preprocess_backward(ops::At at) {
 std::unique_ptr<TokenDispatcher> make_alltoall(const ModelConfig& cfg, Group ep, Mode mode,
                                                int rank) {
   return std::make_unique<AlltoallTokenDispatcher>(cfg, std::move(ep), mode, rank);
+}
+
+std::unique_ptr<TokenDispatcher> make_alone(const ModelConfig& cfg, int ep_size) {
+  return std::make_unique<AlltoallTokenDispatcher>(cfg, ep_size);
 }
 
 }  // namespace nodeemu::layers::detail

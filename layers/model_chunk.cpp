@@ -75,8 +75,9 @@ void ModelChunk::zero_grad(Stream& s, WorkTally* tally) {
     View v = view(p->main_grad);
     const std::size_t bytes = p->main_grad.bytes();
     launch(
-        s, "zero_grad", Work{.bytes = double(bytes)}, [=] { std::memset(v.data, 0, bytes); },
-        {p->main_grad}, tally);
+        s, "zero_grad",
+        Work{.bytes = double(bytes), .shape = KernelShape::memory(MemoryOp::Elementwise)},
+        [=] { std::memset(v.data, 0, bytes); }, {p->main_grad}, tally);
   }
 }
 
@@ -122,7 +123,9 @@ ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const 
           View vt = view(tokens_), vw = view(chunk_.embedding_.value), vy = view(embedded_);
           const std::int64_t H = c.hidden_size;
           launch(
-              s, "embedding", Work{.bytes = 2.0 * double(embedded_.bytes())},
+              s, "embedding",
+              Work{.bytes = 2.0 * double(embedded_.bytes()),
+                   .shape = KernelShape::memory(MemoryOp::Gather)},
               [=] {
                 F32Scope f;
                 kernels::embedding_forward(vt.as<const std::int32_t>(), f.in(vw), f.out(vy), T, H);
@@ -135,7 +138,9 @@ ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const 
           View vt = view(tokens_), vg = view(g), vw = view(chunk_.embedding_.main_grad);
           const std::int64_t H = c.hidden_size;
           launch(
-              s, "embedding_wgrad", Work{.bytes = 3.0 * double(g.bytes())},
+              s, "embedding_wgrad",
+              Work{.bytes = 3.0 * double(g.bytes()),
+                   .shape = KernelShape::memory(MemoryOp::Scatter)},
               [=] {
                 F32Scope f;
                 kernels::embedding_wgrad(vt.as<const std::int32_t>(), f.in(vg), vw.as<float>(), T,
@@ -149,7 +154,7 @@ ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const 
     loss = ScheduleNode(
         "loss", StreamKind::Compute, &ctx, &event,
         [this, T, last, &c](Stream& s) {
-          ops::At at{s, ctx_.tally};
+          ops::At at{s, ctx_.tally, nullptr, &chunk_.cfg_.kernels};
           hidden_ = *last;
           ops::rmsnorm_forward(at, "final_layernorm", hidden_, chunk_.final_norm_,
                                c.layernorm_epsilon, lnf_, rstd_);
@@ -162,7 +167,8 @@ ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const 
               s, "cross_entropy",
               Work{.flops = 4.0 * double(T * V),
                    .bytes = double(logits_.bytes()),
-                   .precision = Precision::FP32},
+                   .precision = Precision::FP32,
+                   .shape = KernelShape::memory(MemoryOp::Elementwise)},
               [=] {
                 std::vector<float> per(static_cast<std::size_t>(T));
                 kernels::cross_entropy_forward(vl.as<const float>(), vy.as<const std::int32_t>(),
@@ -174,7 +180,7 @@ ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const 
               {logits_, labels_}, ctx_.tally);
         },
         [this, T, &c](Stream& s) {
-          ops::At at{s, ctx_.tally};
+          ops::At at{s, ctx_.tally, nullptr, &chunk_.cfg_.kernels};
           g_logits_ = at.empty({T, c.vocab_size}, DType::F32);
           View vl = view(logits_), vy = view(labels_), vg = view(g_logits_);
           const std::int64_t V = c.vocab_size;
@@ -183,7 +189,8 @@ ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const 
               s, "cross_entropy_bwd",
               Work{.flops = 4.0 * double(T * V),
                    .bytes = 2.0 * double(logits_.bytes()),
-                   .precision = Precision::FP32},
+                   .precision = Precision::FP32,
+                   .shape = KernelShape::memory(MemoryOp::Elementwise)},
               [=] {
                 kernels::cross_entropy_backward(vl.as<const float>(), vy.as<const std::int32_t>(),
                                                 vg.as<float>(), T, V, scale);
@@ -196,7 +203,7 @@ ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const 
               ops::rmsnorm_dgrad(at, "final_layernorm", g_lnf_, hidden_, chunk_.final_norm_, rstd_);
         },
         [this](Stream& s) {
-          ops::At at{s, ctx_.tally};
+          ops::At at{s, ctx_.tally, nullptr, &chunk_.cfg_.kernels};
           ops::linear_wgrad(at, "output_layer", g_logits_, lnf_, ops::one_group(lnf_),
                             chunk_.output_);
           ops::rmsnorm_wgrad(at, "final_layernorm", g_lnf_, hidden_, rstd_, chunk_.final_norm_);

@@ -6,6 +6,7 @@
 
 #include "comm/flex_dispatcher.hpp"
 #include "layers/dtype.hpp"
+#include "layers/kernel_choices.hpp"
 #include "layers/router_config.hpp"
 
 namespace nodeemu::layers {
@@ -36,6 +37,7 @@ struct ModelConfig {
   DispatcherType moe_token_dispatcher_type = DispatcherType::AllToAll;
   FlexBackend moe_flex_dispatcher_backend = FlexBackend::DeepEP;
   int mtp_num_layers = 0;
+  KernelChoices kernels;  // which kernels run (transformer_impl, attention_backend, fusions)
 
   int head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
   bool is_moe_layer(int layer) const { return num_moe_experts > 0 && layer % moe_layer_freq == 0; }

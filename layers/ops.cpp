@@ -5,7 +5,14 @@
 #include "layers/kernels/rmsnorm.hpp"
 #include "layers/kernels/swiglu.hpp"
 
-namespace nodeemu::layers::ops {
+namespace nodeemu::layers {
+
+const KernelChoices& KernelChoices::defaults() {
+  static const KernelChoices d;
+  return d;
+}
+
+namespace ops {
 
 namespace {
 
@@ -13,8 +20,12 @@ Precision precision_of(DType t) {
   return t == DType::F32 ? Precision::FP32 : Precision::BF16;
 }
 
-Work work(double flops, double bytes, DType t) {
-  return Work{.flops = flops, .bytes = bytes, .precision = precision_of(t)};
+Work work(const KernelShape& shape, double flops, double bytes, DType t) {
+  return Work{.flops = flops, .bytes = bytes, .precision = precision_of(t), .shape = shape};
+}
+
+Work memory(MemoryOp op, double flops, double bytes, DType t) {
+  return work(KernelShape::memory(op), flops, bytes, t);
 }
 
 std::int64_t rows_of(const Tensor& x) {
@@ -24,21 +35,106 @@ std::int64_t cols_of(const Tensor& x) {
   return x.shape().empty() || x.dim(0) == 0 ? 0 : x.numel() / x.dim(0);
 }
 
+// One kernel of an unfused chain whose values the chain's last kernel computes: it takes its
+// time on the stream and its host launch, and has no body.
+void also(const At& at, const std::string& name, MemoryOp op, double bytes, DType t) {
+  launch(at.stream, at.named(name), memory(op, 0, bytes, t), nullptr, {}, at.tally);
+}
+void also_gemm(const At& at, const std::string& name, GemmLayout l, std::int64_t m, std::int64_t n,
+               std::int64_t k, DType t) {
+  launch(at.stream, at.named(name),
+         work(KernelShape::gemm(l, m, n, k), 2.0 * double(m) * double(n) * double(k), 0, t),
+         nullptr, {}, at.tally);
+}
+
+// A row slice of a view: rows [first, first + count) of a [rows][width] tensor.
+View rows_view(const View& v, std::int64_t first, std::int64_t count, std::int64_t width) {
+  if (!v.data) return View{nullptr, v.dtype, count * width};
+  return View{static_cast<char*>(v.data) + first * width * std::int64_t(dtype_bytes(v.dtype)),
+              v.dtype, count * width};
+}
+
+std::vector<std::int64_t> offsets(const std::vector<std::int64_t>& rows) {
+  std::vector<std::int64_t> off(rows.size() + 1, 0);
+  for (std::size_t g = 0; g < rows.size(); ++g) off[g + 1] = off[g] + rows[g];
+  return off;
+}
+
+// The linear layers' weights: [out][in], or [groups][out][in] for local experts.
+struct LinearShape {
+  std::int64_t groups, out, in;
+  bool experts;
+};
+LinearShape linear_shape(const Tensor& w) {
+  const bool experts = w.shape().size() == 3;
+  return {experts ? w.dim(0) : 1, w.dim(experts ? 1 : 0), w.shape().back(), experts};
+}
+
+// Runs one linear pass as Megatron does: one GEMM for a dense layer; for local experts one
+// grouped GEMM (TEGroupedMLP) or one GEMM per expert (SequentialMLP). `body(first, count, g)`
+// computes rows [first, first + count) of group g, or all groups when g < 0.
+void linear_kernels(
+    const At& at, const std::string& name, GemmLayout layout, const LinearShape& w,
+    const std::vector<std::int64_t>& rows, double bytes, DType t,
+    const std::function<std::function<void()>(std::int64_t, std::int64_t, int)>& body,
+    const std::vector<Tensor>& uses) {
+  std::int64_t total = 0;
+  for (auto r : rows) total += r;
+  auto gemm_of = [&](std::int64_t m) {
+    // C[m,n] over k for each pass (kernel_shape.hpp): forward NT, dgrad NN, wgrad TN.
+    switch (layout) {
+      case GemmLayout::NT:
+        return KernelShape::gemm(layout, m, w.out, w.in);
+      case GemmLayout::NN:
+        return KernelShape::gemm(layout, m, w.in, w.out);
+      case GemmLayout::TN:
+        return KernelShape::gemm(layout, w.out, w.in, m);
+    }
+    return KernelShape::gemm(layout, m, w.out, w.in);
+  };
+  const double flops_per_row = 2.0 * double(w.in) * double(w.out);
+  if (!w.experts || at.k().grouped_gemm) {
+    const KernelShape shape = w.experts
+                                  ? KernelShape::grouped_gemm(layout, w.groups, total, w.out, w.in)
+                                  : gemm_of(total);
+    launch(at.stream, at.named(name), work(shape, flops_per_row * double(total), bytes, t),
+           body(0, total, -1), uses, at.tally);
+    return;
+  }
+  const auto off = offsets(rows);
+  for (std::size_t g = 0; g < rows.size(); ++g)
+    launch(at.stream, at.named(name),
+           work(gemm_of(rows[g]), flops_per_row * double(rows[g]),
+                bytes * double(rows[g]) / double(std::max<std::int64_t>(1, total)), t),
+           body(off[g], rows[g], int(g)), uses, at.tally);
+}
+
 }  // namespace
 
 Tensor At::empty(Shape shape, DType dtype) const {
   return Tensor::empty(stream.device(), std::move(shape), dtype);
 }
 
+// --- RMSNorm ---------------------------------------------------------------------------------
+// Transformer Engine: one kernel each way. The local spec's torch.nn.RMSNorm runs as separate
+// ops: x.pow(2).mean(-1), + eps and rsqrt, x * rstd, * weight (and autograd's grads of each).
+
 void rmsnorm_forward(At at, const std::string& name, const Tensor& x, const Parameter& w,
                      double eps, Tensor& y, Tensor& rstd) {
   const std::int64_t rows = rows_of(x), h = cols_of(x);
   y = at.empty(x.shape(), x.dtype());
   rstd = at.empty({rows}, DType::F32);
+  const double xb = double(x.bytes()), rb = double(rstd.bytes());
+  if (!at.k().transformer_engine) {
+    also(at, name + ".pow_mean", MemoryOp::Elementwise, xb + rb, x.dtype());
+    also(at, name + ".rsqrt", MemoryOp::Elementwise, 2 * rb, x.dtype());
+    also(at, name + ".mul_rstd", MemoryOp::Elementwise, 2 * xb + rb, x.dtype());
+  }
   View vx = view(x), vw = view(w.value), vy = view(y), vr = view(rstd);
   launch(
-      at.stream, at.named(name),
-      work(4.0 * double(x.numel()), bytes_of({&x, &w.value, &y, &rstd}), x.dtype()),
+      at.stream, at.named(at.k().transformer_engine ? name : name + ".mul_weight"),
+      memory(at.k().transformer_engine ? MemoryOp::Norm : MemoryOp::Elementwise,
+             4.0 * double(x.numel()), bytes_of({&x, &w.value, &y, &rstd}), x.dtype()),
       [=] {
         F32Scope f;
         kernels::rmsnorm_forward(f.in(vx), f.in(vw), f.out(vy), vr.as<float>(), rows, h, eps);
@@ -50,10 +146,17 @@ Tensor rmsnorm_dgrad(At at, const std::string& name, const Tensor& dy, const Ten
                      const Parameter& w, const Tensor& rstd) {
   const std::int64_t rows = rows_of(x), h = cols_of(x);
   Tensor dx = at.empty(x.shape(), dy.dtype());
+  const double xb = double(x.bytes());
+  if (!at.k().transformer_engine) {
+    also(at, name + "_dgrad.mul_weight", MemoryOp::Elementwise, 3 * xb, x.dtype());
+    also(at, name + "_dgrad.rstd_sum", MemoryOp::Elementwise, 2 * xb, x.dtype());
+    also(at, name + "_dgrad.pow", MemoryOp::Elementwise, 3 * xb, x.dtype());
+  }
   View vdy = view(dy), vx = view(x), vw = view(w.value), vr = view(rstd), vdx = view(dx);
   launch(
-      at.stream, at.named(name + "_dgrad"),
-      work(6.0 * double(x.numel()), bytes_of({&dy, &x, &w.value, &rstd, &dx}), x.dtype()),
+      at.stream, at.named(name + (at.k().transformer_engine ? "_dgrad" : "_dgrad.add")),
+      memory(at.k().transformer_engine ? MemoryOp::Norm : MemoryOp::Elementwise,
+             6.0 * double(x.numel()), bytes_of({&dy, &x, &w.value, &rstd, &dx}), x.dtype()),
       [=] {
         F32Scope f;
         kernels::rmsnorm_dgrad(f.in(vdy), f.in(vx), f.in(vw), vr.as<const float>(), f.out(vdx),
@@ -69,7 +172,8 @@ void rmsnorm_wgrad(At at, const std::string& name, const Tensor& dy, const Tenso
   View vdy = view(dy), vx = view(x), vr = view(rstd), vg = view(w.main_grad);
   launch(
       at.stream, at.named(name + "_wgrad"),
-      work(3.0 * double(x.numel()), bytes_of({&dy, &x, &rstd, &w.main_grad}), x.dtype()),
+      memory(at.k().transformer_engine ? MemoryOp::Norm : MemoryOp::Elementwise,
+             3.0 * double(x.numel()), bytes_of({&dy, &x, &rstd, &w.main_grad}), x.dtype()),
       [=] {
         F32Scope f;
         kernels::rmsnorm_wgrad(f.in(vdy), f.in(vx), vr.as<const float>(), vg.as<float>(), rows, h,
@@ -78,148 +182,350 @@ void rmsnorm_wgrad(At at, const std::string& name, const Tensor& dy, const Tenso
       {dy, x, rstd, w.main_grad}, at.tally);
 }
 
+// --- linear layers -------------------------------------------------------------------------
+
 std::vector<std::int64_t> one_group(const Tensor& x) {
   return {rows_of(x)};
 }
 
 Tensor linear_forward(At at, const std::string& name, const Tensor& x, const Tensor& w,
                       const std::vector<std::int64_t>& rows, DType out_dtype) {
-  const std::int64_t out = w.dim(w.shape().size() == 3 ? 1 : 0);
-  const std::int64_t in = w.shape().back();
-  Tensor y = at.empty({rows_of(x), out}, out_dtype);
+  const LinearShape ws = linear_shape(w);
+  Tensor y = at.empty({rows_of(x), ws.out}, out_dtype);
   View vx = view(x), vw = view(w), vy = view(y);
-  launch(
-      at.stream, at.named(name),
-      work(2.0 * double(rows_of(x)) * double(in) * double(out), bytes_of({&x, &w, &y}), x.dtype()),
-      [=] {
-        F32Scope f;
-        grouped_linear_forward(f.in(vx), f.in(vw), f.out(vy), rows, in, out);
-      },
-      {x, w, y}, at.tally);
+  const std::int64_t in = ws.in, out = ws.out;
+  linear_kernels(at, name, GemmLayout::NT, ws, rows, bytes_of({&x, &w, &y}), x.dtype(),
+                 [=](std::int64_t first, std::int64_t count, int g) -> std::function<void()> {
+                   if (g < 0)
+                     return [=] {
+                       F32Scope f;
+                       grouped_linear_forward(f.in(vx), f.in(vw), f.out(vy), rows, in, out);
+                     };
+                   return [=] {
+                     F32Scope f;
+                     grouped_linear_forward(f.in(rows_view(vx, first, count, in)),
+                                            f.in(rows_view(vw, g * out, out, in)),
+                                            f.out(rows_view(vy, first, count, out)), {count}, in,
+                                            out);
+                   };
+                 },
+                 {x, w, y});
   return y;
 }
 
 Tensor linear_dgrad(At at, const std::string& name, const Tensor& dy, const Tensor& w,
                     const std::vector<std::int64_t>& rows, DType out_dtype) {
-  const std::int64_t out = w.dim(w.shape().size() == 3 ? 1 : 0);
-  const std::int64_t in = w.shape().back();
-  Tensor dx = at.empty({rows_of(dy), in}, out_dtype);
+  const LinearShape ws = linear_shape(w);
+  Tensor dx = at.empty({rows_of(dy), ws.in}, out_dtype);
   View vdy = view(dy), vw = view(w), vdx = view(dx);
-  launch(
-      at.stream, at.named(name + "_dgrad"),
-      work(2.0 * double(rows_of(dy)) * double(in) * double(out), bytes_of({&dy, &w, &dx}),
-           dy.dtype()),
-      [=] {
-        F32Scope f;
-        grouped_linear_dgrad(f.in(vdy), f.in(vw), f.out(vdx), rows, in, out);
+  const std::int64_t in = ws.in, out = ws.out;
+  linear_kernels(
+      at, name + "_dgrad", GemmLayout::NN, ws, rows, bytes_of({&dy, &w, &dx}), dy.dtype(),
+      [=](std::int64_t first, std::int64_t count, int g) -> std::function<void()> {
+        if (g < 0)
+          return [=] {
+            F32Scope f;
+            grouped_linear_dgrad(f.in(vdy), f.in(vw), f.out(vdx), rows, in, out);
+          };
+        return [=] {
+          F32Scope f;
+          grouped_linear_dgrad(f.in(rows_view(vdy, first, count, out)),
+                               f.in(rows_view(vw, g * out, out, in)),
+                               f.out(rows_view(vdx, first, count, in)), {count}, in, out);
+        };
       },
-      {dy, w, dx}, at.tally);
+      {dy, w, dx});
   return dx;
 }
 
 void linear_wgrad(At at, const std::string& name, const Tensor& dy, const Tensor& x,
                   const std::vector<std::int64_t>& rows, Parameter& w) {
-  const std::int64_t out = w.value.dim(w.value.shape().size() == 3 ? 1 : 0);
-  const std::int64_t in = w.value.shape().back();
-  View vdy = view(dy), vx = view(x), vg = view(w.main_grad);
-  launch(
-      at.stream, at.named(name + "_wgrad"),
-      work(2.0 * double(rows_of(x)) * double(in) * double(out),
-           bytes_of({&dy, &x, &w.main_grad}) + double(w.main_grad.bytes()), x.dtype()),
-      [=] {
-        F32Scope f;
-        grouped_linear_wgrad(f.in(vdy), f.in(vx), vg.as<float>(), rows, in, out, true);
+  const LinearShape ws = linear_shape(w.value);
+  const std::int64_t in = ws.in, out = ws.out;
+  const bool fused = at.k().gradient_accumulation_fusion;
+  // Without the fusion the GEMM writes a gradient in the parameter's type, which the DDP hook
+  // then adds into main_grad (one add per expert weight, as each is its own parameter).
+  const DType gdt = w.value.dtype();
+  Tensor grad = fused ? w.main_grad : at.empty(w.value.shape(), gdt);
+  View vdy = view(dy), vx = view(x), vg = view(grad);
+  const double bytes =
+      bytes_of({&dy, &x, &grad}) + (fused ? double(w.main_grad.bytes()) : 0.0);  // C read back
+  linear_kernels(
+      at, name + "_wgrad", GemmLayout::TN, ws, rows, bytes, x.dtype(),
+      [=](std::int64_t first, std::int64_t count, int g) -> std::function<void()> {
+        const std::vector<std::int64_t> sub = g < 0 ? rows : std::vector<std::int64_t>{count};
+        const View dyv = g < 0 ? vdy : rows_view(vdy, first, count, out);
+        const View xv = g < 0 ? vx : rows_view(vx, first, count, in);
+        const View gv = g < 0 ? vg : rows_view(vg, g * out, out, in);
+        if (fused)
+          return [=] {
+            F32Scope f;
+            grouped_linear_wgrad(f.in(dyv), f.in(xv), gv.as<float>(), sub, in, out, true);
+          };
+        return [=] {
+          F32Scope f;
+          grouped_linear_wgrad(f.in(dyv), f.in(xv), f.out(gv), sub, in, out, false);
+        };
       },
-      {dy, x, w.main_grad}, at.tally);
+      {dy, x, grad});
+  if (fused) return;
+  const std::int64_t per = out * in;
+  View vm = view(w.main_grad);
+  for (std::int64_t g = 0; g < ws.groups; ++g) {
+    const View gv = rows_view(vg, g * out, out, in), mv = rows_view(vm, g * out, out, in);
+    launch(
+        at.stream, at.named(name + "_main_grad_add"),
+        memory(MemoryOp::Elementwise, double(per),
+               double(per) * (2 * sizeof(float) + dtype_bytes(gdt)), DType::F32),
+        [=] {
+          F32Scope f;
+          const float* src = f.in(gv);
+          float* dst = mv.as<float>();
+          for (std::int64_t i = 0; i < per; ++i) dst[i] += src[i];
+        },
+        {grad, w.main_grad}, at.tally);
+  }
 }
+
+// --- rotary embeddings ---------------------------------------------------------------------
+// TE's fused RoPE is one kernel for q and one for k. Unfused (_apply_rotary_pos_emb_bshd), each
+// of q and k runs: cos and sin (cast), rotate-half (neg, cat), t*cos, rot*sin, their add, and the
+// final cat with the part RoPE leaves alone; its backward: the two products' grads, the
+// rotate-half's neg and the sum.
 
 void rope(At at, const std::string& name, Tensor& qkv, const kernels::AttentionShape& s,
           double base, bool inverse) {
   View v = view(qkv);
-  const double touched = double(s.rows() * (s.heads + s.kv_heads) * s.head_dim);
-  launch(
-      at.stream, at.named(name),
-      work(3.0 * touched, 2.0 * touched * double(dtype_bytes(qkv.dtype())), qkv.dtype()),
-      [=] {
-        F32Scope f;
-        kernels::rope_apply(f.inout(v), s, base, inverse);
-      },
-      {qkv}, at.tally);
+  const double e = double(dtype_bytes(qkv.dtype()));
+  const double q_elems = double(s.rows() * s.heads * s.head_dim);
+  const double k_elems = double(s.rows() * s.kv_heads * s.head_dim);
+  const double trig = double(s.seq * s.head_dim) * 4;
+  // The values: one kernel rotates q and k together; the chain around it only takes time.
+  auto body = [=] {
+    F32Scope f;
+    kernels::rope_apply(f.inout(v), s, base, inverse);
+  };
+  const bool fused = at.k().rope_fusion;
+  bool first = true;
+  for (const auto& [part, elems] : {std::pair{".q", q_elems}, std::pair{".k", k_elems}}) {
+    const double t = elems * e;
+    const std::string n = name + part;
+    if (fused) {
+      launch(at.stream, at.named(n), memory(MemoryOp::Elementwise, 3.0 * elems, 2 * t, qkv.dtype()),
+             first ? std::function<void()>(body) : nullptr,
+             first ? std::vector<Tensor>{qkv} : std::vector<Tensor>{}, at.tally);
+    } else if (!inverse) {
+      also(at, n + ".cos", MemoryOp::Elementwise, 2 * trig, qkv.dtype());
+      also(at, n + ".sin", MemoryOp::Elementwise, 2 * trig, qkv.dtype());
+      also(at, n + ".neg", MemoryOp::Elementwise, t, qkv.dtype());
+      also(at, n + ".cat_half", MemoryOp::Elementwise, 2 * t, qkv.dtype());
+      also(at, n + ".mul_cos", MemoryOp::Elementwise, 2 * t + trig, qkv.dtype());
+      also(at, n + ".mul_sin", MemoryOp::Elementwise, 2 * t + trig, qkv.dtype());
+      also(at, n + ".add", MemoryOp::Elementwise, 3 * t, qkv.dtype());
+      launch(at.stream, at.named(n + ".cat"),
+             memory(MemoryOp::Elementwise, 3.0 * elems, 2 * t, qkv.dtype()),
+             first ? std::function<void()>(body) : nullptr,
+             first ? std::vector<Tensor>{qkv} : std::vector<Tensor>{}, at.tally);
+    } else {
+      also(at, n + ".mul_cos", MemoryOp::Elementwise, 2 * t + trig, qkv.dtype());
+      also(at, n + ".mul_sin", MemoryOp::Elementwise, 2 * t + trig, qkv.dtype());
+      also(at, n + ".neg", MemoryOp::Elementwise, t, qkv.dtype());
+      launch(at.stream, at.named(n + ".add"),
+             memory(MemoryOp::Elementwise, 3.0 * elems, 3 * t, qkv.dtype()),
+             first ? std::function<void()>(body) : nullptr,
+             first ? std::vector<Tensor>{qkv} : std::vector<Tensor>{}, at.tally);
+    }
+    first = false;
+  }
 }
 
+// --- core attention ------------------------------------------------------------------------
+// cuDNN or flash: one kernel each way, keeping the log-sum-exp. Unfused (DotProductAttention):
+// K and V repeated to the query heads (GQA), baddbmm(QK^T), the fused scale-mask-softmax,
+// bmm(PV) and the context's permute; the probabilities are kept for backward. Its batched GEMMs
+// are priced as one GEMM of batch x heads x seq rows (the same work, spread over the SMs).
+
 void attention_forward(At at, const Tensor& qkv, const kernels::AttentionShape& s, Tensor& out,
-                       Tensor& lse) {
+                       Tensor& lse, Tensor& probs) {
   out = at.empty({s.rows(), s.heads * s.head_dim}, qkv.dtype());
   lse = at.empty({s.batch, s.heads, s.seq}, DType::F32);
+  const CoreAttention backend = at.k().attention;
+  const DType t = qkv.dtype();
+  const double e = double(dtype_bytes(t));
+  const std::int64_t bh_s = s.batch * s.heads * s.seq, d = s.head_dim;
+  std::string name = "core_attention";
+  KernelShape shape;
+  if (backend == CoreAttention::Unfused) {
+    probs = at.empty({s.batch, s.heads, s.seq, s.seq}, t);
+    if (s.kv_heads < s.heads)
+      also(at, name + ".repeat_kv", MemoryOp::Copy,
+           2.0 * e * double(s.rows() * d) * double(s.kv_heads + s.heads), t);
+    also_gemm(at, name + ".baddbmm", GemmLayout::NT, bh_s, s.seq, d, t);
+    also(at, name + ".scale_mask_softmax", MemoryOp::Elementwise, 2 * double(probs.bytes()), t);
+    also_gemm(at, name + ".bmm", GemmLayout::NN, bh_s, d, s.seq, t);
+    name += ".permute";
+    shape = KernelShape::memory(MemoryOp::Copy);
+  } else {
+    shape = KernelShape::attention(
+        backend == CoreAttention::Flash ? AttentionBackend::Flash : AttentionBackend::Cudnn, false,
+        true, s.batch, s.seq, int(s.heads), int(s.kv_heads), int(d), int(d));
+  }
   View vq = view(qkv), vo = view(out), vl = view(lse);
   launch(
-      at.stream, at.named("core_attention"),
-      work(kernels::attention_forward_flops(s), bytes_of({&qkv, &out, &lse}), qkv.dtype()),
+      at.stream, at.named(name),
+      work(shape, kernels::attention_forward_flops(s),
+           backend == CoreAttention::Unfused ? 2 * double(out.bytes())
+                                             : bytes_of({&qkv, &out, &lse}),
+           t),
       [=] {
         F32Scope f;
         kernels::attention_forward(f.in(vq), f.out(vo), vl.as<float>(), s);
       },
-      {qkv, out, lse}, at.tally);
+      {qkv, out, lse, probs}, at.tally);
 }
 
 Tensor attention_backward(At at, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, const kernels::AttentionShape& s) {
+                          const Tensor& lse, const Tensor& probs,
+                          const kernels::AttentionShape& s) {
   Tensor dqkv = at.empty(qkv.shape(), dout.dtype());
+  const CoreAttention backend = at.k().attention;
+  const DType t = qkv.dtype();
+  const double e = double(dtype_bytes(t));
+  const std::int64_t bh_s = s.batch * s.heads * s.seq, d = s.head_dim;
+  std::string name = "core_attention_bwd";
+  KernelShape shape;
+  if (backend == CoreAttention::Unfused) {
+    const double pb = double(s.batch * s.heads * s.seq * s.seq) * e;
+    also(at, name + ".permute", MemoryOp::Copy, 2 * double(dout.bytes()), t);
+    also_gemm(at, name + ".bmm_dp", GemmLayout::NT, bh_s, s.seq, d, t);
+    also_gemm(at, name + ".bmm_dv", GemmLayout::TN, bh_s, d, s.seq, t);
+    also(at, name + ".scale_mask_softmax", MemoryOp::Elementwise, 3 * pb, t);
+    also_gemm(at, name + ".baddbmm_dq", GemmLayout::NN, bh_s, d, s.seq, t);
+    const bool gqa = s.kv_heads < s.heads;
+    if (gqa) also_gemm(at, name + ".baddbmm_dk", GemmLayout::TN, bh_s, d, s.seq, t);
+    name += gqa ? ".repeat_kv" : ".baddbmm_dk";
+    shape = gqa ? KernelShape::memory(MemoryOp::Elementwise)
+                : KernelShape::gemm(GemmLayout::TN, bh_s, d, s.seq);
+  } else {
+    shape = KernelShape::attention(
+        backend == CoreAttention::Flash ? AttentionBackend::Flash : AttentionBackend::Cudnn, true,
+        true, s.batch, s.seq, int(s.heads), int(s.kv_heads), int(d), int(d));
+  }
+  const double bytes = shape.kind == KernelKind::MemoryBound
+                           ? 2.0 * e * double(s.rows() * d) * double(s.kv_heads + s.heads)
+                           : bytes_of({&dout, &qkv, &out, &lse, &dqkv});
   View vd = view(dout), vq = view(qkv), vo = view(out), vl = view(lse), vdq = view(dqkv);
   launch(
-      at.stream, at.named("core_attention_bwd"),
-      work(kernels::attention_backward_flops(s), bytes_of({&dout, &qkv, &out, &lse, &dqkv}),
-           qkv.dtype()),
+      at.stream, at.named(name), work(shape, kernels::attention_backward_flops(s), bytes, t),
       [=] {
         F32Scope f;
         kernels::attention_backward(f.in(vd), f.in(vq), f.in(vo), vl.as<const float>(), f.out(vdq),
                                     s);
       },
-      {dout, qkv, out, lse, dqkv}, at.tally);
+      {dout, qkv, out, lse, probs, dqkv}, at.tally);
   return dqkv;
 }
 
-Tensor swiglu_forward(At at, const std::string& name, const Tensor& h, const Tensor& probs) {
+// --- SwiGLU --------------------------------------------------------------------------------
+// Fused (bias_activation_fusion): weighted_bias_swiglu, one kernel each way. Unfused: silu, the
+// multiply by the up half and the multiply by the router's probabilities as separate ops, and
+// autograd's grads of each. SequentialMLP runs the activation per expert.
+
+namespace {
+
+struct Slices {
+  std::vector<std::int64_t> first, count;
+};
+Slices slices_of(const At& at, std::int64_t rows, const std::vector<std::int64_t>& per_expert) {
+  if (per_expert.size() <= 1 || at.k().grouped_gemm) return {{0}, {rows}};
+  const auto off = offsets(per_expert);
+  return {std::vector<std::int64_t>(off.begin(), off.end() - 1), per_expert};
+}
+
+}  // namespace
+
+Tensor swiglu_forward(At at, const std::string& name, const Tensor& h, const Tensor& probs,
+                      const std::vector<std::int64_t>& per_expert) {
   const std::int64_t rows = rows_of(h), f2 = cols_of(h);
   Tensor a = at.empty({rows, f2 / 2}, h.dtype());
   View vh = view(h), vp = probs ? view(probs) : View{}, va = view(a);
   const bool with_probs = static_cast<bool>(probs);
-  launch(
-      at.stream, at.named(name),
-      work(5.0 * double(a.numel()), bytes_of({&h, &probs, &a}), h.dtype()),
-      [=] {
-        F32Scope f;
-        kernels::swiglu_forward(f.in(vh), with_probs ? vp.as<const float>() : nullptr, f.out(va),
-                                rows, f2 / 2);
-      },
-      {h, probs, a}, at.tally);
+  const bool fused = at.k().bias_activation_fusion;
+  const Slices sl = slices_of(at, rows, per_expert);
+  const double e = double(dtype_bytes(h.dtype()));
+  for (std::size_t i = 0; i < sl.first.size(); ++i) {
+    const std::int64_t r0 = sl.first[i], n = sl.count[i], f = f2 / 2;
+    const double half = double(n * f) * e;
+    if (!fused) {
+      also(at, name + ".silu", MemoryOp::Elementwise, 2 * half, h.dtype());
+      if (with_probs) also(at, name + ".mul", MemoryOp::Elementwise, 3 * half, h.dtype());
+    }
+    launch(
+        at.stream, at.named(fused ? name : name + (with_probs ? ".mul_probs" : ".mul")),
+        memory(fused ? MemoryOp::Activation : MemoryOp::Elementwise, 5.0 * double(n * f),
+               fused ? 4 * half + (with_probs ? double(n) * 4 : 0)
+                     : 3 * half + (with_probs ? double(n) * 4 : 0),
+               h.dtype()),
+        [=] {
+          F32Scope s;
+          kernels::swiglu_forward(s.in(rows_view(vh, r0, n, 2 * f)),
+                                  with_probs ? vp.as<const float>() + r0 : nullptr,
+                                  s.out(rows_view(va, r0, n, f)), n, f);
+        },
+        {h, probs, a}, at.tally);
+  }
   return a;
 }
 
 void swiglu_backward(At at, const std::string& name, const Tensor& da, const Tensor& h,
-                     const Tensor& probs, Tensor& dh, Tensor& dprobs) {
+                     const Tensor& probs, Tensor& dh, Tensor& dprobs,
+                     const std::vector<std::int64_t>& per_expert) {
   const std::int64_t rows = rows_of(h), f2 = cols_of(h);
   dh = at.empty(h.shape(), da.dtype());
   if (probs) dprobs = at.empty({rows}, DType::F32);
   View vda = view(da), vh = view(h), vp = probs ? view(probs) : View{}, vdh = view(dh),
        vdp = probs ? view(dprobs) : View{};
   const bool with_probs = static_cast<bool>(probs);
-  launch(
-      at.stream, at.named(name + "_bwd"),
-      work(10.0 * double(da.numel()), bytes_of({&da, &h, &probs, &dh, &dprobs}), h.dtype()),
-      [=] {
-        F32Scope f;
-        kernels::swiglu_backward(f.in(vda), f.in(vh), with_probs ? vp.as<const float>() : nullptr,
-                                 f.out(vdh), with_probs ? vdp.as<float>() : nullptr, rows, f2 / 2);
-      },
-      {da, h, probs, dh, dprobs}, at.tally);
+  const bool fused = at.k().bias_activation_fusion;
+  const Slices sl = slices_of(at, rows, per_expert);
+  const double e = double(dtype_bytes(h.dtype()));
+  for (std::size_t i = 0; i < sl.first.size(); ++i) {
+    const std::int64_t r0 = sl.first[i], n = sl.count[i], f = f2 / 2;
+    const double half = double(n * f) * e;
+    if (!fused) {
+      if (with_probs) {
+        also(at, name + "_bwd.mul_probs", MemoryOp::Elementwise, 2 * half + double(n) * 4,
+             h.dtype());
+        also(at, name + "_bwd.probs_sum", MemoryOp::Elementwise, 2 * half + double(n) * 4,
+             h.dtype());
+      }
+      also(at, name + "_bwd.mul_up", MemoryOp::Elementwise, 3 * half, h.dtype());
+      also(at, name + "_bwd.mul_gate", MemoryOp::Elementwise, 3 * half, h.dtype());
+      also(at, name + "_bwd.silu", MemoryOp::Elementwise, 3 * half, h.dtype());
+    }
+    launch(
+        at.stream, at.named(fused ? name + "_bwd" : name + "_bwd.cat"),
+        memory(fused ? MemoryOp::Activation : MemoryOp::Elementwise, 10.0 * double(n * f),
+               fused ? 6 * half + (with_probs ? double(n) * 8 : 0) : 4 * half, h.dtype()),
+        [=] {
+          F32Scope s;
+          kernels::swiglu_backward(
+              s.in(rows_view(vda, r0, n, f)), s.in(rows_view(vh, r0, n, 2 * f)),
+              with_probs ? vp.as<const float>() + r0 : nullptr, s.out(rows_view(vdh, r0, n, 2 * f)),
+              with_probs ? vdp.as<float>() + r0 : nullptr, n, f);
+        },
+        {da, h, probs, dh, dprobs}, at.tally);
+  }
 }
+
+// --- elementwise ---------------------------------------------------------------------------
 
 Tensor add(At at, const std::string& name, const Tensor& a, const Tensor& b) {
   Tensor out = at.empty(a.shape(), a.dtype());
   View va = view(a), vb = view(b), vo = view(out);
   launch(
-      at.stream, at.named(name), work(double(a.numel()), bytes_of({&a, &b, &out}), a.dtype()),
+      at.stream, at.named(name),
+      memory(MemoryOp::Elementwise, double(a.numel()), bytes_of({&a, &b, &out}), a.dtype()),
       [=] {
         F32Scope f;
         const float *x = f.in(va), *y = f.in(vb);
@@ -237,7 +543,8 @@ Tensor add3(At at, const std::string& name, const Tensor& a, const Tensor& b, co
   View va = view(a), vb = view(b), vc = has_c ? view(c) : View{}, vo = view(out);
   launch(
       at.stream, at.named(name),
-      work(2.0 * double(a.numel()), bytes_of({&a, &b, &c, &out}), out_dtype),
+      memory(MemoryOp::Elementwise, 2.0 * double(a.numel()), bytes_of({&a, &b, &c, &out}),
+             out_dtype),
       [=] {
         F32Scope f;
         const float *x = f.in(va), *y = f.in(vb), *z = has_c ? f.in(vc) : nullptr;
@@ -252,7 +559,7 @@ Tensor cast(At at, const std::string& name, const Tensor& x, DType dtype) {
   Tensor out = at.empty(x.shape(), dtype);
   View vx = view(x), vo = view(out);
   launch(
-      at.stream, at.named(name), work(0, bytes_of({&x, &out}), x.dtype()),
+      at.stream, at.named(name), memory(MemoryOp::Elementwise, 0, bytes_of({&x, &out}), x.dtype()),
       [=] {
         F32Scope f;
         const float* in = f.in(vx);
@@ -263,4 +570,5 @@ Tensor cast(At at, const std::string& name, const Tensor& x, DType dtype) {
   return out;
 }
 
-}  // namespace nodeemu::layers::ops
+}  // namespace ops
+}  // namespace nodeemu::layers

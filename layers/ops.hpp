@@ -1,12 +1,22 @@
-// The model's kernels as device operations: each allocates its outputs, states its flops and
-// HBM bytes for the timing plane, and runs the fp32 math of layers/kernels/ on the device's
-// workers (widening 16-bit tensors, and rounding what it stores). Names follow the modules
-// Megatron-Core runs, so traces read like an nsys profile of the real layer.
+// The model's kernels as device operations: each allocates its outputs, states its shape for the
+// GPU profile's tables (and its flops and HBM bytes), and runs the fp32 math of layers/kernels/ on
+// the device's workers (widening 16-bit tensors, and rounding what it stores). Names follow the
+// modules Megatron-Core runs, so traces read like an nsys profile of the real layer.
+//
+// Which kernels run follows Megatron's keys (kernel_choices.hpp). An unfused path launches the
+// separate ops the real stack launches, each priced and each paying its host launch; the values
+// are computed once, by the chain's last kernel, with the fused kernel's fp32 math, so these keys
+// change the timeline and not the numerics. The one exception is gradient_accumulation_fusion:
+// without it the wgrad is rounded to the parameter's type before main_grad accumulates it, as on
+// the GPU. The unfused chains' short-lived intermediates are not allocated (PyTorch's caching
+// allocator hands their blocks straight back), except the unfused attention's probabilities,
+// which backward keeps.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "layers/kernel_choices.hpp"
 #include "layers/kernels/attention.hpp"
 #include "layers/launch.hpp"
 #include "layers/parameter.hpp"
@@ -20,7 +30,10 @@ struct At {
   // Prefixed to every kernel's name: "recompute." marks selective recompute in the timeline
   // (the reports sum those kernels as recompute time).
   const char* tag = nullptr;
+  // Which kernels run; null: TransformerConfig's defaults.
+  const KernelChoices* kernels = nullptr;
   std::string named(std::string name) const { return tag ? tag + name : name; }
+  const KernelChoices& k() const { return kernels ? *kernels : KernelChoices::defaults(); }
   // A new zero-filled tensor on the stream's device.
   Tensor empty(Shape shape, DType dtype) const;
 };
@@ -33,8 +46,9 @@ Tensor rmsnorm_dgrad(At at, const std::string& name, const Tensor& dy, const Ten
 void rmsnorm_wgrad(At at, const std::string& name, const Tensor& dy, const Tensor& x,
                    const Tensor& rstd, Parameter& w);
 
-// Grouped linear (a plain linear layer is one group): x [rows][in], w [groups][out][in].
-// `rows` per group is host-known (the dispatcher's splits).
+// Linear layers. A 2-D weight [out][in] is one GEMM; a 3-D weight [groups][out][in] holds local
+// experts, run as one grouped GEMM (moe_grouped_gemm) or one GEMM per expert (SequentialMLP).
+// x [rows][in]; `rows` per group is host-known (the dispatcher's splits).
 Tensor linear_forward(At at, const std::string& name, const Tensor& x, const Tensor& w,
                       const std::vector<std::int64_t>& rows, DType out_dtype);
 Tensor linear_dgrad(At at, const std::string& name, const Tensor& dy, const Tensor& w,
@@ -46,16 +60,21 @@ std::vector<std::int64_t> one_group(const Tensor& x);
 
 void rope(At at, const std::string& name, Tensor& qkv, const kernels::AttentionShape& s,
           double base, bool inverse);
+// `probs`: the unfused core attention's softmax probabilities [batch][heads][seq][seq], which its
+// backward reads (left empty by the fused backends, which keep only the log-sum-exp).
 void attention_forward(At at, const Tensor& qkv, const kernels::AttentionShape& s, Tensor& out,
-                       Tensor& lse);
+                       Tensor& lse, Tensor& probs);
 Tensor attention_backward(At at, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, const kernels::AttentionShape& s);
+                          const Tensor& lse, const Tensor& probs, const kernels::AttentionShape& s);
 
-// a = swiglu(h) * probs (probs: fp32 [rows] or empty).
-Tensor swiglu_forward(At at, const std::string& name, const Tensor& h, const Tensor& probs);
+// a = swiglu(h) * probs (probs: fp32 [rows] or empty). `rows` per expert, given for the experts
+// (SequentialMLP runs each expert's activation on its own).
+Tensor swiglu_forward(At at, const std::string& name, const Tensor& h, const Tensor& probs,
+                      const std::vector<std::int64_t>& rows = {});
 // dh, and dprobs when probs is given.
 void swiglu_backward(At at, const std::string& name, const Tensor& da, const Tensor& h,
-                     const Tensor& probs, Tensor& dh, Tensor& dprobs);
+                     const Tensor& probs, Tensor& dh, Tensor& dprobs,
+                     const std::vector<std::int64_t>& rows = {});
 
 // out = a + b (elementwise, any types; out has a's type unless given).
 Tensor add(At at, const std::string& name, const Tensor& a, const Tensor& b);

@@ -21,6 +21,17 @@ class ActivationHooks;
 
 enum class StreamKind { Compute, Comm };
 
+// The parts of each layer that Transformer Engine's scoped CUDA graphs capture (cuda_graph_scope;
+// megatron/core/transformer/transformer_layer.py _te_cuda_graph_capture): their launches replay
+// from a graph, forward, backward and wgrad alike.
+struct GraphScopes {
+  bool attn = false;            // input norm, QKV, RoPE, core attention, projection, residual
+  bool mlp = false;             // a dense layer's pre-MLP norm and MLP
+  bool moe = false;             // a MoE layer's pre-MLP norm through combine (static shapes)
+  bool moe_router = false;      // pre-MLP norm, shared experts (unless overlapped), router
+  bool moe_preprocess = false;  // the dispatcher's preprocess (its host sync stays eager)
+};
+
 // The streams and switches one rank's model runs with.
 struct ExecContext {
   Stream compute;
@@ -36,6 +47,7 @@ struct ExecContext {
   // the dispatch all-to-all (forward) and the combine's backward, and joined by events.
   bool shared_expert_overlap = false;
   Stream shared_experts;
+  GraphScopes graphs;
   Stream& stream(StreamKind k) { return k == StreamKind::Compute ? compute : comm; }
 };
 

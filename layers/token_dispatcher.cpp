@@ -25,4 +25,13 @@ std::unique_ptr<TokenDispatcher> TokenDispatcher::create(const ModelConfig& cfg,
   return nullptr;
 }
 
+std::unique_ptr<TokenDispatcher> TokenDispatcher::alone(const ModelConfig& cfg, int ep_size) {
+  if (ep_size < 1 || cfg.num_moe_experts % ep_size)
+    throw ConfigError("model", "expert_model_parallel_size",
+                      "num_moe_experts (" + std::to_string(cfg.num_moe_experts) +
+                          ") must divide over expert_model_parallel_size (" +
+                          std::to_string(ep_size) + ")");
+  return detail::make_alone(cfg, ep_size);
+}
+
 }  // namespace nodeemu::layers

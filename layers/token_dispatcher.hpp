@@ -72,6 +72,10 @@ class TokenDispatcher {
   // `rank` is this rank's global device id.
   static std::unique_ptr<TokenDispatcher> create(const ModelConfig& cfg, Group ep, Mode mode,
                                                  int rank);
+  // Rank 0 of an EP group of `ep_size` with communication left out, in meta mode: the tokens
+  // arrive and leave as if the all-to-alls had run, routed as forced balance routes them (or
+  // padded to capacity). Its local work is the alltoall dispatcher's. For `nodeemu layer`.
+  static std::unique_ptr<TokenDispatcher> alone(const ModelConfig& cfg, int ep_size);
   virtual std::unique_ptr<DispatchPlan> plan(std::int64_t tokens, std::int64_t seq) = 0;
   int local_experts() const { return local_experts_; }
   int first_expert() const { return first_expert_; }
@@ -80,6 +84,8 @@ class TokenDispatcher {
   TokenDispatcher(const ModelConfig& cfg, const Group& ep, int rank)
       : local_experts_(cfg.num_moe_experts / ep.size()),
         first_expert_(ep.index_of(rank) * local_experts_) {}
+  TokenDispatcher(int local_experts, int first_expert)
+      : local_experts_(local_experts), first_expert_(first_expert) {}
   int local_experts_, first_expert_;
 };
 
@@ -89,6 +95,7 @@ std::unique_ptr<TokenDispatcher> make_alltoall(const ModelConfig& cfg, Group ep,
 std::unique_ptr<TokenDispatcher> make_allgather(const ModelConfig& cfg, Group ep, Mode mode,
                                                 int rank);
 std::unique_ptr<TokenDispatcher> make_flex(const ModelConfig& cfg, Group ep, Mode mode, int rank);
+std::unique_ptr<TokenDispatcher> make_alone(const ModelConfig& cfg, int ep_size);
 }  // namespace detail
 
 }  // namespace nodeemu::layers

@@ -9,8 +9,8 @@
 namespace nodeemu::layers {
 
 namespace {
-Work move_work(double bytes) {
-  return Work{.bytes = bytes};
+Work move_work(MemoryOp op, double bytes) {
+  return Work{.bytes = bytes, .shape = KernelShape::memory(op)};
 }
 std::int64_t width_of(const Tensor& t) {
   return t.shape().size() < 2 ? 1 : t.numel() / std::max<std::int64_t>(1, t.dim(0));
@@ -26,8 +26,20 @@ Sorted sort_by_expert(ops::At at, const std::string& name, const Tensor& x, cons
   View vx = view(x), vi = view(idx), vp = view(probs), vr = view(s.rows), vq = view(s.probs),
        vs = view(s.slots);
   const std::size_t row_bytes = std::size_t(h) * dtype_bytes(x.dtype());
+  if (!at.k().permute_fusion) {
+    // moe_utils.permute without TE's fused kernel: the routing map transposed, a stable argsort
+    // of it, the probabilities gathered, then the tokens' index_select (below).
+    const double pairs = double(tokens) * double(count);
+    launch(at.stream, name + ".routing_map", move_work(MemoryOp::Elementwise, 2 * pairs), nullptr,
+           {}, at.tally);
+    launch(at.stream, name + ".argsort", move_work(MemoryOp::Elementwise, 2 * pairs * 8), nullptr,
+           {}, at.tally);
+    launch(at.stream, name + ".probs", move_work(MemoryOp::Gather, 2 * double(total) * 4), nullptr,
+           {}, at.tally);
+  }
   launch(
-      at.stream, name, move_work(2.0 * double(s.rows.bytes()) + double(idx.bytes())),
+      at.stream, name,
+      move_work(MemoryOp::Gather, 2.0 * double(s.rows.bytes()) + double(idx.bytes())),
       [=] {
         const auto* ids = vi.as<const std::int64_t>();
         const auto* p = vp.as<const float>();
@@ -63,9 +75,16 @@ Tensor unpermute(ops::At at, const std::string& name, const Tensor& rows, const 
   const bool with_probs = static_cast<bool>(probs);
   const std::int64_t w = h + (with_probs ? topk : 0);
   Tensor out = at.empty({tokens, w}, DType::F32);
+  // Without TE's moe_unpermute: zeros, then scatter_add (moe_utils.unpermute).
+  if (!at.k().permute_fusion)
+    launch(at.stream, name + ".zeros", move_work(MemoryOp::Elementwise, double(out.bytes())),
+           nullptr, {}, at.tally);
   View vr = view(rows), vp = with_probs ? view(probs) : View{}, vs = view(slots), vo = view(out);
   launch(
-      at.stream, name, Work{.flops = double(n * h), .bytes = double(rows.bytes() + out.bytes())},
+      at.stream, name,
+      Work{.flops = double(n * h),
+           .bytes = double(rows.bytes() + out.bytes()),
+           .shape = KernelShape::memory(MemoryOp::Scatter)},
       [=] {
         F32Scope f;
         const float* r = f.in(vr);
@@ -95,7 +114,7 @@ Tensor gather_rows(ops::At at, const std::string& name, const Tensor& src, const
   View vs = view(src), vl = view(slots), vo = view(out);
   const std::size_t row_bytes = std::size_t(h) * dtype_bytes(src.dtype());
   launch(
-      at.stream, name, move_work(2.0 * double(out.bytes())),
+      at.stream, name, move_work(MemoryOp::Gather, 2.0 * double(out.bytes())),
       [=] {
         const auto* sl = vl.as<const std::int32_t>();
         kernels::for_row_blocks(n, [&](std::int64_t i) {
@@ -115,7 +134,9 @@ Tensor permute_blocks(ops::At at, const std::string& name, const Tensor& in,
   const std::size_t row_bytes = std::size_t(width_of(in)) * dtype_bytes(in.dtype());
   View vi = view(in), vo = view(out);
   launch(
-      at.stream, name, move_work(2.0 * double(in.bytes())),
+      at.stream, name,
+      move_work(at.k().permute_fusion ? MemoryOp::Gather : MemoryOp::Copy,
+                2.0 * double(in.bytes())),
       [=] {
         for (const auto& b : blocks)
           if (b.n > 0)
@@ -141,7 +162,7 @@ void split_packed(ops::At at, const std::string& name, const Tensor& packed, std
   probs = at.empty({tokens, topk}, DType::F32);
   View vp = view(packed), vh = view(hidden), vq = view(probs);
   launch(
-      at.stream, name, move_work(2.0 * double(packed.bytes())),
+      at.stream, name, move_work(MemoryOp::Copy, 2.0 * double(packed.bytes())),
       [=] {
         F32Scope f;
         float* hd = f.out(vh);

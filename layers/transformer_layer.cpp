@@ -1,7 +1,10 @@
 #include "layers/transformer_layer.hpp"
 
+#include <optional>
+
 #include "devices/device.hpp"
 #include "devices/errors.hpp"
+#include "devices/host.hpp"
 #include "devices/node.hpp"
 #include "layers/router.hpp"
 #include "layers/saved_tensors.hpp"
@@ -14,13 +17,45 @@ std::string prefix(int layer) {
   return "decoder.layers." + std::to_string(layer) + ".";
 }
 
+// The CUDA-graph regions of one node's body, in issue order: each enter() ends the region before
+// and, if the recipe's scope captures the next one, replays its launches from a graph.
+class GraphRegions {
+ public:
+  explicit GraphRegions(Stream& s) : node_(&s.device().node()) {}
+  void enter(bool captured) {
+    replay_.reset();
+    if (captured) replay_.emplace(*node_);
+  }
+
+ private:
+  Node* node_;
+  std::optional<GraphReplay> replay_;
+};
+
 }  // namespace
 
 TransformerLayer::TransformerLayer(const ModelConfig& cfg, int layer, Device& device,
                                    std::uint64_t seed, Group ep, int rank)
     : cfg_(cfg), layer_(layer) {
   cfg.validate();
-  const std::string p = prefix(layer);
+  if (cfg.is_moe_layer(layer))
+    dispatcher_ = TokenDispatcher::create(cfg, ep, device.node().mode(), rank);
+  make_parameters(device, seed);
+}
+
+TransformerLayer::TransformerLayer(const ModelConfig& cfg, int layer, Device& device,
+                                   std::uint64_t seed, std::unique_ptr<TokenDispatcher> dispatcher)
+    : cfg_(cfg), layer_(layer), dispatcher_(std::move(dispatcher)) {
+  cfg.validate();
+  if (cfg.is_moe_layer(layer) != static_cast<bool>(dispatcher_))
+    throw UsageError("layer " + std::to_string(layer) +
+                     ": a MoE layer needs a dispatcher and a dense layer none");
+  make_parameters(device, seed);
+}
+
+void TransformerLayer::make_parameters(Device& device, std::uint64_t seed) {
+  const ModelConfig& cfg = cfg_;
+  const std::string p = prefix(layer_);
   const std::int64_t H = cfg.hidden_size, d = cfg.head_dim();
   const std::int64_t qkv_out = (cfg.num_attention_heads + 2 * cfg.num_query_groups) * d;
   const double sd = cfg.init_method_std;
@@ -31,14 +66,13 @@ TransformerLayer::TransformerLayer(const ModelConfig& cfg, int layer, Device& de
   proj_ = make_parameter(device, p + "self_attention.linear_proj.weight",
                          {H, cfg.num_attention_heads * d}, dt, Init::Normal, sd, seed);
   mlp_norm_ = make_parameter(device, p + "pre_mlp_layernorm.weight", {H}, dt, Init::Ones, 0, seed);
-  if (!cfg.is_moe_layer(layer)) {
+  if (!dispatcher_) {
     const std::int64_t F = cfg.ffn_hidden_size;
     fc1_ =
         make_parameter(device, p + "mlp.linear_fc1.weight", {2 * F, H}, dt, Init::Normal, sd, seed);
     fc2_ = make_parameter(device, p + "mlp.linear_fc2.weight", {H, F}, dt, Init::Normal, sd, seed);
     return;
   }
-  dispatcher_ = TokenDispatcher::create(cfg, ep, device.node().mode(), rank);
   const std::int64_t E = cfg.num_moe_experts, F = cfg.moe_ffn_hidden_size;
   const std::int64_t local = dispatcher_->local_experts(), first = dispatcher_->first_expert();
   router_ =
@@ -99,7 +133,7 @@ struct LayerPlan::State {
   Tensor g_shared_in;  // the shared experts' input gradient
   Tensor dense_in;     // a dense MLP's input (the pre-MLP norm's output), until mlp forward
   // Selective recompute: tensors recomputed in backward, held from first use to last.
-  Tensor re_ln1, re_qkv, re_ctx, re_lse, re_ln2, re_shared_f1, re_shared_a, re_h1, re_a;
+  Tensor re_ln1, re_qkv, re_ctx, re_lse, re_probs, re_ln2, re_shared_f1, re_shared_a, re_h1, re_a;
   bool attn_recomputed = false;
   // moe_shared_expert_overlap: when the side stream may start, and when it is done.
   Event shared_ready, shared_done;
@@ -134,12 +168,16 @@ LayerPlan::LayerPlan(TransformerLayer& layer, ExecContext& ctx, Event* plan_even
     dispatch = ScheduleNode(
         n + "dispatch", StreamKind::Comm, &ctx, plan_event,
         [this](Stream& s) {
-          st_->dispatch->dispatch({s, ctx_.tally});
+          GraphRegions graph(s);
+          graph.enter(ctx_.graphs.moe);
+          st_->dispatch->dispatch(at_(s));
           // Megatron launches the shared experts right after the tokens' all-to-all.
           if (overlap_shared()) shared_experts_forward(ctx_.shared_experts);
         },
         [this](Stream& s) {
-          st_->dispatch->dispatch_backward({s, ctx_.tally});
+          GraphRegions graph(s);
+          graph.enter(ctx_.graphs.moe);
+          st_->dispatch->dispatch_backward(at_(s));
         });
     combine = ScheduleNode(
         n + "combine", StreamKind::Comm, &ctx, plan_event,
@@ -157,13 +195,16 @@ void LayerPlan::connect(const Tensor* input, const Tensor* grad_output) {
 void LayerPlan::pre_dispatch_forward(Stream& s) {
   const ModelConfig& c = L_.cfg_;
   State& st = *st_;
-  ops::At at{s, ctx_.tally};
+  ops::At at = at_(s);
   SavedTensors& sv = st.saved;
   const RecomputeSet& re = ctx_.recompute;
   if (!st.input || !*st.input)
     throw UsageError("layer " + std::to_string(L_.layer_) +
                      ": pre_dispatch forward before its input exists");
   const Tensor x = *st.input;
+  const GraphScopes& gs = ctx_.graphs;
+  GraphRegions graph(s);
+  graph.enter(gs.attn);
   Tensor ln1, rstd1, qkv, ctx, lse;
   {
     ModuleScope m(sv, "attn_norm", s);
@@ -179,9 +220,12 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
   }
   {
     ModuleScope m(sv, "core_attn", s);
-    ops::attention_forward(at, qkv, st.attn(), ctx, lse);
+    Tensor probs;
+    ops::attention_forward(at, qkv, st.attn(), ctx, lse, probs);
     if (!re.qkv) sv.save("core_attn", "input", qkv, s);
     if (!re.attn_stats) sv.save("core_attn", "lse", lse, s);
+    // The unfused core attention keeps its softmax probabilities for backward.
+    if (probs && !re.attn_stats) sv.save("core_attn", "probs", probs, s);
   }
   Tensor attn_out;
   {
@@ -192,6 +236,7 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
     if (!re.attn_out) sv.save("attn_proj", "input", ctx, s);
   }
   st.h = ops::add(at, "attn_residual_add", x, attn_out);
+  graph.enter(L_.is_moe() ? gs.moe || gs.moe_router : gs.mlp);
   Tensor ln2, rstd2;
   {
     ModuleScope m(sv, "mlp_norm", s);
@@ -229,9 +274,11 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
     const std::int64_t seq = st.seq;
     launch(
         s, "router_topk",
+        // The measured router series is keyed by its fp32 logits (profile.yaml memory_ops).
         Work{.flops = 12.0 * double(T * E),
-             .bytes = double(logits.bytes() + 3 * T * k * 8),
-             .precision = Precision::FP32},
+             .bytes = double(logits.bytes()),
+             .precision = Precision::FP32,
+             .shape = KernelShape::memory(MemoryOp::Router)},
         [=] {
           *routing = route(rc, vl.as<const float>(), T, seq, vb.as<const float>());
           std::copy(routing->idx.begin(), routing->idx.end(), vi.as<std::int64_t>());
@@ -249,15 +296,18 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
     // LoongForge's offload_tensors calls pre_mlp_layernorm_output).
     if (!ctx_.recompute.mlp_norm) sv.save("router", "pre_mlp_layernorm_output", ln2, s);
   }
+  graph.enter(gs.moe || gs.moe_preprocess);
   st.dispatch->preprocess(at);
 }
 
 void LayerPlan::mlp_forward(Stream& s) {
   const ModelConfig& c = L_.cfg_;
   State& st = *st_;
-  ops::At at{s, ctx_.tally};
+  ops::At at = at_(s);
   SavedTensors& sv = st.saved;
   const bool moe = L_.is_moe();
+  GraphRegions graph(s);
+  graph.enter(moe ? ctx_.graphs.moe : ctx_.graphs.mlp);
   Tensor in, probs;
   std::vector<std::int64_t> rows;
   if (moe) {
@@ -286,7 +336,7 @@ void LayerPlan::mlp_forward(Stream& s) {
   }
   {
     ModuleScope m(sv, act, s);
-    a = ops::swiglu_forward(at, act, h1, probs);
+    a = ops::swiglu_forward(at, act, h1, probs, rows);
     if (!re_fc1()) sv.save(act, "input", h1, s);
     if (moe) sv.save(act, "probs", probs, s);
   }
@@ -316,7 +366,7 @@ void LayerPlan::shared_experts_forward(Stream& s) {
   if (!L_.shared_fc1_.value) return;
   const ModelConfig& c = L_.cfg_;
   State& st = *st_;
-  ops::At at{s, ctx_.tally};
+  ops::At at = at_(s);
   SavedTensors& sv = st.saved;
   if (overlap_shared()) s.wait(st.shared_ready);
   ModuleScope m(sv, "shared_experts", s);
@@ -340,7 +390,7 @@ void LayerPlan::shared_experts_backward(Stream& s) {
   if (!L_.shared_fc1_.value) return;
   const ModelConfig& c = L_.cfg_;
   State& st = *st_;
-  ops::At at{s, ctx_.tally};
+  ops::At at = at_(s);
   SavedTensors& sv = st.saved;
   if (overlap_shared()) s.wait(st.shared_ready);
   const std::vector<std::int64_t> rows = {st.grad_out.dim(0)};
@@ -357,7 +407,9 @@ void LayerPlan::shared_experts_backward(Stream& s) {
 
 void LayerPlan::combine_forward(Stream& s) {
   State& st = *st_;
-  ops::At at{s, ctx_.tally};
+  ops::At at = at_(s);
+  GraphRegions graph(s);
+  graph.enter(ctx_.graphs.moe);
   st.dispatch->combine(at);
   if (overlap_shared()) s.wait(st.shared_done);
   // Megatron's combine node also adds the shared experts' output and the residual.
@@ -381,7 +433,9 @@ void LayerPlan::combine_backward(Stream& s) {
   st.grad_out = grad_output_of(st.grad_output, L_.layer_);
   st.dispatch->io.grad_moe_out = st.grad_out;
   if (overlap_shared()) s.record(st.shared_ready);  // the output gradient exists
-  st.dispatch->combine_backward({s, ctx_.tally});
+  GraphRegions graph(s);
+  graph.enter(ctx_.graphs.moe);
+  st.dispatch->combine_backward(at_(s));
   st.dispatch->io.grad_moe_out = Tensor();
   if (overlap_shared()) shared_experts_backward(ctx_.shared_experts);
 }
@@ -389,9 +443,11 @@ void LayerPlan::combine_backward(Stream& s) {
 void LayerPlan::mlp_backward(Stream& s) {
   const ModelConfig& c = L_.cfg_;
   State& st = *st_;
-  ops::At at{s, ctx_.tally};
+  ops::At at = at_(s);
   SavedTensors& sv = st.saved;
   const bool moe = L_.is_moe();
+  GraphRegions graph(s);
+  graph.enter(moe ? ctx_.graphs.moe : ctx_.graphs.mlp);
   Tensor gy;
   std::vector<std::int64_t> rows;
   if (moe) {
@@ -409,7 +465,7 @@ void LayerPlan::mlp_backward(Stream& s) {
       ops::linear_dgrad(at, moe ? "expert_fc2" : "dense_fc2", gy, L_.fc2_.value, rows, c.dtype);
   Tensor g1, gprobs;
   {
-    ops::swiglu_backward(at, act, ga, fc1_out(s), probs(s), g1, gprobs);
+    ops::swiglu_backward(at, act, ga, fc1_out(s), probs(s), g1, gprobs, rows);
     // A recomputed activation output is made now, while its input is still here: the wgrad
     // may run later (delay_wgrad_compute).
     if (re_act()) (void)act_out(s);
@@ -433,9 +489,11 @@ void LayerPlan::mlp_backward(Stream& s) {
 
 void LayerPlan::mlp_dw(Stream& s) {
   State& st = *st_;
-  ops::At at{s, ctx_.tally};
+  ops::At at = at_(s);
   SavedTensors& sv = st.saved;
   const bool moe = L_.is_moe();
+  GraphRegions graph(s);
+  graph.enter(moe ? ctx_.graphs.moe : ctx_.graphs.mlp);
   const std::vector<std::int64_t> rows =
       moe ? st.dispatch->io.rows_per_expert : std::vector<std::int64_t>{st.batch * st.seq};
   const char* fc1 = moe ? "expert_fc1" : "dense_fc1";
@@ -452,13 +510,17 @@ void LayerPlan::mlp_dw(Stream& s) {
 void LayerPlan::pre_dispatch_backward(Stream& s) {
   const ModelConfig& c = L_.cfg_;
   State& st = *st_;
-  ops::At at{s, ctx_.tally};
+  ops::At at = at_(s);
   SavedTensors& sv = st.saved;
   if (!st.grad_out) st.grad_out = grad_output_of(st.grad_output, L_.layer_);
+  const GraphScopes& gs = ctx_.graphs;
+  GraphRegions graph(s);
   Tensor g_ln2;
   if (L_.is_moe()) {
     MoeTokens& io = st.dispatch->io;
+    graph.enter(gs.moe || gs.moe_preprocess);
     st.dispatch->preprocess_backward(at);
+    graph.enter(gs.moe || gs.moe_router);
     const std::int64_t T = st.batch * st.seq, E = c.num_moe_experts;
     Tensor logits = sv.need("router", "logits", s);
     st.g_logits = at.empty({T, E}, DType::F32);
@@ -472,7 +534,8 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
           s, "router_topk_bwd",
           Work{.flops = 12.0 * double(T * E),
                .bytes = 2.0 * double(st.g_logits.bytes()),
-               .precision = Precision::FP32},
+               .precision = Precision::FP32,
+               .shape = KernelShape::memory(MemoryOp::Elementwise)},
           [=] {
             route_backward(rc, vl.as<const float>(), *routing, vg.as<const float>(), scale, seq,
                            vd.as<float>());
@@ -490,6 +553,7 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
     g_ln2 = ops::add3(at, "pre_mlp_grad_sum", io.grad_hidden, g_router, g_shared, c.dtype);
     io.grad_hidden = io.grad_probs = Tensor();
   } else {
+    graph.enter(gs.mlp);
     g_ln2 = st.g_dense_ln2;
     st.g_dense_ln2 = Tensor();
   }
@@ -497,13 +561,18 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
   Tensor h = sv.need("mlp_norm", "input", s);
   Tensor g_hn = ops::rmsnorm_dgrad(at, "pre_mlp_layernorm", g_ln2, h, L_.mlp_norm_,
                                    sv.need("mlp_norm", "rstd", s));
+  // Autograd sums the residual's two gradients between the captured regions.
+  graph.enter(false);
   st.g_h = ops::add(at, "attn_residual_add_bwd", g_hn, st.grad_out);
+  graph.enter(gs.attn);
   Tensor g_ctx =
       ops::linear_dgrad(at, "linear_proj", st.g_h, L_.proj_.value, ops::one_group(st.g_h), c.dtype);
-  Tensor g_qkv = ops::attention_backward(at, g_ctx, qkv(s), attn_out(s), attn_lse(s), st.attn());
+  Tensor g_qkv = ops::attention_backward(at, g_ctx, qkv(s), attn_out(s), attn_lse(s), attn_probs(s),
+                                         st.attn());
   sv.release("core_attn", "input");
   sv.release("core_attn", "lse");
-  st.re_qkv = st.re_lse = Tensor();
+  sv.release("core_attn", "probs");
+  st.re_qkv = st.re_lse = st.re_probs = Tensor();
   ops::rope(at, "rotary_pos_emb_bwd", g_qkv, st.attn(), c.rotary_base, true);
   st.g_qkv = g_qkv;
   st.g_ln1 =
@@ -517,8 +586,11 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
 
 void LayerPlan::pre_dispatch_dw(Stream& s) {
   State& st = *st_;
-  ops::At at{s, ctx_.tally};
+  ops::At at = at_(s);
   SavedTensors& sv = st.saved;
+  const GraphScopes& gs = ctx_.graphs;
+  GraphRegions graph(s);
+  graph.enter(L_.is_moe() ? gs.moe || gs.moe_router : gs.mlp);
   if (L_.is_moe()) {
     const Tensor ln2 = this->ln2(s);
     ops::linear_wgrad(at, "router_gating", st.g_logits, ln2, ops::one_group(ln2), L_.router_);
@@ -539,6 +611,7 @@ void LayerPlan::pre_dispatch_dw(Stream& s) {
                      sv.need("mlp_norm", "rstd", s), L_.mlp_norm_);
   sv.release("mlp_norm", "input");
   sv.release("mlp_norm", "rstd");
+  graph.enter(gs.attn);
   const Tensor ctxt = attn_out(s);
   ops::linear_wgrad(at, "linear_proj", st.g_h, ctxt, ops::one_group(ctxt), L_.proj_);
   sv.release("attn_proj", "input");
@@ -557,8 +630,12 @@ void LayerPlan::pre_dispatch_dw(Stream& s) {
 
 // --- selective recompute --------------------------------------------------------------------
 
+ops::At LayerPlan::at_(Stream& s) const {
+  return ops::At{s, ctx_.tally, nullptr, &L_.cfg_.kernels};
+}
+
 ops::At LayerPlan::recompute_at(Stream& s) const {
-  return ops::At{s, ctx_.tally, "recompute."};
+  return ops::At{s, ctx_.tally, "recompute.", &L_.cfg_.kernels};
 }
 
 bool LayerPlan::re_fc1() const {
@@ -598,10 +675,10 @@ void LayerPlan::recompute_attention(Stream& s) {
   State& st = *st_;
   if (st.attn_recomputed) return;
   st.attn_recomputed = true;
-  Tensor ctx, lse;
-  ops::attention_forward(recompute_at(s), qkv(s), st.attn(), ctx, lse);
+  Tensor ctx, lse, probs;
+  ops::attention_forward(recompute_at(s), qkv(s), st.attn(), ctx, lse, probs);
   if (ctx_.recompute.attn_out) st.re_ctx = ctx;
-  if (ctx_.recompute.attn_stats) st.re_lse = lse;
+  if (ctx_.recompute.attn_stats) st.re_lse = lse, st.re_probs = probs;
 }
 
 Tensor LayerPlan::attn_out(Stream& s) {
@@ -614,6 +691,13 @@ Tensor LayerPlan::attn_lse(Stream& s) {
   if (!ctx_.recompute.attn_stats) return st_->saved.need("core_attn", "lse", s);
   recompute_attention(s);
   return st_->re_lse;
+}
+
+Tensor LayerPlan::attn_probs(Stream& s) {
+  if (L_.cfg_.kernels.attention != CoreAttention::Unfused) return Tensor();
+  if (!ctx_.recompute.attn_stats) return st_->saved.need("core_attn", "probs", s);
+  recompute_attention(s);
+  return st_->re_probs;
 }
 
 Tensor LayerPlan::ln2(Stream& s) {
@@ -678,7 +762,8 @@ Tensor LayerPlan::act_out(Stream& s) {
   if (!re_act()) return st.saved.need(moe ? "expert_fc2" : "dense_fc2", "input", s);
   if (!st.re_a)
     st.re_a =
-        ops::swiglu_forward(recompute_at(s), moe ? "moe_act" : "dense_act", fc1_out(s), probs(s));
+        ops::swiglu_forward(recompute_at(s), moe ? "moe_act" : "dense_act", fc1_out(s), probs(s),
+                            moe ? st.dispatch->io.rows_per_expert : std::vector<std::int64_t>{});
   return st.re_a;
 }
 

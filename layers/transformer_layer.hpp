@@ -38,6 +38,9 @@ class TransformerLayer {
   // `ep` is this rank's EP group (ignored by dense layers); `rank` its global device id.
   TransformerLayer(const ModelConfig& cfg, int layer, Device& device, std::uint64_t seed, Group ep,
                    int rank);
+  // With a dispatcher of the caller's (TokenDispatcher::alone); null for a dense layer.
+  TransformerLayer(const ModelConfig& cfg, int layer, Device& device, std::uint64_t seed,
+                   std::unique_ptr<TokenDispatcher> dispatcher);
   ~TransformerLayer();
   bool is_moe() const { return dispatcher_ != nullptr; }
   int layer() const { return layer_; }
@@ -51,6 +54,7 @@ class TransformerLayer {
 
  private:
   friend class LayerPlan;
+  void make_parameters(Device& device, std::uint64_t seed);
   ModelConfig cfg_;
   int layer_;
   Parameter input_norm_, qkv_, proj_, mlp_norm_;
@@ -91,11 +95,13 @@ class LayerPlan {
   bool overlap_shared() const;
   // What backward reads, kept by forward or recomputed here (selective recompute); a recomputed
   // tensor is held from its first use until its last.
+  ops::At at_(Stream& s) const;
   ops::At recompute_at(Stream& s) const;
   Tensor ln1(Stream& s);
   Tensor qkv(Stream& s);
   Tensor attn_out(Stream& s);
   Tensor attn_lse(Stream& s);
+  Tensor attn_probs(Stream& s);
   void recompute_attention(Stream& s);
   Tensor ln2(Stream& s);
   Tensor shared_fc1_out(Stream& s);

@@ -24,7 +24,7 @@ std::string error_of(const std::function<void()>& f) {
 TEST(Recipe, ReadsTheTinyRecipeIntoTheModelAndLayout) {
   const Recipe r = tiny();
   EXPECT_EQ(r.name(), "tiny_moe");
-  const layers::ModelConfig c = model_config(r);
+  const layers::ModelConfig c = model_config(r, load_topology(r)->gpu);
   EXPECT_EQ(c.num_layers, 4);
   EXPECT_EQ(c.num_moe_experts, 8);
   EXPECT_EQ(c.router.topk, 2);
@@ -87,7 +87,7 @@ TEST(Recipe, EveryShippedRecipeLoads) {
   for (const char* name : {"tiny_moe", "qwen3_30b_a3b", "deepseek_v3_proxy", "mixtral_8x7b"}) {
     SCOPED_TRACE(name);
     const Recipe r = Recipe::load(recipe_path(name));
-    EXPECT_NO_THROW(model_config(r).validate());
+    EXPECT_NO_THROW(model_config(r, load_topology(r)->gpu).validate());
   }
 }
 

@@ -1,0 +1,215 @@
+#include "emu/layer_timing.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <iomanip>
+#include <optional>
+#include <ostream>
+#include <sstream>
+
+#include "devices/errors.hpp"
+#include "devices/host.hpp"
+#include "devices/node.hpp"
+#include "emu/recipe_views.hpp"
+#include "layers/token_dispatcher.hpp"
+#include "layers/transformer_layer.hpp"
+
+namespace nodeemu::emu {
+
+namespace {
+
+bool timed(const TraceRecorder::Op& o) {
+  return o.kind == OpKind::Kernel || o.kind == OpKind::Copy || o.kind == OpKind::Comm;
+}
+
+// Busy time, and its share per class: between two consecutive start/end instants every running
+// operation gets an equal part of the interval.
+void busy_by_class(const std::vector<const TraceRecorder::Op*>& ops, LayerTiming& t) {
+  std::vector<VTime> times;
+  for (const auto* o : ops) times.push_back(o->start), times.push_back(o->end);
+  std::sort(times.begin(), times.end());
+  times.erase(std::unique(times.begin(), times.end()), times.end());
+  for (std::size_t i = 0; i + 1 < times.size(); ++i) {
+    const VTime a = times[i], b = times[i + 1];
+    std::vector<const TraceRecorder::Op*> running;
+    for (const auto* o : ops)
+      if (o->start <= a && o->end >= b && o->end > o->start) running.push_back(o);
+    if (running.empty()) continue;
+    const double dt = vtime_to_seconds(b - a);
+    t.busy_s += dt;
+    for (const auto* o : running) t.by_class[to_string(o->cls)] += dt / double(running.size());
+  }
+}
+
+LayerTiming time_one(const Recipe& r, const layers::ModelConfig& cfg, int layer,
+                     const std::shared_ptr<const NodeTopology>& topo) {
+  NodeOptions o;
+  o.topology = topo;
+  o.mode = Mode::Meta;
+  o.cuda_device_max_connections = r.int32("emulator.cuda_device_max_connections");
+  o.record_trace = true;
+  Node node(o);
+  const CudaGraphs graphs = cuda_graphs(r);
+  const int ep = r.int32("model.expert_model_parallel_size");
+  const std::int64_t mbs = r.integer("train.micro_batch_size"), seq = r.integer("train.seq_length");
+  LayerTiming t;
+  t.kind = cfg.is_moe_layer(layer) ? "moe" : "dense";
+  t.layer = layer;
+  t.tokens = mbs * seq;
+  std::uint64_t forward_ops = 0;
+  node.run({0}, [&](Host& host) {
+    Device& dev = host.device();
+    layers::TransformerLayer L(
+        cfg, layer, dev, std::uint64_t(r.integer("emulator.seed")),
+        cfg.is_moe_layer(layer) ? layers::TokenDispatcher::alone(cfg, ep) : nullptr);
+    layers::ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
+    ctx.delay_wgrad = r.flag("comm_overlap.delay_wgrad_compute");
+    ctx.recompute = recompute_set(r);
+    ctx.graphs = graphs.layer;
+    if (r.flag("model.moe_shared_expert_overlap")) {
+      ctx.shared_expert_overlap = true;
+      ctx.shared_experts = dev.create_stream(Priority::Normal, "shared_experts");
+    }
+    const layers::Tensor x = layers::Tensor::empty(dev, {t.tokens, cfg.hidden_size}, cfg.dtype);
+    const layers::Tensor g = layers::Tensor::empty(dev, {t.tokens, cfg.hidden_size}, cfg.dtype);
+    Event event;
+    auto plan = L.plan(ctx, &event, 0, mbs, seq, 1.0);
+    plan->connect(&x, &g);
+    {
+      std::optional<GraphReplay> whole;
+      if (graphs.full_iteration) whole.emplace(node);
+      for (auto* n : {&plan->pre_dispatch, &plan->dispatch, &plan->mlp, &plan->combine})
+        n->forward();
+    }
+    dev.synchronize();
+    forward_ops = node.engine_ops();
+    {
+      std::optional<GraphReplay> whole;
+      if (graphs.full_iteration) whole.emplace(node);
+      for (auto* n : {&plan->combine, &plan->mlp, &plan->dispatch, &plan->pre_dispatch})
+        n->backward();
+      if (ctx.delay_wgrad) {
+        plan->mlp.backward_dw();
+        plan->pre_dispatch.backward_dw();
+      }
+    }
+    dev.synchronize();
+    if (cfg.is_moe_layer(layer)) {
+      t.local_experts = L.config().num_moe_experts / ep;
+      // Forced balance: tokens x topk x EP / experts rows to each local expert.
+      t.rows_per_expert = t.tokens * cfg.router.topk / std::max<std::int64_t>(1, t.local_experts);
+    }
+  });
+  std::vector<const TraceRecorder::Op*> all, fwd;
+  for (const auto& op : node.trace().ops()) {
+    if (!timed(op)) continue;
+    all.push_back(&op);
+    if (op.id < forward_ops) fwd.push_back(&op);
+    if (op.kind == OpKind::Kernel) ++t.kernels;
+  }
+  auto span = [](const std::vector<const TraceRecorder::Op*>& ops) {
+    if (ops.empty()) return 0.0;
+    VTime a = ops.front()->start, b = ops.front()->end;
+    for (const auto* op : ops) a = std::min(a, op->start), b = std::max(b, op->end);
+    return vtime_to_seconds(b - a);
+  };
+  t.forward_s = span(fwd);
+  t.forward_backward_s = span(all);
+  busy_by_class(all, t);
+  for (const auto& h : node.trace().host_calls())
+    if (h.host != 0 && h.name != "synchronize") t.host_issue_s += vtime_to_seconds(h.end - h.start);
+  return t;
+}
+
+std::string fixed(double v, int digits) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(digits) << v;
+  return os.str();
+}
+
+}  // namespace
+
+LayerReport time_layers(const Recipe& r) {
+  // One GPU of the recipe's topology: rank 0, with its GPU, profile and host costs.
+  auto topo = std::make_shared<NodeTopology>(*load_topology(r));
+  topo->gpus = 1;
+  topo->host.gpu_numa.resize(1);
+  topo->nic.per_node = 1;
+  const layers::ModelConfig cfg = model_config(r, topo->gpu);
+  cfg.validate();
+  LayerReport rep;
+  rep.recipe = r.name();
+  rep.gpu = topo->gpu.name;
+  rep.profile = topo->gpu.profile ? topo->gpu.profile->provenance() : "none";
+  // The first MoE layer and the first dense one.
+  int moe = -1, dense = -1;
+  for (int l = cfg.num_layers - 1; l >= 0; --l) (cfg.is_moe_layer(l) ? moe : dense) = l;
+  if (moe >= 0) rep.layers.push_back(time_one(r, cfg, moe, topo));
+  if (dense >= 0) rep.layers.push_back(time_one(r, cfg, dense, topo));
+  rep.notes.push_back(
+      "rank 0 of EP " + std::to_string(r.int32("model.expert_model_parallel_size")) +
+      ", one micro-batch of " + std::to_string(r.integer("train.micro_batch_size")) + " x " +
+      std::to_string(r.integer("train.seq_length")) + " tokens");
+  rep.notes.push_back(
+      "communication left out: the tokens arrive and leave as if the all-to-alls had run; the "
+      "dispatcher's local work is the alltoall dispatcher's (permute, sort, unsort, unpermute) "
+      "and its count read-back stays (a host sync)");
+  if (cfg.num_moe_experts > 0 && !r.flag("model.moe_pad_expert_input_to_capacity"))
+    rep.notes.push_back("routing: forced balance (tokens x topk x EP / experts rows per expert)");
+  return rep;
+}
+
+void print_layer_report(const LayerReport& r, std::ostream& os) {
+  os << "recipe " << r.recipe << ": one micro-batch per layer on " << r.gpu << "\n";
+  os << "clock: GPU profile " << r.profile << "\n";
+  for (const auto& n : r.notes) os << "  " << n << "\n";
+  for (const auto& t : r.layers) {
+    os << "\n" << t.kind << " layer " << t.layer << " (" << t.tokens << " tokens";
+    if (t.kind == "moe")
+      os << ", " << t.local_experts << " local experts x " << t.rows_per_expert << " rows";
+    os << ")\n";
+    os << "  forward          " << std::setw(10) << fixed(t.forward_s * 1e3, 3) << " ms\n";
+    os << "  forward+backward " << std::setw(10) << fixed(t.forward_backward_s * 1e3, 3) << " ms\n";
+    os << "  device busy      " << std::setw(10) << fixed(t.busy_s * 1e3, 3) << " ms ("
+       << fixed(t.forward_backward_s > 0 ? 100 * t.busy_s / t.forward_backward_s : 0, 1)
+       << "% of forward+backward)\n";
+    os << "  host issue       " << std::setw(10) << fixed(t.host_issue_s * 1e3, 3) << " ms for "
+       << t.kernels << " kernels\n";
+    os << "  busy by class:";
+    for (const auto& [c, s] : t.by_class) os << "  " << c << " " << fixed(s * 1e3, 3) << " ms";
+    os << "\n";
+  }
+}
+
+std::string layer_report_json(const LayerReport& r) {
+  nlohmann::ordered_json j;
+  j["recipe"] = r.recipe;
+  j["gpu"] = r.gpu;
+  j["profile"] = r.profile;
+  j["layers"] = nlohmann::ordered_json::array();
+  for (const auto& t : r.layers) {
+    nlohmann::ordered_json l;
+    l["kind"] = t.kind;
+    l["layer"] = t.layer;
+    l["tokens"] = t.tokens;
+    if (t.kind == "moe") {
+      l["local_experts"] = t.local_experts;
+      l["rows_per_expert"] = t.rows_per_expert;
+    }
+    l["forward_s"] = t.forward_s;
+    l["forward_backward_s"] = t.forward_backward_s;
+    l["busy_s"] = t.busy_s;
+    l["host_issue_s"] = t.host_issue_s;
+    l["kernels"] = t.kernels;
+    l["by_class"] = nlohmann::ordered_json::object();
+    for (const char* c : {"gemm", "attention", "elementwise", "permute", "memcpy", "other"})
+      l["by_class"][c] = t.by_class.count(c) ? t.by_class.at(c) : 0.0;
+    for (const auto& [c, v] : t.by_class) l["by_class"][c] = v;
+    j["layers"].push_back(l);
+  }
+  j["notes"] = r.notes;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace nodeemu::emu

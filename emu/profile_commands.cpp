@@ -1,0 +1,289 @@
+// `nodeemu cost` (what a GPU profile believes about any shape) and `nodeemu calibrate` (a folder
+// measured by tools/measure_gpu.py becomes a profile, with each table's leave-one-out error).
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+
+#include "devices/errors.hpp"
+#include "devices/gpu_profile.hpp"
+#include "emu/cli.hpp"
+#include "emu/report.hpp"
+
+namespace nodeemu::emu {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The tables a measurement folder holds and profile.yaml's key for each (tools/measure_gpu.py
+// writes these names). host_costs is required; the others are used when present.
+const std::pair<const char*, const char*> kTables[] = {
+    {"gemm", "gemm_bf16.csv"},
+    {"gemm_fp32", "gemm_other.csv"},
+    {"grouped_gemm", "grouped_gemm_bf16.csv"},
+    {"attention", "attention_bf16.csv"},
+    {"memory_bound", "memory_bound.csv"},
+    {"pcie", "pcie.csv"},
+    {"host_costs", "host_costs.csv"},
+    {"sm_contention", "sm_contention.csv"},
+    {"overlap_contention", "overlap_contention.csv"},
+};
+
+// Options of a command that takes one positional argument; `switches` take no value.
+struct Args {
+  std::string positional;
+  std::map<std::string, std::string> options;
+};
+
+Args parse_args(const std::string& command, const std::vector<std::string>& args,
+                const std::vector<std::string>& valued, const std::vector<std::string>& switches,
+                const std::string& what) {
+  Args a;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& s = args[i];
+    if (s.rfind("--", 0) != 0) {
+      if (!a.positional.empty())
+        throw ConfigError("nodeemu " + command, s, "unexpected argument; give one " + what);
+      a.positional = s;
+      continue;
+    }
+    std::string key = s.substr(2), value;
+    const bool inline_value = key.find('=') != std::string::npos;
+    if (inline_value) value = key.substr(key.find('=') + 1), key = key.substr(0, key.find('='));
+    const bool is_switch = std::find(switches.begin(), switches.end(), key) != switches.end();
+    const bool has_value = std::find(valued.begin(), valued.end(), key) != valued.end();
+    if (!is_switch && !has_value) {
+      std::string list;
+      for (const auto& k : valued) list += (list.empty() ? "--" : ", --") + k + " VALUE";
+      for (const auto& k : switches) list += (list.empty() ? "--" : ", --") + k;
+      throw ConfigError("nodeemu " + command, "--" + key,
+                        "unknown option; '" + command + "' takes " + list);
+    }
+    if (has_value && !inline_value) {
+      if (i + 1 >= args.size())
+        throw ConfigError("nodeemu " + command, "--" + key, "needs a value");
+      value = args[++i];
+    }
+    a.options[key] = is_switch ? "on" : value;
+  }
+  if (a.positional.empty())
+    throw ConfigError("nodeemu " + command, what, "missing; see 'nodeemu help'");
+  return a;
+}
+
+std::string read_text(const std::string& path, const std::string& command) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec))
+    throw ConfigError(path, "file", "no such file; 'nodeemu " + command + "' needs it");
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  if (!in) throw ConfigError(path, "file", "cannot be read; check its permissions");
+  return s.str();
+}
+
+std::shared_ptr<const GpuProfile> profile_named(const std::string& value) {
+  std::error_code ec;
+  if (fs::is_directory(value, ec)) return GpuProfile::load(value);
+  if (auto p = GpuProfile::builtin(value)) return p;
+  std::string names;
+  for (const auto& n : GpuProfile::builtin_names()) names += (names.empty() ? "" : ", ") + n;
+  throw ConfigError(
+      "nodeemu cost", "--gpu",
+      "'" + value + "' is neither a profile folder nor a built-in profile (" + names + ")");
+}
+
+void print_loo(const std::vector<LooStats>& loo, std::ostream& out) {
+  out << "leave-one-out: each measured row predicted from all the others (absolute relative "
+         "error)\n";
+  out << "  table                    column         rows   median      p90      max\n";
+  for (const auto& s : loo) {
+    char line[160];
+    std::snprintf(line, sizeof line, "  %-24s %-12s %6zu %7.2f%% %7.2f%% %7.1f%%\n",
+                  s.table.c_str(), s.column.c_str(), s.rows, 100 * s.median, 100 * s.p90,
+                  100 * s.max);
+    out << line;
+  }
+}
+
+std::string slug(const std::string& gpu) {
+  std::string s;
+  for (char c : gpu) {
+    if (std::isalnum(static_cast<unsigned char>(c)))
+      s += char(std::tolower(static_cast<unsigned char>(c)));
+    else if (!s.empty() && s.back() != '_')
+      s += '_';
+  }
+  while (!s.empty() && s.back() == '_') s.pop_back();
+  return s.empty() ? "measured_gpu" : s;
+}
+
+// profile.yaml for a folder tools/measure_gpu.py wrote: its tables, the series and host-cost
+// rows by the names the script uses, and the contention cases in the order it writes them.
+std::string profile_yaml(const std::string& dir, const std::string& name,
+                         const nlohmann::json& device) {
+  std::ostringstream y;
+  const std::string gpu = device.value("gpu", std::string("unknown GPU"));
+  y << "# NodeEmu GPU profile written by `nodeemu calibrate` from " << dir << ".\n"
+    << "# The tables beside this file are the measurement, unchanged; README.md says how.\n"
+    << "name: " << name << "\n"
+    << "gpu: \"" << gpu << "\"\n"
+    << "sms: " << device.value("sms", 1) << "\n"
+    << "measured: true\n"
+    << "complete: false\n"
+    << "tables:\n";
+  for (const auto& [key, file] : kTables)
+    if (fs::exists(fs::path(dir) / file)) y << "  " << key << ": " << file << "\n";
+  y << "memory_ops:\n"
+    << "  copy: {series: d2d_copy}\n"
+    << "  elementwise: {series: elementwise_add_scalar}\n"
+    << "  norm: {series: rmsnorm_h2048}\n"
+    << "  gather: {series: permute_gather_top8_h2048}\n"
+    << "  scatter: {series: permute_gather_top8_h2048}\n"
+    << "  activation: {series: swiglu_768_top8}\n"
+    << "  router: {series: router_softmax_top8_of128, bytes_per_token: 512}\n"
+    << "host_costs:\n"
+    << "  launch: torch_add_host_per_launch\n"
+    << "  event_record: event_record_host\n"
+    << "  stream_wait: stream_wait_event_host\n"
+    << "  synchronize: sync_idle\n"
+    << "  graph_kernel: graph_replay_per_kernel\n"
+    << "  small_d2h_sync: small_d2h_host_sync_128_int64\n"
+    << "  launch_sync_roundtrip: launch_plus_sync_roundtrip\n";
+  const fs::path oc = fs::path(dir) / "overlap_contention.csv";
+  if (fs::exists(oc)) {
+    std::ifstream in(oc);
+    std::string line;
+    std::vector<std::string> cases;
+    std::getline(in, line);  // header
+    while (std::getline(in, line))
+      if (!line.empty()) cases.push_back(line.substr(0, line.find(',')));
+    if (cases.size() < 3)
+      throw ConfigError(oc.string(), "rows",
+                        "needs 3 cases (GEMM beside copies, copies beside GEMM, GEMM beside "
+                        "PCIe), as tools/measure_gpu.py writes them");
+    y << "overlap_contention:\n"
+      << "  compute_beside_memory: \"" << cases[0] << "\"\n"
+      << "  memory_beside_compute: \"" << cases[1] << "\"\n"
+      << "  compute_beside_pcie: \"" << cases[2] << "\"\n";
+  }
+  return y.str();
+}
+
+std::string readme(const std::string& name, const nlohmann::json& d) {
+  std::ostringstream r;
+  auto get = [&](const char* k) {
+    if (!d.contains(k)) return std::string("not recorded");
+    return d[k].is_string() ? d[k].get<std::string>() : d[k].dump();
+  };
+  r << "# GPU profile `" << name << "`: measured\n\n"
+    << "Written by `nodeemu calibrate` from the output of `tools/measure_gpu.py`.\n\n"
+    << "| | |\n|---|---|\n"
+    << "| GPU | " << get("gpu") << ", " << get("sms") << " SMs, " << get("memory_gib")
+    << " GiB, L2 " << get("l2_mb") << " MB |\n"
+    << "| clocks and power | SM clock " << get("sm_clock_mhz") << " MHz, power limit "
+    << get("power_limit_w") << " W |\n"
+    << "| software | PyTorch " << get("torch") << ", CUDA " << get("cuda") << " |\n"
+    << "| host | " << get("host_cpu") << " |\n"
+    << "| date | " << get("measured") << " |\n"
+    << "| device | " << get("device")
+    << (d.value("quick", false) ? " (--quick: a pipeline "
+                                  "check, not a measurement)"
+                                : "")
+    << " |\n\n"
+    << "## Method\n\n"
+    << get("method") << "\n\n"
+    << "`device.json` holds the script's own record of the run.\n";
+  return r.str();
+}
+
+}  // namespace
+
+int cost_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  const Args a = parse_args("cost", args, {"gpu", "out"}, {"explain"}, "TABLE.csv");
+  if (!a.options.count("gpu"))
+    throw ConfigError("nodeemu cost", "--gpu",
+                      "missing; name a profile (h100_sxm5) or a profile folder");
+  const auto profile = profile_named(a.options.at("gpu"));
+  const TablePrediction p = profile->predict_table(read_text(a.positional, "cost"), a.positional);
+  const bool explain = a.options.count("explain") > 0;
+  std::ostream& notes = a.options.count("out") ? out : err;
+  if (a.options.count("out"))
+    write_file_atomically(a.options.at("out"), p.csv, "--out");
+  else
+    out << p.csv;
+  notes << "# " << p.kind << " table predicted by GPU profile " << profile->provenance() << "\n";
+  if (explain)
+    for (const auto& e : p.explanations) notes << "# " << e << "\n";
+  return 0;
+}
+
+int calibrate_command(const std::vector<std::string>& args, std::ostream& out, std::ostream&) {
+  const Args a = parse_args("calibrate", args, {"out", "name"}, {}, "DIR");
+  const std::string dir = a.positional;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw ConfigError(
+        dir, "DIR", "no such folder; pass the --out folder of tools/measure_gpu.py, or a profile");
+  if (fs::exists(fs::path(dir) / "profile.yaml")) {
+    // Already a profile: check it and report.
+    const auto p = GpuProfile::load(dir);
+    out << "profile " << p->provenance() << "\n";
+    print_loo(p->leave_one_out(), out);
+    if (a.options.count("out"))
+      throw ConfigError("nodeemu calibrate", "--out",
+                        dir + " is already a profile; copy the folder to use it elsewhere");
+    return 0;
+  }
+  const fs::path device_json = fs::path(dir) / "device.json";
+  nlohmann::json device;
+  try {
+    device = nlohmann::json::parse(read_text(device_json.string(), "calibrate"));
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(device_json.string(), "json",
+                      std::string(e.what()) + "; tools/measure_gpu.py writes this file");
+  }
+  if (!device.is_object() || !device.contains("gpu") || !device.contains("sms"))
+    throw ConfigError(device_json.string(), "gpu",
+                      "needs 'gpu' and 'sms'; tools/measure_gpu.py writes them");
+  const std::string name =
+      a.options.count("name") ? a.options.at("name") : slug(device["gpu"].get<std::string>());
+  // Written beside the destination, checked by loading it, and only then put in place: a
+  // measurement that does not load leaves nothing behind.
+  const fs::path dest = a.options.count("out") ? fs::path(a.options.at("out"))
+                                               : fs::temp_directory_path() / ("nodeemu-" + name);
+  if (a.options.count("out") && fs::exists(dest))
+    throw ConfigError("nodeemu calibrate", "--out",
+                      dest.string() + " exists; choose a new folder or remove it first");
+  const fs::path tmp = dest.string() + ".tmp-calibrate";
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp);
+  try {
+    for (const auto& [key, file] : kTables)
+      if (fs::exists(fs::path(dir) / file)) fs::copy_file(fs::path(dir) / file, tmp / file);
+    fs::copy_file(device_json, tmp / "device.json");
+    std::ofstream(tmp / "profile.yaml") << profile_yaml(dir, name, device);
+    std::ofstream(tmp / "README.md") << readme(name, device);
+    const auto p = GpuProfile::load(tmp.string());
+    const auto loo = p->leave_one_out();
+    if (a.options.count("out")) {
+      fs::rename(tmp, dest);
+      out << "wrote profile '" << name << "' to " << dest.string() << "\n";
+    } else {
+      fs::remove_all(tmp);
+      out << "checked " << dir << " as profile '" << name << "' (nothing written; give --out)\n";
+    }
+    print_loo(loo, out);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  return 0;
+}
+
+}  // namespace nodeemu::emu
