@@ -116,6 +116,9 @@ LayerTiming time_one(const Recipe& r, const layers::ModelConfig& cfg, int layer,
   };
   t.forward_s = span(fwd);
   t.forward_backward_s = span(all);
+  LayerTiming forward;
+  busy_by_class(fwd, forward);
+  t.forward_busy_s = forward.busy_s;
   busy_by_class(all, t);
   for (const auto& h : node.trace().host_calls())
     if (h.host != 0 && h.name != "synchronize") t.host_issue_s += vtime_to_seconds(h.end - h.start);
@@ -169,7 +172,8 @@ void print_layer_report(const LayerReport& r, std::ostream& os) {
     if (t.kind == "moe")
       os << ", " << t.local_experts << " local experts x " << t.rows_per_expert << " rows";
     os << ")\n";
-    os << "  forward          " << std::setw(10) << fixed(t.forward_s * 1e3, 3) << " ms\n";
+    os << "  forward          " << std::setw(10) << fixed(t.forward_s * 1e3, 3) << " ms ("
+       << fixed(t.forward_busy_s * 1e3, 3) << " ms busy)\n";
     os << "  forward+backward " << std::setw(10) << fixed(t.forward_backward_s * 1e3, 3) << " ms\n";
     os << "  device busy      " << std::setw(10) << fixed(t.busy_s * 1e3, 3) << " ms ("
        << fixed(t.forward_backward_s > 0 ? 100 * t.busy_s / t.forward_backward_s : 0, 1)
@@ -200,6 +204,7 @@ std::string layer_report_json(const LayerReport& r) {
     l["forward_s"] = t.forward_s;
     l["forward_backward_s"] = t.forward_backward_s;
     l["busy_s"] = t.busy_s;
+    l["forward_busy_s"] = t.forward_busy_s;
     l["host_issue_s"] = t.host_issue_s;
     l["kernels"] = t.kernels;
     l["by_class"] = nlohmann::ordered_json::object();

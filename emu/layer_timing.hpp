@@ -22,6 +22,7 @@ struct LayerTiming {
   double forward_s = 0;           // first kernel start to last kernel end, forward
   double forward_backward_s = 0;  // the same over forward, dgrad and wgrad
   double busy_s = 0;              // device time with at least one operation running
+  double forward_busy_s = 0;      // the same, forward only
   double host_issue_s = 0;        // host time in launches, records and waits (not waiting)
   std::uint64_t kernels = 0;
   // busy_s split by kernel class (gemm, attention, elementwise, permute, memcpy, other): time
@@ -40,7 +41,7 @@ struct LayerReport {
 LayerReport time_layers(const Recipe& r);
 void print_layer_report(const LayerReport& r, std::ostream& os);
 // The JSON of `nodeemu layer --json`: {recipe, gpu, profile, layers: [{kind, layer, forward_s,
-// forward_backward_s, busy_s, host_issue_s, kernels, by_class, ...}], notes}.
+// forward_backward_s, busy_s, forward_busy_s, host_issue_s, kernels, by_class, ...}], notes}.
 std::string layer_report_json(const LayerReport& r);
 
 }  // namespace nodeemu::emu

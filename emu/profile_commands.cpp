@@ -178,7 +178,7 @@ std::string profile_yaml(const std::string& dir, const std::string& name,
 std::string readme(const std::string& name, const nlohmann::json& d) {
   std::ostringstream r;
   auto get = [&](const char* k) {
-    if (!d.contains(k)) return std::string("not recorded");
+    if (!d.contains(k) || d[k].is_null()) return std::string("not recorded");
     return d[k].is_string() ? d[k].get<std::string>() : d[k].dump();
   };
   r << "# GPU profile `" << name << "`: measured\n\n"

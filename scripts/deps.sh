@@ -38,3 +38,14 @@ nodeemu_install_bench_extras() {
   local nodeemu_packages=("${nodeemu_bench_packages[@]}")  # bash scoping: seen by the call below
   nodeemu_install_missing
 }
+
+# For the calibration pipeline test (tools/measure_gpu.py run on the CPU): Debian's CPU build of
+# PyTorch. Installed by scripts/test; a failed install is not fatal, that one test then skips and
+# says why.
+nodeemu_test_packages=(python3-torch)
+
+nodeemu_install_test_extras() {
+  local nodeemu_packages=("${nodeemu_test_packages[@]}")  # bash scoping: seen by the call below
+  nodeemu_install_missing ||
+    echo "nodeemu: could not install python3-torch; the calibration pipeline test will skip" >&2
+}

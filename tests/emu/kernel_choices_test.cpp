@@ -1,0 +1,115 @@
+// Megatron's keys choose the kernels: every key changes the timeline; the unfused paths keep the
+// numerics (their values come from the fused math) except gradient_accumulation_fusion, which
+// rounds each wgrad before main_grad adds it; schedules stay bit-exact within each setting; and
+// every kernel of every shipped recipe is priced from a table of its GPU's profile.
+#include <gtest/gtest.h>
+
+#include "emu/layer_timing.hpp"
+#include "emu/recipe_views.hpp"
+#include "emu/training.hpp"
+#include "tests/emu/emu_test_support.hpp"
+
+namespace nodeemu::emu {
+namespace {
+
+using testing::recipe_path;
+using testing::tiny;
+
+RunReport run(const std::vector<std::string>& overrides, int iterations = 1) {
+  return train(tiny(overrides), {.iterations = iterations});
+}
+
+TEST(KernelChoices, EachKeyChangesTheTimelineNotTheNumerics) {
+  const RunReport base = run({});
+  ASSERT_TRUE(base.numerics_hash);
+  for (const char* key : {"model.moe_permute_fusion=true", "model.bias_activation_fusion=true",
+                          "model.apply_rope_fusion=true", "model.moe_grouped_gemm=false",
+                          "model.attention_backend=unfused"}) {
+    SCOPED_TRACE(key);
+    const RunReport r = run({key});
+    EXPECT_NE(r.timeline_hash, base.timeline_hash);
+    EXPECT_EQ(r.numerics_hash, base.numerics_hash);
+  }
+  const RunReport local = run({"model.transformer_impl=local", "model.moe_grouped_gemm=false"});
+  EXPECT_NE(local.timeline_hash, base.timeline_hash);
+  EXPECT_EQ(local.numerics_hash, base.numerics_hash);
+}
+
+// At the tiny recipe's size both fused backends run at the kernel floor; at Qwen3's they differ as
+// the attention table says (FlashAttention about half cuDNN's rate on an H100).
+TEST(KernelChoices, AttentionBackendsArePricedFromTheirOwnRows) {
+  const Recipe qwen = Recipe::load(recipe_path("qwen3_30b_a3b"));
+  Recipe flash = qwen;
+  flash.set("model.attention_backend=flash");
+  const double cudnn_s = time_layers(qwen).layers.front().by_class.at("attention");
+  const double flash_s = time_layers(flash).layers.front().by_class.at("attention");
+  EXPECT_GT(flash_s, 1.5 * cudnn_s);
+}
+
+TEST(KernelChoices, FusionsLaunchFewerKernels) {
+  const RunReport unfused = run({});
+  const RunReport fused =
+      run({"model.moe_permute_fusion=true", "model.bias_activation_fusion=true",
+           "model.apply_rope_fusion=true", "model.gradient_accumulation_fusion=true"});
+  EXPECT_LT(fused.device_ops, unfused.device_ops);
+}
+
+TEST(KernelChoices, UnfusedAttentionKeepsItsProbabilitiesForBackward) {
+  const RunReport fused = run({}), unfused = run({"model.attention_backend=unfused"});
+  // 4 heads x 64 x 64 bf16 per micro-batch and layer, held from forward to backward.
+  EXPECT_GT(unfused.devices[0].peak_mem_bytes, fused.devices[0].peak_mem_bytes);
+}
+
+TEST(KernelChoices, GradientAccumulationFusionChangesTheBitsAndSchedulesStillAgree) {
+  const RunReport fused = run({"model.gradient_accumulation_fusion=true"}, 2);
+  const RunReport unfused = run({"model.gradient_accumulation_fusion=false"}, 2);
+  EXPECT_NE(fused.numerics_hash, unfused.numerics_hash);  // bf16 grads, then fp32 accumulation
+  const RunReport overlapped = run({"model.gradient_accumulation_fusion=false",
+                                    "comm_overlap.overlap_moe_expert_parallel_comm=true",
+                                    "comm_overlap.delay_wgrad_compute=true"},
+                                   2);
+  EXPECT_EQ(overlapped.numerics_hash, unfused.numerics_hash);
+}
+
+TEST(KernelChoices, CudaGraphsChangeTheRunNotTheNumerics) {
+  const RunReport eager = run({});
+  const RunReport scoped = run({"model.cuda_graph_impl=transformer_engine",
+                                "model.cuda_graph_scope=[attn,moe_router,moe_preprocess]"});
+  EXPECT_LT(scoped.step_time_s, eager.step_time_s);  // the tiny recipe is host-bound
+  EXPECT_EQ(scoped.numerics_hash, eager.numerics_hash);
+  const std::vector<std::string> padded = {"model.moe_pad_expert_input_to_capacity=true",
+                                           "model.moe_expert_capacity_factor=2"};
+  auto full = padded;
+  full.push_back("model.cuda_graph_impl=local");
+  full.push_back("model.cuda_graph_scope=[full_iteration]");
+  const RunReport whole = run(full), padded_eager = run(padded);
+  EXPECT_LT(whole.step_time_s, padded_eager.step_time_s);
+  EXPECT_EQ(whole.numerics_hash, padded_eager.numerics_hash);
+}
+
+// Every kernel a run of each shipped recipe emits is priced from a table (in meta mode at full
+// size, one micro-batch per rank: the same kernels as the whole step, in seconds).
+TEST(KernelChoices, EveryShippedRecipeIsPricedFromTables) {
+  for (const char* name : {"tiny_moe", "qwen3_30b_a3b", "deepseek_v3_proxy", "mixtral_8x7b"}) {
+    SCOPED_TRACE(name);
+    Recipe r = Recipe::load(recipe_path(name),
+                            {"emulator.mode=meta", "model.moe_router_force_load_balancing=true"});
+    const auto topo = load_topology(r);
+    const int world = r.int32("nodes") * topo->gpus;
+    const int dp = parallel_layout(r, world).dp();
+    r.set("train.global_batch_size=" +
+          std::to_string(dp * r.int32("train.micro_batch_size") * pipeline_size(r)));
+    const RunReport rep = train(r, {.iterations = 1});
+    EXPECT_TRUE(rep.unpriced_kernels.empty()) << rep.unpriced_kernels.front();
+    EXPECT_NE(rep.gpu_profile.find(r.name() == "tiny_moe" || r.name() == "qwen3_30b_a3b"
+                                       ? "h100_sxm5: measured"
+                                       : "derived, not measured"),
+              std::string::npos)
+        << rep.gpu_profile;
+  }
+  const RunReport functional = run({});
+  EXPECT_TRUE(functional.unpriced_kernels.empty());
+}
+
+}  // namespace
+}  // namespace nodeemu::emu

@@ -1,0 +1,85 @@
+// `nodeemu layer`: one micro-batch through one layer on rank 0, communication left out. Busy time
+// by class adds up; a layer of small kernels is host-bound (the forward spans more than its busy
+// time: the gaps an eager host leaves), a full-size one is GPU-bound; CUDA-graph scopes shorten
+// a host-bound layer; the JSON carries the documented keys.
+#include "emu/layer_timing.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/emu/emu_test_support.hpp"
+
+namespace nodeemu::emu {
+namespace {
+
+using testing::recipe_path;
+using testing::tiny;
+
+double class_sum(const LayerTiming& t) {
+  double s = 0;
+  for (const auto& [c, v] : t.by_class) s += v;
+  return s;
+}
+
+TEST(Layer, BusyByClassAddsUpToBusyTime) {
+  for (const auto& r : {tiny(), Recipe::load(recipe_path("qwen3_30b_a3b"))}) {
+    const LayerReport rep = time_layers(r);
+    ASSERT_FALSE(rep.layers.empty());
+    for (const auto& t : rep.layers) {
+      SCOPED_TRACE(r.name() + " " + t.kind);
+      EXPECT_NEAR(class_sum(t), t.busy_s, 1e-12);
+      EXPECT_GT(t.kernels, 20u);
+      EXPECT_GT(t.by_class.at("gemm"), 0);
+      EXPECT_GT(t.by_class.at("attention"), 0);
+      EXPECT_LE(t.busy_s, t.forward_backward_s + 1e-15);
+      EXPECT_LE(t.forward_busy_s, t.forward_s + 1e-15);
+    }
+  }
+}
+
+TEST(Layer, SmallShapesAreHostBoundAndFullSizeIsGpuBound) {
+  // The tiny layer's kernels take less than the host's ~10 us per eager launch: between them the
+  // GPU waits for the host, so the forward spans well beyond its busy time.
+  const LayerTiming small = time_layers(tiny()).layers.front();
+  EXPECT_EQ(small.kind, "moe");
+  EXPECT_GT(small.forward_s, 2 * small.forward_busy_s);
+  EXPECT_GT(small.host_issue_s, small.busy_s);
+  // Qwen3-30B-A3B's layer at 4096 tokens keeps the GPU busy.
+  const LayerTiming big = time_layers(Recipe::load(recipe_path("qwen3_30b_a3b"))).layers.front();
+  EXPECT_GT(big.busy_s, 0.9 * big.forward_backward_s);
+  EXPECT_EQ(big.rows_per_expert, 4096 * 8 * 16 / 128);  // tokens x topk x EP / experts
+}
+
+TEST(Layer, GraphScopesShortenAHostBoundLayer) {
+  const LayerTiming eager = time_layers(tiny()).layers.front();
+  const LayerTiming graphed =
+      time_layers(tiny({"model.cuda_graph_impl=transformer_engine",
+                        "model.cuda_graph_scope=[attn,moe_router,moe_preprocess]"}))
+          .layers.front();
+  EXPECT_EQ(graphed.kernels, eager.kernels);
+  EXPECT_NEAR(graphed.busy_s, eager.busy_s, 1e-12);  // the same device work
+  EXPECT_LT(graphed.host_issue_s, 0.5 * eager.host_issue_s);
+  EXPECT_LT(graphed.forward_backward_s, 0.8 * eager.forward_backward_s);
+}
+
+TEST(Layer, DenseLayersAreTimedToo) {
+  const LayerReport rep = time_layers(tiny({"model.moe_layer_freq=2"}));
+  ASSERT_EQ(rep.layers.size(), 2u);
+  EXPECT_EQ(rep.layers[0].kind, "moe");
+  EXPECT_EQ(rep.layers[1].kind, "dense");
+  EXPECT_EQ(rep.layers[1].layer, 1);
+}
+
+TEST(Layer, JsonHasTheDocumentedKeys) {
+  const auto j = nlohmann::json::parse(layer_report_json(time_layers(tiny())));
+  const auto& l = j.at("layers").at(0);
+  for (const char* k :
+       {"forward_s", "forward_backward_s", "busy_s", "host_issue_s", "kernels", "by_class"})
+    EXPECT_TRUE(l.contains(k)) << k;
+  double sum = 0;
+  for (const auto& [c, v] : l.at("by_class").items()) sum += v.get<double>();
+  EXPECT_NEAR(sum, l.at("busy_s").get<double>(), 1e-12);
+}
+
+}  // namespace
+}  // namespace nodeemu::emu

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The calibration pipeline end to end on this machine's CPU: tools/measure_gpu.py --device cpu
+# --quick writes the tables, `nodeemu calibrate` turns them into a profile (and prints the
+# leave-one-out report), `nodeemu cost` predicts a table with it. Skipped (exit 77) only where no
+# python3 with torch is installed: scripts/test installs Debian's python3-torch.
+set -euo pipefail
+nodeemu=$1
+src=$2
+py=""
+for p in /usr/bin/python3 python3; do
+  if command -v "$p" >/dev/null 2>&1 && "$p" -c "import torch" >/dev/null 2>&1; then
+    py=$p
+    break
+  fi
+done
+if [ -z "$py" ]; then
+  echo "SKIPPED: no python3 with torch here (scripts/test installs python3-torch; it could not)"
+  exit 77
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+"$py" "$src/tools/measure_gpu.py" --device cpu --quick --out "$tmp/measured"
+for t in gemm_bf16 gemm_other grouped_gemm_bf16 attention_bf16 memory_bound pcie host_costs \
+         sm_contention overlap_contention; do
+  test -s "$tmp/measured/$t.csv" || { echo "FAIL: no $t.csv"; exit 1; }
+done
+test -s "$tmp/measured/device.json"
+
+"$nodeemu" calibrate "$tmp/measured" --out "$tmp/profile" | tee "$tmp/calibrate.txt"
+for t in gemm_bf16 grouped_gemm_bf16 attention_bf16 memory_bound pcie; do
+  grep -q "$t.csv" "$tmp/calibrate.txt" || { echo "FAIL: no leave-one-out line for $t"; exit 1; }
+done
+test -s "$tmp/profile/profile.yaml"
+grep -q "measured: true" "$tmp/profile/profile.yaml"
+grep -q "pipeline check, not a measurement" "$tmp/profile/README.md"
+
+printf 'layout,m,n,k\nNT,32,32,32\nNT,100,50,70\n' > "$tmp/shapes.csv"
+"$nodeemu" cost --gpu "$tmp/profile" "$tmp/shapes.csv" --explain > "$tmp/cost.csv" \
+  2> "$tmp/explain.txt"
+test "$(head -1 "$tmp/cost.csv")" = "layout,m,n,k,seconds,tflops"
+test "$(wc -l < "$tmp/cost.csv")" -eq 3
+grep -q "row 2 (line 3): seconds" "$tmp/explain.txt"
+
+# A measurement that does not load is refused with one line, and nothing is left behind.
+sed -i 's/^NT,16,16,16,[^,]*/NT,16,16,16,-1/' "$tmp/measured/gemm_bf16.csv"
+if "$nodeemu" calibrate "$tmp/measured" --out "$tmp/bad" 2> "$tmp/err.txt"; then
+  echo "FAIL: a negative time was accepted"
+  exit 1
+fi
+test "$(wc -l < "$tmp/err.txt")" -eq 1
+grep -q "gemm_bf16.csv: row 1 (line 2), column 'seconds': must be > 0" "$tmp/err.txt"
+test ! -e "$tmp/bad" && test ! -e "$tmp/bad.tmp-calibrate"
+echo "measure_gpu.py -> nodeemu calibrate -> nodeemu cost: ok"
