@@ -219,9 +219,12 @@ TablePrediction GpuProfile::predict_table(const std::string& csv_text,
   for (std::size_t r = 0; r < t.rows(); ++r) outs.push_back(predictor.row(t, r, k.kind));
   // The header gains the time and rate columns it lacks; the rest of the row stays as written.
   std::vector<std::string> header = t.header();
-  for (const auto& o : outs.front())
-    for (const auto& c : {o.time_col, o.rate_col})
+  // Times first, then rates: the order of the profile's own tables.
+  for (bool rates : {false, true})
+    for (const auto& o : outs.front()) {
+      const std::string& c = rates ? o.rate_col : o.time_col;
       if (std::find(header.begin(), header.end(), c) == header.end()) header.push_back(c);
+    }
   TablePrediction out;
   out.kind = k.name;
   for (std::size_t i = 0; i < header.size(); ++i) out.csv += (i ? "," : "") + header[i];

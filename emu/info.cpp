@@ -9,6 +9,7 @@
 #include "devices/worker_pool.hpp"
 #include "emu/cli.hpp"
 #include "emu/node_flags.hpp"
+#include "emu/report.hpp"
 
 namespace nodeemu::emu {
 
@@ -26,12 +27,6 @@ std::string ranges(const std::vector<int>& xs) {
     i = j + 1;
   }
   return s;
-}
-
-std::string fixed(double v, int prec) {
-  std::ostringstream o;
-  o << std::fixed << std::setprecision(prec) << v;
-  return o.str();
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "devices/host.hpp"
 #include "devices/node.hpp"
 #include "emu/recipe_views.hpp"
+#include "emu/report.hpp"
 #include "layers/token_dispatcher.hpp"
 #include "layers/transformer_layer.hpp"
 
@@ -123,12 +124,6 @@ LayerTiming time_one(const Recipe& r, const layers::ModelConfig& cfg, int layer,
   for (const auto& h : node.trace().host_calls())
     if (h.host != 0 && h.name != "synchronize") t.host_issue_s += vtime_to_seconds(h.end - h.start);
   return t;
-}
-
-std::string fixed(double v, int digits) {
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(digits) << v;
-  return os.str();
 }
 
 }  // namespace

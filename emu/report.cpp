@@ -81,6 +81,12 @@ std::string opt_bytes(const std::optional<std::uint64_t>& b) {
 
 }  // namespace
 
+std::string fixed(double v, int digits) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(digits) << v;
+  return o.str();
+}
+
 std::string hex(std::uint64_t v) {
   std::ostringstream o;
   o << "0x" << std::hex << std::setw(16) << std::setfill('0') << v;

@@ -27,5 +27,7 @@ void print_compare(const std::vector<Case>& cases, std::ostream& os);
 
 // "0x1234abcd..."
 std::string hex(std::uint64_t v);
+// v with `digits` decimals: fixed(3.14159, 2) = "3.14".
+std::string fixed(double v, int digits);
 
 }  // namespace nodeemu::emu

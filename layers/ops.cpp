@@ -188,27 +188,38 @@ std::vector<std::int64_t> one_group(const Tensor& x) {
   return {rows_of(x)};
 }
 
+namespace {
+
+// The body of one slice of a forward or dgrad pass: `pass(a, w, b, rows)` on rows [first,
+// first + count) of group g of the activations a ([rows][a_width]) into b ([rows][b_width]), with
+// group g's weight [out][in]; or on every group (g < 0). Chunking is per group, so slices give the
+// grouped kernel's bits.
+using Pass = void (*)(const float*, const float*, float*, const std::vector<std::int64_t>&,
+                      std::int64_t, std::int64_t);
+auto sliced(Pass pass, View a, std::int64_t a_width, View w, View b, std::int64_t b_width,
+            std::vector<std::int64_t> rows, std::int64_t in, std::int64_t out) {
+  return [=](std::int64_t first, std::int64_t count, int g) -> std::function<void()> {
+    const bool all = g < 0;
+    const View as = all ? a : rows_view(a, first, count, a_width);
+    const View ws = all ? w : rows_view(w, g * out, out, in);
+    const View bs = all ? b : rows_view(b, first, count, b_width);
+    const std::vector<std::int64_t> r = all ? rows : std::vector<std::int64_t>{count};
+    return [=] {
+      F32Scope f;
+      pass(f.in(as), f.in(ws), f.out(bs), r, in, out);
+    };
+  };
+}
+
+}  // namespace
+
 Tensor linear_forward(At at, const std::string& name, const Tensor& x, const Tensor& w,
                       const std::vector<std::int64_t>& rows, DType out_dtype) {
   const LinearShape ws = linear_shape(w);
   Tensor y = at.empty({rows_of(x), ws.out}, out_dtype);
-  View vx = view(x), vw = view(w), vy = view(y);
-  const std::int64_t in = ws.in, out = ws.out;
   linear_kernels(at, name, GemmLayout::NT, ws, rows, bytes_of({&x, &w, &y}), x.dtype(),
-                 [=](std::int64_t first, std::int64_t count, int g) -> std::function<void()> {
-                   if (g < 0)
-                     return [=] {
-                       F32Scope f;
-                       grouped_linear_forward(f.in(vx), f.in(vw), f.out(vy), rows, in, out);
-                     };
-                   return [=] {
-                     F32Scope f;
-                     grouped_linear_forward(f.in(rows_view(vx, first, count, in)),
-                                            f.in(rows_view(vw, g * out, out, in)),
-                                            f.out(rows_view(vy, first, count, out)), {count}, in,
-                                            out);
-                   };
-                 },
+                 sliced(&grouped_linear_forward<float>, view(x), ws.in, view(w), view(y), ws.out,
+                        rows, ws.in, ws.out),
                  {x, w, y});
   return y;
 }
@@ -217,24 +228,11 @@ Tensor linear_dgrad(At at, const std::string& name, const Tensor& dy, const Tens
                     const std::vector<std::int64_t>& rows, DType out_dtype) {
   const LinearShape ws = linear_shape(w);
   Tensor dx = at.empty({rows_of(dy), ws.in}, out_dtype);
-  View vdy = view(dy), vw = view(w), vdx = view(dx);
-  const std::int64_t in = ws.in, out = ws.out;
-  linear_kernels(
-      at, name + "_dgrad", GemmLayout::NN, ws, rows, bytes_of({&dy, &w, &dx}), dy.dtype(),
-      [=](std::int64_t first, std::int64_t count, int g) -> std::function<void()> {
-        if (g < 0)
-          return [=] {
-            F32Scope f;
-            grouped_linear_dgrad(f.in(vdy), f.in(vw), f.out(vdx), rows, in, out);
-          };
-        return [=] {
-          F32Scope f;
-          grouped_linear_dgrad(f.in(rows_view(vdy, first, count, out)),
-                               f.in(rows_view(vw, g * out, out, in)),
-                               f.out(rows_view(vdx, first, count, in)), {count}, in, out);
-        };
-      },
-      {dy, w, dx});
+  linear_kernels(at, name + "_dgrad", GemmLayout::NN, ws, rows, bytes_of({&dy, &w, &dx}),
+                 dy.dtype(),
+                 sliced(&grouped_linear_dgrad<float>, view(dy), ws.out, view(w), view(dx), ws.in,
+                        rows, ws.in, ws.out),
+                 {dy, w, dx});
   return dx;
 }
 
