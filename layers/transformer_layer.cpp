@@ -6,8 +6,9 @@
 #include "devices/errors.hpp"
 #include "devices/host.hpp"
 #include "devices/node.hpp"
+#include "layers/detail/graph_regions.hpp"
+#include "layers/detail/layer_plan_state.hpp"
 #include "layers/router.hpp"
-#include "layers/saved_tensors.hpp"
 
 namespace nodeemu::layers {
 
@@ -16,21 +17,6 @@ namespace {
 std::string prefix(int layer) {
   return "decoder.layers." + std::to_string(layer) + ".";
 }
-
-// The CUDA-graph regions of one node's body, in issue order: each enter() ends the region before
-// and, if the recipe's scope captures the next one, replays its launches from a graph.
-class GraphRegions {
- public:
-  explicit GraphRegions(Stream& s) : node_(&s.device().node()) {}
-  void enter(bool captured) {
-    replay_.reset();
-    if (captured) replay_.emplace(*node_);
-  }
-
- private:
-  Node* node_;
-  std::optional<GraphReplay> replay_;
-};
 
 }  // namespace
 
@@ -113,38 +99,6 @@ std::unique_ptr<LayerPlan> TransformerLayer::plan(ExecContext& ctx, Event* plan_
   return std::make_unique<LayerPlan>(*this, ctx, plan_event, microbatch, batch, seq, loss_scale);
 }
 
-// Everything one micro-batch of one layer carries between its nodes.
-struct LayerPlan::State {
-  State(ActivationHooks* hooks, int layer, int mb) : saved(hooks, layer, mb) {}
-  std::int64_t batch = 0, seq = 0;
-  double loss_scale = 1;
-  const Tensor* input = nullptr;
-  const Tensor* grad_output = nullptr;
-  SavedTensors saved;
-  std::unique_ptr<DispatchPlan> dispatch;
-  std::shared_ptr<Routing<float>> routing;
-  Tensor h;           // attention block's output + residual (the combine's residual input)
-  Tensor shared_out;  // shared experts' output
-  // dgrad results kept for the wgrad step
-  Tensor g_h, g_qkv, g_ln1, g_ln2, g_logits, g_shared_out, g_shared_fc1, g_fc2_out, g_fc1_out;
-  Tensor g_dense_ln2;  // dense layers: the MLP's input gradient, for pre_dispatch's backward
-  Tensor grad_out;     // the layer's output gradient, for the residual and shared paths
-  Tensor shared_in;    // the shared experts' input (the pre-MLP norm's output), until they run
-  Tensor g_shared_in;  // the shared experts' input gradient
-  Tensor dense_in;     // a dense MLP's input (the pre-MLP norm's output), until mlp forward
-  // Selective recompute: tensors recomputed in backward, held from first use to last.
-  Tensor re_ln1, re_qkv, re_ctx, re_lse, re_probs, re_ln2, re_shared_f1, re_shared_a, re_h1, re_a;
-  bool attn_recomputed = false;
-  // moe_shared_expert_overlap: when the side stream may start, and when it is done.
-  Event shared_ready, shared_done;
-  kernels::AttentionShape attn() const;
-  const ModelConfig* cfg = nullptr;
-};
-
-kernels::AttentionShape LayerPlan::State::attn() const {
-  return {batch, seq, cfg->num_attention_heads, cfg->num_query_groups, cfg->head_dim()};
-}
-
 LayerPlan::LayerPlan(TransformerLayer& layer, ExecContext& ctx, Event* plan_event, int microbatch,
                      std::int64_t batch, std::int64_t seq, double loss_scale)
     : L_(layer),
@@ -168,14 +122,14 @@ LayerPlan::LayerPlan(TransformerLayer& layer, ExecContext& ctx, Event* plan_even
     dispatch = ScheduleNode(
         n + "dispatch", StreamKind::Comm, &ctx, plan_event,
         [this](Stream& s) {
-          GraphRegions graph(s);
+          detail::GraphRegions graph(s);
           graph.enter(ctx_.graphs.moe);
           st_->dispatch->dispatch(at_(s));
           // Megatron launches the shared experts right after the tokens' all-to-all.
           if (overlap_shared()) shared_experts_forward(ctx_.shared_experts);
         },
         [this](Stream& s) {
-          GraphRegions graph(s);
+          detail::GraphRegions graph(s);
           graph.enter(ctx_.graphs.moe);
           st_->dispatch->dispatch_backward(at_(s));
         });
@@ -203,7 +157,7 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
                      ": pre_dispatch forward before its input exists");
   const Tensor x = *st.input;
   const GraphScopes& gs = ctx_.graphs;
-  GraphRegions graph(s);
+  detail::GraphRegions graph(s);
   graph.enter(gs.attn);
   Tensor ln1, rstd1, qkv, ctx, lse;
   {
@@ -306,7 +260,7 @@ void LayerPlan::mlp_forward(Stream& s) {
   ops::At at = at_(s);
   SavedTensors& sv = st.saved;
   const bool moe = L_.is_moe();
-  GraphRegions graph(s);
+  detail::GraphRegions graph(s);
   graph.enter(moe ? ctx_.graphs.moe : ctx_.graphs.mlp);
   Tensor in, probs;
   std::vector<std::int64_t> rows;
@@ -408,7 +362,7 @@ void LayerPlan::shared_experts_backward(Stream& s) {
 void LayerPlan::combine_forward(Stream& s) {
   State& st = *st_;
   ops::At at = at_(s);
-  GraphRegions graph(s);
+  detail::GraphRegions graph(s);
   graph.enter(ctx_.graphs.moe);
   st.dispatch->combine(at);
   if (overlap_shared()) s.wait(st.shared_done);
@@ -433,7 +387,7 @@ void LayerPlan::combine_backward(Stream& s) {
   st.grad_out = grad_output_of(st.grad_output, L_.layer_);
   st.dispatch->io.grad_moe_out = st.grad_out;
   if (overlap_shared()) s.record(st.shared_ready);  // the output gradient exists
-  GraphRegions graph(s);
+  detail::GraphRegions graph(s);
   graph.enter(ctx_.graphs.moe);
   st.dispatch->combine_backward(at_(s));
   st.dispatch->io.grad_moe_out = Tensor();
@@ -446,7 +400,7 @@ void LayerPlan::mlp_backward(Stream& s) {
   ops::At at = at_(s);
   SavedTensors& sv = st.saved;
   const bool moe = L_.is_moe();
-  GraphRegions graph(s);
+  detail::GraphRegions graph(s);
   graph.enter(moe ? ctx_.graphs.moe : ctx_.graphs.mlp);
   Tensor gy;
   std::vector<std::int64_t> rows;
@@ -492,7 +446,7 @@ void LayerPlan::mlp_dw(Stream& s) {
   ops::At at = at_(s);
   SavedTensors& sv = st.saved;
   const bool moe = L_.is_moe();
-  GraphRegions graph(s);
+  detail::GraphRegions graph(s);
   graph.enter(moe ? ctx_.graphs.moe : ctx_.graphs.mlp);
   const std::vector<std::int64_t> rows =
       moe ? st.dispatch->io.rows_per_expert : std::vector<std::int64_t>{st.batch * st.seq};
@@ -514,7 +468,7 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
   SavedTensors& sv = st.saved;
   if (!st.grad_out) st.grad_out = grad_output_of(st.grad_output, L_.layer_);
   const GraphScopes& gs = ctx_.graphs;
-  GraphRegions graph(s);
+  detail::GraphRegions graph(s);
   Tensor g_ln2;
   if (L_.is_moe()) {
     MoeTokens& io = st.dispatch->io;
@@ -589,7 +543,7 @@ void LayerPlan::pre_dispatch_dw(Stream& s) {
   ops::At at = at_(s);
   SavedTensors& sv = st.saved;
   const GraphScopes& gs = ctx_.graphs;
-  GraphRegions graph(s);
+  detail::GraphRegions graph(s);
   graph.enter(L_.is_moe() ? gs.moe || gs.moe_router : gs.mlp);
   if (L_.is_moe()) {
     const Tensor ln2 = this->ln2(s);
@@ -628,143 +582,8 @@ void LayerPlan::pre_dispatch_dw(Stream& s) {
   st.g_ln2 = st.g_h = st.g_qkv = st.g_ln1 = Tensor();
 }
 
-// --- selective recompute --------------------------------------------------------------------
-
 ops::At LayerPlan::at_(Stream& s) const {
   return ops::At{s, ctx_.tally, nullptr, &L_.cfg_.kernels};
-}
-
-ops::At LayerPlan::recompute_at(Stream& s) const {
-  return ops::At{s, ctx_.tally, "recompute.", &L_.cfg_.kernels};
-}
-
-bool LayerPlan::re_fc1() const {
-  return L_.is_moe() ? ctx_.recompute.expert_fc1 : ctx_.recompute.dense_fc1;
-}
-
-bool LayerPlan::re_act() const {
-  return L_.is_moe() ? ctx_.recompute.expert_act : ctx_.recompute.dense_act;
-}
-
-Tensor LayerPlan::ln1(Stream& s) {
-  State& st = *st_;
-  if (!ctx_.recompute.input_norm) return st.saved.need("qkv_linear", "input", s);
-  if (!st.re_ln1) {
-    Tensor rstd;
-    ops::rmsnorm_forward(recompute_at(s), "input_layernorm", st.saved.need("attn_norm", "input", s),
-                         L_.input_norm_, L_.cfg_.layernorm_epsilon, st.re_ln1, rstd);
-  }
-  return st.re_ln1;
-}
-
-Tensor LayerPlan::qkv(Stream& s) {
-  State& st = *st_;
-  if (!ctx_.recompute.qkv) return st.saved.need("core_attn", "input", s);
-  if (!st.re_qkv) {
-    const ops::At at = recompute_at(s);
-    const Tensor in = ln1(s);
-    st.re_qkv =
-        ops::linear_forward(at, "linear_qkv", in, L_.qkv_.value, ops::one_group(in), L_.cfg_.dtype);
-    ops::rope(at, "rotary_pos_emb", st.re_qkv, st.attn(), L_.cfg_.rotary_base, false);
-  }
-  return st.re_qkv;
-}
-
-// Runs the attention forward again; keeps the output and statistics forward did not keep.
-void LayerPlan::recompute_attention(Stream& s) {
-  State& st = *st_;
-  if (st.attn_recomputed) return;
-  st.attn_recomputed = true;
-  Tensor ctx, lse, probs;
-  ops::attention_forward(recompute_at(s), qkv(s), st.attn(), ctx, lse, probs);
-  if (ctx_.recompute.attn_out) st.re_ctx = ctx;
-  if (ctx_.recompute.attn_stats) st.re_lse = lse, st.re_probs = probs;
-}
-
-Tensor LayerPlan::attn_out(Stream& s) {
-  if (!ctx_.recompute.attn_out) return st_->saved.need("attn_proj", "input", s);
-  recompute_attention(s);
-  return st_->re_ctx;
-}
-
-Tensor LayerPlan::attn_lse(Stream& s) {
-  if (!ctx_.recompute.attn_stats) return st_->saved.need("core_attn", "lse", s);
-  recompute_attention(s);
-  return st_->re_lse;
-}
-
-Tensor LayerPlan::attn_probs(Stream& s) {
-  if (L_.cfg_.kernels.attention != CoreAttention::Unfused) return Tensor();
-  if (!ctx_.recompute.attn_stats) return st_->saved.need("core_attn", "probs", s);
-  recompute_attention(s);
-  return st_->re_probs;
-}
-
-Tensor LayerPlan::ln2(Stream& s) {
-  State& st = *st_;
-  if (!ctx_.recompute.mlp_norm) return st.saved.need(ln2_owner(), "pre_mlp_layernorm_output", s);
-  if (!st.re_ln2) {
-    Tensor rstd;
-    ops::rmsnorm_forward(recompute_at(s), "pre_mlp_layernorm",
-                         st.saved.need("mlp_norm", "input", s), L_.mlp_norm_,
-                         L_.cfg_.layernorm_epsilon, st.re_ln2, rstd);
-  }
-  return st.re_ln2;
-}
-
-void LayerPlan::recompute_shared(Stream& s) {
-  State& st = *st_;
-  if (st.re_shared_f1 || st.re_shared_a) return;
-  const ops::At at = recompute_at(s);
-  const Tensor in = ln2(s);
-  st.re_shared_f1 = ops::linear_forward(at, "shared_fc1", in, L_.shared_fc1_.value,
-                                        ops::one_group(in), L_.cfg_.dtype);
-  st.re_shared_a = ops::swiglu_forward(at, "shared_act", st.re_shared_f1, Tensor());
-}
-
-Tensor LayerPlan::shared_fc1_out(Stream& s) {
-  if (!ctx_.recompute.shared) return st_->saved.need("shared_experts", "fc1_output", s);
-  recompute_shared(s);
-  return st_->re_shared_f1;
-}
-
-Tensor LayerPlan::shared_act_out(Stream& s) {
-  if (!ctx_.recompute.shared) return st_->saved.need("shared_experts", "act_output", s);
-  recompute_shared(s);
-  return st_->re_shared_a;
-}
-
-Tensor LayerPlan::fc1_in(Stream& s) {
-  return L_.is_moe() ? st_->saved.need("expert_fc1", "dispatched_input", s) : ln2(s);
-}
-
-Tensor LayerPlan::probs(Stream& s) {
-  return L_.is_moe() ? st_->saved.need("moe_act", "probs", s) : Tensor();
-}
-
-Tensor LayerPlan::fc1_out(Stream& s) {
-  State& st = *st_;
-  const char* act = L_.is_moe() ? "moe_act" : "dense_act";
-  if (!re_fc1()) return st.saved.need(act, "input", s);
-  if (!st.re_h1) {
-    const Tensor in = fc1_in(s);
-    const std::vector<std::int64_t> rows =
-        L_.is_moe() ? st.dispatch->io.rows_per_expert : ops::one_group(in);
-    st.re_h1 = ops::linear_forward(recompute_at(s), L_.is_moe() ? "expert_fc1" : "dense_fc1", in,
-                                   L_.fc1_.value, rows, L_.cfg_.dtype);
-  }
-  return st.re_h1;
-}
-
-Tensor LayerPlan::act_out(Stream& s) {
-  State& st = *st_;
-  const bool moe = L_.is_moe();
-  if (!re_act()) return st.saved.need(moe ? "expert_fc2" : "dense_fc2", "input", s);
-  if (!st.re_a)
-    st.re_a =
-        ops::swiglu_forward(recompute_at(s), moe ? "moe_act" : "dense_act", fc1_out(s), probs(s),
-                            moe ? st.dispatch->io.rows_per_expert : std::vector<std::int64_t>{});
-  return st.re_a;
 }
 
 }  // namespace nodeemu::layers

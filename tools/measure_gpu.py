@@ -210,8 +210,11 @@ def grouped_tables(t, cfg, tables):
                 total = g * r
                 if not fits(2 * (2 * g * k * n + 2 * total * (k + n)), cfg):
                     continue
+                # Weights [k, n] per expert, stored column-major (as torch._grouped_mm's 2d x 3d
+                # form takes them): a transposed view of [g, n, k].
                 sets = [(torch.randn(total, k, dtype=dt, device=dev),
-                         torch.randn(g, k, n, dtype=dt, device=dev)) for _ in range(2)]
+                         torch.randn(g, n, k, dtype=dt, device=dev).transpose(-2, -1))
+                        for _ in range(2)]
                 split = [r] * g
                 call = lambda i, s=sets, sp=split: grouped_mm(s[i % 2][0], s[i % 2][1], sp)
                 try:
@@ -227,7 +230,7 @@ def grouped_tables(t, cfg, tables):
     rows = []
     for g, r, n, k in cfg.loop_shapes:
         x = torch.randn(g * r, k, dtype=dt, device=dev)
-        w = torch.randn(g, k, n, dtype=dt, device=dev)
+        w = torch.randn(g, n, k, dtype=dt, device=dev).transpose(-2, -1)
         for impl, fn in (("torch._grouped_mm", grouped_mm), ("loop_mm", loop_mm)):
             s = t.graph(lambda i, f=fn: f(x, w, [r] * g), 2)
             rows.append([impl, g, r, n, k, fmt(s), "%.4g" % (2.0 * g * r * n * k / s / 1e12)])
@@ -240,9 +243,18 @@ def attention(q, k, v, backend):
     if q.is_cuda and hasattr(torch.nn, "attention"):
         from torch.nn.attention import SDPBackend, sdpa_kernel
         kind = SDPBackend.CUDNN_ATTENTION if backend == "cudnn" else SDPBackend.FLASH_ATTENTION
+        sdpa = torch.nn.functional.scaled_dot_product_attention
         with sdpa_kernel(kind):
-            return torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+            if q.shape[1] == k.shape[1]:
+                return sdpa(q, k, v, is_causal=True)
+            try:
+                return sdpa(q, k, v, is_causal=True, enable_gqa=True)
+            except (RuntimeError, TypeError):
+                # A backend (or PyTorch) without native GQA: K and V repeated to the query heads,
+                # as Transformer Engine does for such backends.
+                rep = q.shape[1] // k.shape[1]
+                return sdpa(q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1),
+                            is_causal=True)
     rep = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(rep, dim=1)
     v = v.repeat_interleave(rep, dim=1)
@@ -445,7 +457,7 @@ def contention_tables(t, cfg, tables):
     rows = [[name, "", fmt(alone), "1.0"]]
     for held in cfg.sms_held:
         if cfg.device == "cuda":
-            cycles = int(alone * 1.5 * torch.cuda.get_device_properties(0).clock_rate * 1e3)
+            cycles = int(alone * 1.5 * sleep_cycles_per_second(t))
             s = gemm_beside_sleepers(t, gemms, held, cycles)
         else:
             threads = torch.get_num_threads()
@@ -488,6 +500,12 @@ def contention_tables(t, cfg, tables):
     ]
     tables.write("overlap_contention.csv",
                  ["case", "alone_seconds", "together_seconds", "slowdown"], rows)
+
+
+def sleep_cycles_per_second(t):
+    """How many torch.cuda._sleep cycles make a second on this GPU, timed."""
+    cycles = 10_000_000
+    return cycles / t.events(lambda: torch.cuda._sleep(cycles))
 
 
 def gemm_beside_sleepers(t, gemms, held, cycles):

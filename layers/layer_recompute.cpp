@@ -1,0 +1,143 @@
+// Selective recompute inside a layer's plan: what backward reads, kept by forward or recomputed
+// (layers/recompute.hpp says which). Part of LayerPlan (transformer_layer.hpp), split out by
+// concern. A recomputed tensor is held from its first use to its last.
+#include "layers/transformer_layer.hpp"
+
+#include "layers/detail/layer_plan_state.hpp"
+
+namespace nodeemu::layers {
+
+ops::At LayerPlan::recompute_at(Stream& s) const {
+  return ops::At{s, ctx_.tally, "recompute.", &L_.cfg_.kernels};
+}
+
+bool LayerPlan::re_fc1() const {
+  return L_.is_moe() ? ctx_.recompute.expert_fc1 : ctx_.recompute.dense_fc1;
+}
+
+bool LayerPlan::re_act() const {
+  return L_.is_moe() ? ctx_.recompute.expert_act : ctx_.recompute.dense_act;
+}
+
+Tensor LayerPlan::ln1(Stream& s) {
+  State& st = *st_;
+  if (!ctx_.recompute.input_norm) return st.saved.need("qkv_linear", "input", s);
+  if (!st.re_ln1) {
+    Tensor rstd;
+    ops::rmsnorm_forward(recompute_at(s), "input_layernorm", st.saved.need("attn_norm", "input", s),
+                         L_.input_norm_, L_.cfg_.layernorm_epsilon, st.re_ln1, rstd);
+  }
+  return st.re_ln1;
+}
+
+Tensor LayerPlan::qkv(Stream& s) {
+  State& st = *st_;
+  if (!ctx_.recompute.qkv) return st.saved.need("core_attn", "input", s);
+  if (!st.re_qkv) {
+    const ops::At at = recompute_at(s);
+    const Tensor in = ln1(s);
+    st.re_qkv =
+        ops::linear_forward(at, "linear_qkv", in, L_.qkv_.value, ops::one_group(in), L_.cfg_.dtype);
+    ops::rope(at, "rotary_pos_emb", st.re_qkv, st.attn(), L_.cfg_.rotary_base, false);
+  }
+  return st.re_qkv;
+}
+
+// Runs the attention forward again; keeps the output and statistics forward did not keep.
+void LayerPlan::recompute_attention(Stream& s) {
+  State& st = *st_;
+  if (st.attn_recomputed) return;
+  st.attn_recomputed = true;
+  Tensor ctx, lse, probs;
+  ops::attention_forward(recompute_at(s), qkv(s), st.attn(), ctx, lse, probs);
+  if (ctx_.recompute.attn_out) st.re_ctx = ctx;
+  if (ctx_.recompute.attn_stats) st.re_lse = lse, st.re_probs = probs;
+}
+
+Tensor LayerPlan::attn_out(Stream& s) {
+  if (!ctx_.recompute.attn_out) return st_->saved.need("attn_proj", "input", s);
+  recompute_attention(s);
+  return st_->re_ctx;
+}
+
+Tensor LayerPlan::attn_lse(Stream& s) {
+  if (!ctx_.recompute.attn_stats) return st_->saved.need("core_attn", "lse", s);
+  recompute_attention(s);
+  return st_->re_lse;
+}
+
+Tensor LayerPlan::attn_probs(Stream& s) {
+  if (L_.cfg_.kernels.attention != CoreAttention::Unfused) return Tensor();
+  if (!ctx_.recompute.attn_stats) return st_->saved.need("core_attn", "probs", s);
+  recompute_attention(s);
+  return st_->re_probs;
+}
+
+Tensor LayerPlan::ln2(Stream& s) {
+  State& st = *st_;
+  if (!ctx_.recompute.mlp_norm) return st.saved.need(ln2_owner(), "pre_mlp_layernorm_output", s);
+  if (!st.re_ln2) {
+    Tensor rstd;
+    ops::rmsnorm_forward(recompute_at(s), "pre_mlp_layernorm",
+                         st.saved.need("mlp_norm", "input", s), L_.mlp_norm_,
+                         L_.cfg_.layernorm_epsilon, st.re_ln2, rstd);
+  }
+  return st.re_ln2;
+}
+
+void LayerPlan::recompute_shared(Stream& s) {
+  State& st = *st_;
+  if (st.re_shared_f1 || st.re_shared_a) return;
+  const ops::At at = recompute_at(s);
+  const Tensor in = ln2(s);
+  st.re_shared_f1 = ops::linear_forward(at, "shared_fc1", in, L_.shared_fc1_.value,
+                                        ops::one_group(in), L_.cfg_.dtype);
+  st.re_shared_a = ops::swiglu_forward(at, "shared_act", st.re_shared_f1, Tensor());
+}
+
+Tensor LayerPlan::shared_fc1_out(Stream& s) {
+  if (!ctx_.recompute.shared) return st_->saved.need("shared_experts", "fc1_output", s);
+  recompute_shared(s);
+  return st_->re_shared_f1;
+}
+
+Tensor LayerPlan::shared_act_out(Stream& s) {
+  if (!ctx_.recompute.shared) return st_->saved.need("shared_experts", "act_output", s);
+  recompute_shared(s);
+  return st_->re_shared_a;
+}
+
+Tensor LayerPlan::fc1_in(Stream& s) {
+  return L_.is_moe() ? st_->saved.need("expert_fc1", "dispatched_input", s) : ln2(s);
+}
+
+Tensor LayerPlan::probs(Stream& s) {
+  return L_.is_moe() ? st_->saved.need("moe_act", "probs", s) : Tensor();
+}
+
+Tensor LayerPlan::fc1_out(Stream& s) {
+  State& st = *st_;
+  const char* act = L_.is_moe() ? "moe_act" : "dense_act";
+  if (!re_fc1()) return st.saved.need(act, "input", s);
+  if (!st.re_h1) {
+    const Tensor in = fc1_in(s);
+    const std::vector<std::int64_t> rows =
+        L_.is_moe() ? st.dispatch->io.rows_per_expert : ops::one_group(in);
+    st.re_h1 = ops::linear_forward(recompute_at(s), L_.is_moe() ? "expert_fc1" : "dense_fc1", in,
+                                   L_.fc1_.value, rows, L_.cfg_.dtype);
+  }
+  return st.re_h1;
+}
+
+Tensor LayerPlan::act_out(Stream& s) {
+  State& st = *st_;
+  const bool moe = L_.is_moe();
+  if (!re_act()) return st.saved.need(moe ? "expert_fc2" : "dense_fc2", "input", s);
+  if (!st.re_a)
+    st.re_a =
+        ops::swiglu_forward(recompute_at(s), moe ? "moe_act" : "dense_act", fc1_out(s), probs(s),
+                            moe ? st.dispatch->io.rows_per_expert : std::vector<std::int64_t>{});
+  return st.re_a;
+}
+
+}  // namespace nodeemu::layers
