@@ -170,6 +170,7 @@ OpId Engine::issue(StreamState& s, Issue in) {
   op.sms = in.sms;
   op.cls = in.cls;
   op.remaining = static_cast<double>(seconds_to_vtime(in.duration_s));
+  op.duration_s = in.duration_s;
   op.ready_at = a.clock + seconds_to_vtime(in.latency_s);
   if (in.res == ResourceKind::H2D) op.track = d.h2d_track;
   if (in.res == ResourceKind::D2H) op.track = d.d2h_track;

@@ -99,6 +99,7 @@ struct Op {
   VTime start = -1, end = -1;  // on its resource (a queued copy starts when an engine is free)
   bool dispatched = false;     // left its hardware queue
   double remaining = 0;        // picoseconds of work at full rate
+  double duration_s = 0;       // its price: the time alone at full rate
   double rate = 0;
   VTime last_update = 0;
   std::uint32_t version = 0;
@@ -249,6 +250,8 @@ class Engine {
   bool host_query(OpId op, const std::shared_ptr<FuncTask>& task);
   static constexpr double kMinPollSeconds = 100e-9;
   VTime completion_time(OpId op) const { return ops_[op].end; }
+  // The time `op` takes alone at full rate (its price), in seconds.
+  double duration_s(OpId op) const { return ops_[op].duration_s; }
 
   // --- multi-party operations and the fabric (comm/ builds on these) ---
   // A link of the fabric: one direction of a GPU's NVLink port, one direction of a NIC.

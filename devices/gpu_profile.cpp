@@ -32,8 +32,8 @@ double Contention::with_sms_held(double fraction) const {
     const auto [f1, s1] = sm_held[i];
     if (fraction <= f1) return s0 + (s1 - s0) * (fraction - f0) / (f1 - f0);
   }
-  // Past the last measured point the GEMM has too few SMs left for rising clocks to make up for
-  // them: the measured slowdown grows as the SMs left shrink, reaching proportional sharing.
+  // Past the last measured point the slowdown grows in proportion to the SMs left, from the
+  // measured level.
   const auto [fl, sl] = sm_held.back();
   return sl * (1 - fl) / (1 - fraction);
 }
@@ -158,8 +158,8 @@ FileSource folder_source(const std::string& dir) {
 }
 
 // A derived profile's tables are its base's, with every time scaled by the datasheet ratio of the
-// resource that bounds it, above the kernel start-up floor (which no faster GPU removes):
-// t' = min(t, floor) + max(0, t - floor) / ratio.
+// resource that bounds it, above a start-up floor that no faster GPU removes (a kernel's, or for
+// PCIe copies the smallest copy's): t' = min(t, floor) + max(0, t - floor) / ratio.
 void scale_times(detail::CsvTable& t, const std::vector<std::string>& columns, double ratio,
                  double floor_s) {
   for (std::size_t r = 0; r < t.rows(); ++r)
@@ -218,7 +218,13 @@ std::shared_ptr<const GpuProfile> ProfileLoader::load(const FileSource& src) {
       if (*tab) scale_times(**tab, {"seconds"}, compute, floor_s);
     if (t.attention) scale_times(*t.attention, {"fwd_seconds", "bwd_seconds"}, compute, floor_s);
     if (t.memory_bound) scale_times(*t.memory_bound, {"seconds"}, hbm, floor_s);
-    if (t.pcie) scale_times(*t.pcie, {"seconds"}, pcie, floor_s);
+    if (t.pcie) {
+      // A copy's start-up is the smallest copy measured (the DMA's latency), not a kernel's.
+      double copy_floor = std::numeric_limits<double>::infinity();
+      for (std::size_t i = 0; i < t.pcie->rows(); ++i)
+        copy_floor = std::min(copy_floor, t.pcie->number(i, "seconds"));
+      scale_times(*t.pcie, {"seconds"}, pcie, copy_floor);
+    }
     p->models_ = std::make_unique<detail::ProfileModels>(std::move(t));
     p->host_ = base->host_;
     p->contention_ = base->contention_;

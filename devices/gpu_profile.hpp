@@ -45,8 +45,9 @@ struct Contention {
   double memory_beside_compute = 1;  // that memory-bound kernel
   double compute_beside_pcie = 1;    // a GEMM while PCIe copies run
   // The slowdown with `fraction` of the SMs held. Between measured points: linear; below the
-  // first: none; above the last: the last point's slowdown carried towards proportional sharing
-  // (1 / (1 - fraction)) as the fraction grows. Without a table: proportional sharing.
+  // first: from none to the first point; above the last point (f_l, s_l): s_l (1 - f_l) /
+  // (1 - fraction), which grows without bound as the SMs left shrink, in proportion to them as
+  // sharing would (but from the measured level). Without a table: proportional sharing.
   double with_sms_held(double fraction) const;
 };
 

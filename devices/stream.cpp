@@ -8,6 +8,7 @@
 #include "devices/device.hpp"
 #include "devices/engine.hpp"
 #include "devices/errors.hpp"
+#include "devices/host.hpp"
 #include "devices/node.hpp"
 
 namespace nodeemu {
@@ -66,13 +67,10 @@ void Stream::read_to_host(const Buffer& dst, const Buffer& src, std::size_t byte
                           std::string name) {
   if (!state_) throw UsageError("read_to_host: the Stream handle is empty");
   detail::Engine& e = device_->node().engine();
-  const int depth = e.suspend_graph_replay();
-  const GpuSpec& g = device_->spec();
-  const double copy_s = copy_seconds(g, device_->node().topology().pcie,
-                                     CopyDirection::DeviceToHost, double(bytes), false, false);
+  EagerIssue eager(device_->node());
   const std::uint32_t id = copy_impl(dst, src, bytes, std::move(name), {}, 0.0);
-  e.host_wait(id, state_->last_task, std::max(0.0, g.small_d2h_sync_host_s - copy_s));
-  e.resume_graph_replay(depth);
+  const double copy_s = e.duration_s(id);
+  e.host_wait(id, state_->last_task, std::max(0.0, device_->spec().small_d2h_sync_host_s - copy_s));
 }
 
 std::uint32_t Stream::copy_impl(const Buffer& dst, const Buffer& src, std::size_t bytes,

@@ -67,9 +67,6 @@ int info_command(const std::vector<std::string>& args, std::ostream& out, std::o
       << " TB/s, compute capability " << g.cc_major << "." << g.cc_minor << "\n";
   out << "  profile  " << (g.profile ? g.profile->provenance() : "none: datasheet roofline")
       << "\n";
-  if (g.profile && !g.profile->measured())
-    out << "           (derived, not measured: its times are the H100's scaled by datasheet "
-           "ratios)\n";
   out << "  host     " << fixed(g.kernel_launch_host_s * 1e6, 1) << " us per eager launch, "
       << fixed(g.event_record_host_s * 1e6, 1) << " us per event record, "
       << fixed(g.sync_host_s * 1e6, 1) << " us per synchronize, "

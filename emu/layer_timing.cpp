@@ -202,10 +202,11 @@ std::string layer_report_json(const LayerReport& r) {
     l["forward_busy_s"] = t.forward_busy_s;
     l["host_issue_s"] = t.host_issue_s;
     l["kernels"] = t.kernels;
-    l["by_class"] = nlohmann::ordered_json::object();
-    for (const char* c : {"gemm", "attention", "elementwise", "permute", "memcpy", "other"})
-      l["by_class"][c] = t.by_class.count(c) ? t.by_class.at(c) : 0.0;
-    for (const auto& [c, v] : t.by_class) l["by_class"][c] = v;
+    // Every class, 0 where none ran.
+    std::map<std::string, double> classes = {{"gemm", 0},    {"attention", 0}, {"elementwise", 0},
+                                             {"permute", 0}, {"memcpy", 0},    {"other", 0}};
+    for (const auto& [c, v] : t.by_class) classes[c] = v;
+    l["by_class"] = classes;
     j["layers"].push_back(l);
   }
   j["notes"] = r.notes;

@@ -111,6 +111,22 @@ void print_loo(const std::vector<LooStats>& loo, std::ostream& out) {
   }
 }
 
+// A YAML double-quoted scalar.
+std::string quoted(const std::string& v) {
+  std::string q = "\"";
+  for (char c : v) {
+    if (c == '"' || c == '\\') q += '\\';
+    q += (c == '\n' || c == '\r') ? ' ' : c;
+  }
+  return q + "\"";
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+  if (!f) throw ConfigError(path.string(), "file", "cannot be written; check the folder");
+}
+
 std::string slug(const std::string& gpu) {
   std::string s;
   for (char c : gpu) {
@@ -132,7 +148,7 @@ std::string profile_yaml(const std::string& dir, const std::string& name,
   y << "# NodeEmu GPU profile written by `nodeemu calibrate` from " << dir << ".\n"
     << "# The tables beside this file are the measurement, unchanged; README.md says how.\n"
     << "name: " << name << "\n"
-    << "gpu: \"" << gpu << "\"\n"
+    << "gpu: " << quoted(gpu) << "\n"
     << "sms: " << device.value("sms", 1) << "\n"
     << "measured: true\n"
     << "complete: false\n"
@@ -168,9 +184,9 @@ std::string profile_yaml(const std::string& dir, const std::string& name,
                         "needs 3 cases (GEMM beside copies, copies beside GEMM, GEMM beside "
                         "PCIe), as tools/measure_gpu.py writes them");
     y << "overlap_contention:\n"
-      << "  compute_beside_memory: \"" << cases[0] << "\"\n"
-      << "  memory_beside_compute: \"" << cases[1] << "\"\n"
-      << "  compute_beside_pcie: \"" << cases[2] << "\"\n";
+      << "  compute_beside_memory: " << quoted(cases[0]) << "\n"
+      << "  memory_beside_compute: " << quoted(cases[1]) << "\n"
+      << "  compute_beside_pcie: " << quoted(cases[2]) << "\n";
   }
   return y.str();
 }
@@ -248,11 +264,17 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out, s
     throw ConfigError(device_json.string(), "json",
                       std::string(e.what()) + "; tools/measure_gpu.py writes this file");
   }
-  if (!device.is_object() || !device.contains("gpu") || !device.contains("sms"))
+  if (!device.is_object() || !device.contains("gpu") || !device["gpu"].is_string() ||
+      !device.contains("sms") || !device["sms"].is_number_integer())
     throw ConfigError(device_json.string(), "gpu",
-                      "needs 'gpu' and 'sms'; tools/measure_gpu.py writes them");
+                      "needs 'gpu' (a string) and 'sms' (an integer); tools/measure_gpu.py writes "
+                      "them");
   const std::string name =
       a.options.count("name") ? a.options.at("name") : slug(device["gpu"].get<std::string>());
+  if (name.empty() ||
+      name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos)
+    throw ConfigError("nodeemu calibrate", "--name",
+                      "'" + name + "': use lower-case letters, digits and '_' (a folder name)");
   // Written beside the destination, checked by loading it, and only then put in place: a
   // measurement that does not load leaves nothing behind.
   const fs::path dest = a.options.count("out") ? fs::path(a.options.at("out"))
@@ -267,8 +289,8 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out, s
     for (const auto& [key, file] : kTables)
       if (fs::exists(fs::path(dir) / file)) fs::copy_file(fs::path(dir) / file, tmp / file);
     fs::copy_file(device_json, tmp / "device.json");
-    std::ofstream(tmp / "profile.yaml") << profile_yaml(dir, name, device);
-    std::ofstream(tmp / "README.md") << readme(name, device);
+    write_text(tmp / "profile.yaml", profile_yaml(dir, name, device));
+    write_text(tmp / "README.md", readme(name, device));
     const auto p = GpuProfile::load(tmp.string());
     const auto loo = p->leave_one_out();
     if (a.options.count("out")) {

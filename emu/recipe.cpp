@@ -101,6 +101,9 @@ Value convert(const KeySpec& k, const YAML::Node& n, const std::string& where,
 const std::map<std::string, std::string>& flag_aliases() {
   static const std::map<std::string, std::string> m = {
       {"num-experts", "model.num_moe_experts"},
+      // Megatron-LM's --no-rope-fusion and --no-bias-swiglu-fusion (on by default there).
+      {"rope-fusion", "model.apply_rope_fusion"},
+      {"bias-swiglu-fusion", "model.bias_activation_fusion"},
       {"num-virtual-stages-per-pipeline-rank", "model.virtual_pipeline_model_parallel_size"},
       {"lr", "optimizer.lr"},
       {"seed", "emulator.seed"},

@@ -162,7 +162,7 @@ layers::ModelConfig model_config(const Recipe& r, const GpuSpec& gpu) {
   else
     k.attention = CoreAttention::Cudnn;
   k.permute_fusion = r.flag("model.moe_permute_fusion");
-  k.grouped_gemm = k.transformer_engine && r.flag("model.moe_grouped_gemm");
+  k.grouped_gemm = r.flag("model.moe_grouped_gemm");  // the local spec's refusal: validate()
   k.bias_activation_fusion = r.flag("model.bias_activation_fusion");
   k.rope_fusion = r.flag("model.apply_rope_fusion");
   k.gradient_accumulation_fusion = r.flag("model.gradient_accumulation_fusion");

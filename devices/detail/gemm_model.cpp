@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "devices/check.hpp"
+#include "devices/errors.hpp"
 
 namespace nodeemu::detail {
 
@@ -43,6 +44,12 @@ void GemmModel::validate(const CsvTable& t) {
     seen[static_cast<int>(*l)] = true;
     prev = cur;
   }
+  // NT is what every shape outside a layout's own grid is scaled by; leave-one-out needs two.
+  std::size_t nt = 0;
+  for (std::size_t r = 0; r < t.rows(); ++r) nt += t.text(r, "layout") == "NT";
+  if (nt < 2)
+    throw ConfigError(t.file(), "rows",
+                      "needs at least two NT (forward) shapes; measure the NT grid first");
 }
 
 GemmQuery GemmModel::query(const CsvTable& t, std::size_t row) {

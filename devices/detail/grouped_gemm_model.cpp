@@ -6,6 +6,7 @@
 #include <set>
 
 #include "devices/check.hpp"
+#include "devices/errors.hpp"
 
 namespace nodeemu::detail {
 
@@ -54,6 +55,8 @@ void GroupedGemmModel::validate(const CsvTable& t) {
     it->second = gr;
     t.number(r, "seconds");
   }
+  if (t.rows() < 2)
+    throw ConfigError(t.file(), "rows", "needs at least two rows to interpolate between");
 }
 
 KernelShape GroupedGemmModel::query(const CsvTable& t, std::size_t row) {
@@ -187,7 +190,19 @@ void GroupedGemmModel::complete(Family& f) {
       std::vector<std::pair<std::size_t, double>> own_src, other_src;
       auto own = from_own(f, at, own_src);
       auto other = from_others(f, at, other_src);
-      NE_CHECK(own || other, "GroupedGemmModel: a family with a single measured cell");
+      if (!own && !other) {
+        // No box of the family's cells and no other family to borrow a step from: the nearest
+        // measured cell, scaled by the work (groups x rows).
+        const Key* best = nullptr;
+        double d_best = std::numeric_limits<double>::infinity();
+        for (const auto& [k, m] : f.measured) {
+          const double d = std::abs(std::log(k.first / g)) + std::abs(std::log(k.second / x));
+          if (d < d_best) d_best = d, best = &k;
+        }
+        const Cell& m = f.measured.at(*best);
+        own = m.seconds * (g * x) / (best->first * best->second);
+        for (std::size_t r : m.rows) own_src.emplace_back(r, 1.0 / double(m.rows.size()));
+      }
       if (own && other) {
         c.seconds = std::sqrt(*own * *other);
         for (auto& s : own_src) c.from.emplace_back(s.first, s.second * 0.5);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "devices/check.hpp"
+#include "devices/errors.hpp"
 
 namespace nodeemu::detail {
 
@@ -101,6 +102,18 @@ void PcieModel::validate(const CsvTable& t) {
     inc.check(t, r, d + "," + m + "," + tm, static_cast<double>(t.count(r, "bytes")), "bytes");
     t.number(r, "seconds");
   }
+  // Every copy NodeEmu makes is one of these four.
+  for (const char* d : {"h2d", "d2h"})
+    for (const char* m : {"pinned", "pageable"}) {
+      bool found = false;
+      for (std::size_t r = 0; r < t.rows() && !found; ++r)
+        found = t.text(r, "direction") == d && t.text(r, "host_memory") == m;
+      if (!found)
+        throw ConfigError(t.file(), "rows",
+                          std::string("has no ") + d + " " + m +
+                              " rows; measure both directions with pinned and pageable host "
+                              "memory (tools/measure_gpu.py does)");
+    }
 }
 
 PcieModel::Query PcieModel::query(const CsvTable& t, std::size_t row) {
