@@ -53,6 +53,13 @@ TEST(Recipe, DottedOverridesAndMegatronFlagsSetKeys) {
   const Recipe m = tiny({"--recompute-modules", "moe_act", "layernorm", "emulator.seed=7"});
   EXPECT_EQ(m.list("model.recompute_modules"), (std::vector<std::string>{"moe_act", "layernorm"}));
   EXPECT_EQ(m.integer("emulator.seed"), 7);
+  // Megatron-LM's fusion flags, whose names are not the TransformerConfig keys'.
+  const Recipe f =
+      tiny({"--no-rope-fusion", "--no-bias-swiglu-fusion", "--no-gradient-accumulation-fusion"});
+  EXPECT_FALSE(f.flag("model.apply_rope_fusion"));
+  EXPECT_FALSE(f.flag("model.bias_activation_fusion"));
+  EXPECT_FALSE(f.flag("model.gradient_accumulation_fusion"));
+  EXPECT_TRUE(tiny({"--rope-fusion"}).flag("model.apply_rope_fusion"));
 }
 
 TEST(Recipe, UnknownKeysNameTheNearestValidOne) {

@@ -51,4 +51,20 @@ fi
 test "$(wc -l < "$tmp/err.txt")" -eq 1
 grep -q "gemm_bf16.csv: row 1 (line 2), column 'seconds': must be > 0" "$tmp/err.txt"
 test ! -e "$tmp/bad" && test ! -e "$tmp/bad.tmp-calibrate"
+
+# measure_gpu.py's own refusals: one line naming the option or table, a non-zero exit.
+refused() {  # expected message, then the arguments
+  local want=$1
+  shift
+  if "$py" "$src/tools/measure_gpu.py" "$@" 2> "$tmp/py_err.txt" > /dev/null; then
+    echo "FAIL: measure_gpu.py $* was accepted"
+    exit 1
+  fi
+  grep -q "$want" "$tmp/py_err.txt" || { echo "FAIL: no '$want' in:"; cat "$tmp/py_err.txt"; exit 1; }
+}
+refused "unknown table 'gemmm'" --device cpu --quick --tables gemmm --out "$tmp/r1"
+refused "device cpu needs --quick" --device cpu --out "$tmp/r2"
+refused "gemm_bf16.csv: no rows measured" --device cpu --quick --tables gemm --memory-gib 1e-9 \
+  --out "$tmp/r3"
+test ! -e "$tmp/r3/gemm_bf16.csv"
 echo "measure_gpu.py -> nodeemu calibrate -> nodeemu cost: ok"

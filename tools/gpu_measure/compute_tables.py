@@ -1,0 +1,223 @@
+"""Kernel tables: GEMMs, grouped GEMMs, attention and memory-bound kernels."""
+
+import sys
+
+import torch
+
+from .timing import calls_for, fits, fmt
+
+
+def gemm_tables(t, cfg, tables):
+    dt = cfg.dtype
+    dev = cfg.device
+    rows = []
+    grid = cfg.gemm_grid
+    for layout, (ms, ns, ks) in grid.items():
+        for m in ms:
+            for n in ns:
+                for k in ks:
+                    if not fits(2 * 2 * (m * k + n * k + m * n), cfg):
+                        continue
+                    # Two input sets, so that consecutive calls do not hit in L2 alone.
+                    if layout == "NT":  # X[m,k] . W[n,k]^T: a linear layer's forward
+                        sets = [(torch.randn(m, k, dtype=dt, device=dev),
+                                 torch.randn(n, k, dtype=dt, device=dev)) for _ in range(2)]
+                        call = lambda i, s=sets: torch.mm(s[i % 2][0], s[i % 2][1].t())
+                    elif layout == "NN":  # dY[m,k] . W[k,n]: its dgrad
+                        sets = [(torch.randn(m, k, dtype=dt, device=dev),
+                                 torch.randn(k, n, dtype=dt, device=dev)) for _ in range(2)]
+                        call = lambda i, s=sets: torch.mm(s[i % 2][0], s[i % 2][1])
+                    else:  # TN: dY[k,m]^T . X[k,n]: its wgrad
+                        sets = [(torch.randn(k, m, dtype=dt, device=dev),
+                                 torch.randn(k, n, dtype=dt, device=dev)) for _ in range(2)]
+                        call = lambda i, s=sets: torch.mm(s[i % 2][0].t(), s[i % 2][1])
+                    guess = 2.0 * m * n * k / cfg.peak_flops
+                    s = t.graph(call, calls_for(guess))
+                    rows.append([layout, m, n, k, fmt(s), "%.4g" % (2.0 * m * n * k / s / 1e12)])
+                    del sets
+    tables.write("gemm_bf16.csv", ["layout", "m", "n", "k", "seconds", "tflops"], rows)
+
+    rows = []
+    for m, n, k in cfg.fp32_shapes:
+        a = torch.randn(m, k, dtype=torch.float32, device=dev)
+        b = torch.randn(n, k, dtype=torch.float32, device=dev)
+        s = t.events(lambda: torch.mm(a, b.t()))
+        rows.append(["float32", m, n, k, fmt(s), "%.4g" % (2.0 * m * n * k / s / 1e12), "events"])
+    tables.write("gemm_other.csv", ["dtype", "m", "n", "k", "seconds", "tflops", "timing"], rows)
+
+
+class GroupSplit:
+    """Rows per expert, with the device offsets torch._grouped_mm takes made once, up front:
+    making a device tensor from host data inside a CUDA-graph capture is illegal."""
+
+    def __init__(self, rows, device):
+        self.rows = rows
+        self.offs = None
+        if device == "cuda" and hasattr(torch, "_grouped_mm"):
+            self.offs = torch.cumsum(torch.tensor(rows, dtype=torch.int32, device=device), 0,
+                                     dtype=torch.int32)
+
+
+def grouped_mm(x, w, split):
+    """The experts' forward: one grouped kernel where PyTorch has one, else a loop of GEMMs."""
+    if split.offs is not None:
+        return torch._grouped_mm(x, w, offs=split.offs)
+    return loop_mm(x, w, split)
+
+
+def loop_mm(x, w, split):
+    out, at = [], 0
+    for g, r in enumerate(split.rows):
+        out.append(torch.mm(x[at:at + r], w[g]))
+        at += r
+    return torch.cat(out)
+
+
+def grouped_tables(t, cfg, tables):
+    dt, dev = cfg.dtype, cfg.device
+    rows = []
+    for shape, n, k in cfg.grouped_families:
+        for g in cfg.grouped_groups:
+            for r in cfg.grouped_rows:
+                total = g * r
+                if not fits(2 * (2 * g * k * n + 2 * total * (k + n)), cfg):
+                    continue
+                # Weights [k, n] per expert, stored column-major (as torch._grouped_mm's 2d x 3d
+                # form takes them): a transposed view of [g, n, k].
+                sets = [(torch.randn(total, k, dtype=dt, device=dev),
+                         torch.randn(g, n, k, dtype=dt, device=dev).transpose(-2, -1))
+                        for _ in range(2)]
+                split = GroupSplit([r] * g, dev)
+                call = lambda i, s=sets, sp=split: grouped_mm(s[i % 2][0], s[i % 2][1], sp)
+                try:
+                    s = t.graph(call, calls_for(2.0 * total * n * k / cfg.peak_flops))
+                except RuntimeError as e:  # a shape the kernel does not take: no row
+                    print("skipped grouped %s g=%d r=%d: %s" % (shape, g, r, e), file=sys.stderr)
+                    continue
+                rows.append([shape, g, r, n, k, fmt(s), "%.4g" % (2.0 * total * n * k / s / 1e12)])
+                del sets
+    tables.write("grouped_gemm_bf16.csv",
+                 ["shape", "groups", "rows_per_group", "n", "k", "seconds", "tflops"], rows)
+
+    rows = []
+    for g, r, n, k in cfg.loop_shapes:
+        x = torch.randn(g * r, k, dtype=dt, device=dev)
+        w = torch.randn(g, n, k, dtype=dt, device=dev).transpose(-2, -1)
+        split = GroupSplit([r] * g, dev)
+        for impl, fn in (("torch._grouped_mm", grouped_mm), ("loop_mm", loop_mm)):
+            s = t.graph(lambda i, f=fn: f(x, w, split), 2)
+            rows.append([impl, g, r, n, k, fmt(s), "%.4g" % (2.0 * g * r * n * k / s / 1e12)])
+    tables.write("grouped_gemm_vs_loop.csv",
+                 ["impl", "groups", "rows_per_group", "n", "k", "seconds", "tflops"], rows)
+
+
+def attention(q, k, v, backend):
+    """Causal attention through SDPA with the asked backend, or the math where there is none."""
+    if q.is_cuda and hasattr(torch.nn, "attention"):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        kind = SDPBackend.CUDNN_ATTENTION if backend == "cudnn" else SDPBackend.FLASH_ATTENTION
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        with sdpa_kernel(kind):
+            if q.shape[1] == k.shape[1]:
+                return sdpa(q, k, v, is_causal=True)
+            try:
+                return sdpa(q, k, v, is_causal=True, enable_gqa=True)
+            except (RuntimeError, TypeError):
+                # A backend (or PyTorch) without native GQA: K and V repeated to the query heads,
+                # as Transformer Engine does for such backends.
+                rep = q.shape[1] // k.shape[1]
+                return sdpa(q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1),
+                            is_causal=True)
+    rep = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(rep, dim=1)
+    v = v.repeat_interleave(rep, dim=1)
+    s = q.shape[2]
+    scores = torch.matmul(q, k.transpose(-1, -2)) / (q.shape[-1] ** 0.5)
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+    scores = scores.masked_fill(mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores.float(), dim=-1).to(q.dtype), v)
+
+
+def attention_table(t, cfg, tables):
+    dt, dev = cfg.dtype, cfg.device
+    rows = []
+    for backend in ("cudnn", "flash"):
+        for shape, hq, hkv, dqk, dv in cfg.attention_shapes:
+            for seq in cfg.attention_seqs:
+                # q, k, v and the output with their gradients; the CPU's math keeps the scores
+                need = 2 * 2 * 3 * seq * (hq + hkv) * (dqk + dv)
+                if dev != "cuda":
+                    need += 3 * 4 * hq * seq * seq
+                if not fits(need, cfg):
+                    continue
+                try:
+                    sets = [(torch.randn(1, hq, seq, dqk, dtype=dt, device=dev),
+                             torch.randn(1, hkv, seq, dqk, dtype=dt, device=dev),
+                             torch.randn(1, hkv, seq, dv, dtype=dt, device=dev))
+                            for _ in range(2)]
+                    flops = 2.0 * hq * seq * seq * (dqk + dv) * 0.5
+                    fwd = t.graph(lambda i, s=sets, b=backend: attention(*s[i % 2], b),
+                                  calls_for(flops / cfg.peak_flops))
+                    q, k, v = (x.clone().requires_grad_(True) for x in sets[0])
+                    out = attention(q, k, v, backend)
+                    grad = torch.randn_like(out)
+                    # autograd's backward, event-timed over 3 calls (not in a graph)
+                    bwd = t.events(lambda: [out.backward(grad, retain_graph=True)
+                                            for _ in range(3)]) / 3
+                except RuntimeError as e:  # a backend that does not take this shape: no row
+                    print("skipped attention %s %s seq %d: %s" % (backend, shape, seq, e),
+                          file=sys.stderr)
+                    continue
+                rows.append([backend, shape, hq, hkv, dqk, dv, seq, 1, fmt(fwd), fmt(bwd),
+                             "%.4g" % (flops / fwd / 1e12), "%.4g" % (2.5 * flops / bwd / 1e12)])
+    tables.write("attention_bf16.csv",
+                 ["backend", "shape", "q_heads", "kv_heads", "d_qk", "d_v", "seq", "causal",
+                  "fwd_seconds", "bwd_seconds", "fwd_tflops", "bwd_tflops"], rows)
+
+
+def rmsnorm(x, w):
+    if hasattr(torch.nn.functional, "rms_norm"):
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), w)
+    return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype) * w
+
+
+def memory_table(t, cfg, tables):
+    # The RMSNorm, SwiGLU and router rows are eager PyTorch's kernels (SwiGLU is two: silu, then
+    # the product), not Transformer Engine's fused ones: a lower bound on what a fused kernel
+    # saves, and the same method as the shipped H100 tables.
+    dt, dev = cfg.dtype, cfg.device
+    rows = []
+    for size in cfg.copy_bytes:
+        if not fits(4 * size, cfg):
+            continue
+        n = size // 2
+        sets = [(torch.empty(n, dtype=dt, device=dev), torch.randn(n, dtype=dt, device=dev))
+                for _ in range(2)]
+        s = t.graph(lambda i, s=sets: s[i % 2][0].copy_(s[i % 2][1]), calls_for(size / 1e12))
+        rows.append(["d2d_copy", "", 2 * size, fmt(s), "%.4g" % (2 * size / s / 1e9)])
+        s = t.graph(lambda i, s=sets: torch.add(s[i % 2][1], 1.0), calls_for(size / 1e12))
+        rows.append(["elementwise_add_scalar", "", 2 * size, fmt(s), "%.4g" % (2 * size / s / 1e9)])
+    h, topk, ffn, experts = 2048, 8, 768, 128
+    for tokens in cfg.token_counts:
+        x = [torch.randn(tokens, h, dtype=dt, device=dev) for _ in range(2)]
+        w = torch.ones(h, dtype=dt, device=dev)
+        s = t.graph(lambda i: rmsnorm(x[i % 2], w), calls_for(tokens * h * 4 / 1e12))
+        b = 2 * tokens * h * 2
+        rows.append(["rmsnorm_h2048", tokens, b, fmt(s), "%.4g" % (b / s / 1e9)])
+        idx = torch.randint(0, tokens, (tokens * topk,), device=dev)
+        s = t.graph(lambda i: x[i % 2].index_select(0, idx), calls_for(tokens * topk * h * 4 / 1e12))
+        b = 2 * tokens * topk * h * 2
+        rows.append(["permute_gather_top8_h2048", tokens, b, fmt(s), "%.4g" % (b / s / 1e9)])
+        a = [torch.randn(tokens * topk, 2 * ffn, dtype=dt, device=dev) for _ in range(2)]
+        s = t.graph(lambda i: torch.nn.functional.silu(a[i % 2][:, :ffn]) * a[i % 2][:, ffn:],
+                    calls_for(tokens * topk * ffn * 6 / 1e12))
+        rows.append(["swiglu_768_top8", tokens, tokens * topk * 3 * ffn * 2, fmt(s), ""])
+        logits = [torch.randn(tokens, experts, dtype=torch.float32, device=dev) for _ in range(2)]
+        s = t.graph(lambda i: torch.topk(torch.softmax(logits[i % 2], dim=-1), topk, dim=-1),
+                    calls_for(tokens * experts * 8 / 1e12))
+        rows.append(["router_softmax_top8_of128", tokens, "", fmt(s), ""])
+    # One series after another, each in increasing size (NodeEmu checks the order).
+    order = ["d2d_copy", "elementwise_add_scalar", "rmsnorm_h2048", "permute_gather_top8_h2048",
+             "swiglu_768_top8", "router_softmax_top8_of128"]
+    rows.sort(key=lambda r: order.index(r[0]))
+    tables.write("memory_bound.csv", ["op", "tokens", "bytes_moved", "seconds", "gb_s"], rows)
