@@ -69,6 +69,17 @@ const Field& profile_schema() {
                            name_of("sm_contention", "SM contention table"),
                            name_of("overlap_contention", "HBM and PCIe contention table"),
                        })),
+          optional(
+              map("grouped_gemm_tiling",
+                  {
+                      integer("tile_rows", "rows of the grouped kernel's output tile", ints(1)),
+                      integer("tile_cols", "columns of its output tile", ints(1)),
+                      integer("small_tile_rows", "rows of the tile for small groups", ints(1)),
+                      integer("small_tile_cols", "columns of the tile for small groups", ints(1)),
+                      integer("small_at_most",
+                              "rows per group or n at or below which the small tile runs", ints(0)),
+                      integer("cluster_rows", "CTAs per cluster along the rows", ints(1)),
+                  })),
           optional(map("memory_ops",
                        [] {
                          std::vector<Field> ops;
@@ -197,7 +208,8 @@ std::shared_ptr<const GpuProfile> ProfileLoader::load(const FileSource& src) {
 
   if (r.has("derived")) {
     if (p->measured_) r.fail("measured", "a derived profile is not measured; set measured: false");
-    for (const char* k : {"tables", "memory_ops", "host_costs", "overlap_contention"})
+    for (const char* k :
+         {"tables", "grouped_gemm_tiling", "memory_ops", "host_costs", "overlap_contention"})
       if (r.has(k))
         r.fail(k, "a derived profile takes its tables from 'derived.from'; remove this key");
     const std::string base_name = r.str("derived.from");
@@ -251,6 +263,18 @@ std::shared_ptr<const GpuProfile> ProfileLoader::load(const FileSource& src) {
   opt_table("attention", t.attention);
   opt_table("memory_bound", t.memory_bound);
   opt_table("pcie", t.pcie);
+  if (r.has("grouped_gemm_tiling")) {
+    if (!t.grouped_gemm) r.fail("grouped_gemm_tiling", "there is no grouped_gemm table to tile");
+    auto k = [&](const char* key) { return r.integer(std::string("grouped_gemm_tiling.") + key); };
+    // The waves are as wide as the measured GPU's SMs: a derived profile keeps its base's tiling.
+    t.grouped_tiling = GroupedTiling{k("tile_rows"),
+                                     k("tile_cols"),
+                                     k("small_tile_rows"),
+                                     k("small_tile_cols"),
+                                     k("small_at_most"),
+                                     k("cluster_rows"),
+                                     p->sms_};
+  }
 
   // Host costs (required: every launch pays one).
   if (!r.has("host_costs")) r.fail("host_costs", "missing; say which host_costs.csv row is which");

@@ -58,11 +58,20 @@ struct KernelPrice {
 
 enum class CopyDirection { HostToDevice, DeviceToHost, DeviceToDevice };
 
+// One measured row predicted from all the others.
+struct LooRow {
+  std::size_t row = 0;  // 1-based, as `where` counts
+  std::string where;    // "row 17 (line 18)"
+  double measured = 0, predicted = 0;
+  double error() const;  // |predicted / measured - 1|
+};
+
 // One table's leave-one-out error: each measured row predicted from all the others.
 struct LooStats {
   std::string table, column;
   std::size_t rows = 0;
   double median = 0, p90 = 0, max = 0;  // absolute relative errors
+  std::vector<LooRow> per_row;          // in the table's order; the worst is where `max` is
 };
 
 // What `nodeemu cost` writes: the table's rows with the predicted times (and rates), and per row

@@ -183,9 +183,12 @@ std::string describe_sources(const ProfileModels& m, Kind kind, const Prediction
   return out;
 }
 
-LooStats stats(const std::string& table, const std::string& column, std::vector<double> errors) {
+LooStats stats(const std::string& table, const std::string& column, std::vector<LooRow> rows) {
   LooStats s;
-  s.table = table, s.column = column, s.rows = errors.size();
+  s.table = table, s.column = column, s.rows = rows.size();
+  std::vector<double> errors;
+  for (const auto& r : rows) errors.push_back(r.error());
+  s.per_row = std::move(rows);
   if (errors.empty()) return s;
   std::sort(errors.begin(), errors.end());
   // Nearest-rank percentiles: the smallest error that covers the share of rows.
@@ -199,8 +202,8 @@ LooStats stats(const std::string& table, const std::string& column, std::vector<
   return s;
 }
 
-double rel_error(double predicted, double measured) {
-  return std::abs(predicted / measured - 1);
+LooRow loo_row(const CsvTable& t, std::size_t r, const std::string& column, double predicted) {
+  return {r + 1, t.where(r), t.number(r, column), predicted};
 }
 
 std::string base_name(const std::string& path) {
@@ -209,6 +212,10 @@ std::string base_name(const std::string& path) {
 }
 
 }  // namespace
+
+double LooRow::error() const {
+  return std::abs(predicted / measured - 1);
+}
 
 TablePrediction GpuProfile::predict_table(const std::string& csv_text,
                                           const std::string& file) const {
@@ -253,64 +260,64 @@ std::vector<LooStats> GpuProfile::leave_one_out() const {
   const double floor_s = models_->floor_s();
   std::vector<LooStats> out;
   if (T.gemm) {
-    std::vector<double> e;
+    std::vector<LooRow> e;
     for (std::size_t r = 0; r < T.gemm->rows(); ++r) {
       detail::GemmModel m(*T.gemm, ProfileModels::all_but(*T.gemm, r));
-      e.push_back(rel_error(m.predict(detail::GemmModel::query(*T.gemm, r)).seconds,
-                            T.gemm->number(r, "seconds")));
+      e.push_back(
+          loo_row(*T.gemm, r, "seconds", m.predict(detail::GemmModel::query(*T.gemm, r)).seconds));
     }
     out.push_back(stats(base_name(T.gemm->file()), "seconds", e));
   }
   if (T.grouped_gemm && models_->gemm()) {
-    std::vector<double> e;
+    std::vector<LooRow> e;
     for (std::size_t r = 0; r < T.grouped_gemm->rows(); ++r) {
       detail::GroupedGemmModel m(*T.grouped_gemm, ProfileModels::all_but(*T.grouped_gemm, r),
-                                 *models_->gemm());
-      e.push_back(rel_error(m.predict(detail::GroupedGemmModel::query(*T.grouped_gemm, r)).seconds,
-                            T.grouped_gemm->number(r, "seconds")));
+                                 *models_->gemm(), T.grouped_tiling);
+      e.push_back(loo_row(*T.grouped_gemm, r, "seconds",
+                          m.predict(detail::GroupedGemmModel::query(*T.grouped_gemm, r)).seconds));
     }
     out.push_back(stats(base_name(T.grouped_gemm->file()), "seconds", e));
   }
   if (T.attention) {
-    std::vector<double> fwd, bwd;
+    std::vector<LooRow> fwd, bwd;
     for (std::size_t r = 0; r < T.attention->rows(); ++r) {
       detail::AttentionModel m(*T.attention, ProfileModels::all_but(*T.attention, r), floor_s);
       for (bool b : {false, true}) {
         const auto s = detail::AttentionModel::query(*T.attention, r, b);
         if (!m.has(s.backend)) continue;  // the backend's only row
         (b ? bwd : fwd)
-            .push_back(rel_error(m.predict(s).seconds,
-                                 T.attention->number(r, b ? "bwd_seconds" : "fwd_seconds")));
+            .push_back(
+                loo_row(*T.attention, r, b ? "bwd_seconds" : "fwd_seconds", m.predict(s).seconds));
       }
     }
     out.push_back(stats(base_name(T.attention->file()), "fwd_seconds", fwd));
     out.push_back(stats(base_name(T.attention->file()), "bwd_seconds", bwd));
   }
   if (T.memory_bound) {
-    std::vector<double> e;
+    std::vector<LooRow> e;
     for (std::size_t r = 0; r < T.memory_bound->rows(); ++r) {
       detail::MemoryBoundModel m(*T.memory_bound, ProfileModels::all_but(*T.memory_bound, r));
       const auto q = detail::MemoryBoundModel::query(*T.memory_bound, r);
       if (!m.has(q.op)) continue;  // the op's only row
-      e.push_back(rel_error(m.predict(q).seconds, T.memory_bound->number(r, "seconds")));
+      e.push_back(loo_row(*T.memory_bound, r, "seconds", m.predict(q).seconds));
     }
     out.push_back(stats(base_name(T.memory_bound->file()), "seconds", e));
   }
   if (T.pcie) {
-    std::vector<double> e;
+    std::vector<LooRow> e;
     for (std::size_t r = 0; r < T.pcie->rows(); ++r) {
       detail::PcieModel m(*T.pcie, ProfileModels::all_but(*T.pcie, r));
-      e.push_back(rel_error(m.predict(detail::PcieModel::query(*T.pcie, r)).seconds,
-                            T.pcie->number(r, "seconds")));
+      e.push_back(
+          loo_row(*T.pcie, r, "seconds", m.predict(detail::PcieModel::query(*T.pcie, r)).seconds));
     }
     out.push_back(stats(base_name(T.pcie->file()), "seconds", e));
   }
   if (T.gemm_fp32 && T.gemm_fp32->rows() > 1) {
-    std::vector<double> e;
+    std::vector<LooRow> e;
     for (std::size_t r = 0; r < T.gemm_fp32->rows(); ++r) {
       detail::Fp32GemmModel m(*T.gemm_fp32, ProfileModels::all_but(*T.gemm_fp32, r), floor_s);
-      e.push_back(rel_error(m.predict(detail::Fp32GemmModel::flops(*T.gemm_fp32, r)).seconds,
-                            T.gemm_fp32->number(r, "seconds")));
+      e.push_back(loo_row(*T.gemm_fp32, r, "seconds",
+                          m.predict(detail::Fp32GemmModel::flops(*T.gemm_fp32, r)).seconds));
     }
     out.push_back(stats(base_name(T.gemm_fp32->file()), "seconds", e));
   }

@@ -6,11 +6,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <optional>
 #include <ostream>
 #include <sstream>
 
 #include "devices/errors.hpp"
 #include "devices/gpu_profile.hpp"
+#include "devices/grouped_tiling.hpp"
 #include "emu/cli.hpp"
 #include "emu/report.hpp"
 
@@ -101,14 +103,30 @@ std::shared_ptr<const GpuProfile> profile_named(const std::string& value) {
 void print_loo(const std::vector<LooStats>& loo, std::ostream& out) {
   out << "leave-one-out: each measured row predicted from all the others (absolute relative "
          "error)\n";
-  out << "  table                    column         rows   median      p90      max\n";
+  out << "  table                    column         rows   median      p90      max  worst at\n";
   for (const auto& s : loo) {
-    char line[160];
-    std::snprintf(line, sizeof line, "  %-24s %-12s %6zu %7.2f%% %7.2f%% %7.1f%%\n",
+    const auto worst =
+        std::max_element(s.per_row.begin(), s.per_row.end(),
+                         [](const LooRow& a, const LooRow& b) { return a.error() < b.error(); });
+    char line[200];
+    std::snprintf(line, sizeof line, "  %-24s %-12s %6zu %7.2f%% %7.2f%% %7.1f%%  %s\n",
                   s.table.c_str(), s.column.c_str(), s.rows, 100 * s.median, 100 * s.p90,
-                  100 * s.max);
+                  100 * s.max, worst == s.per_row.end() ? "" : worst->where.c_str());
     out << line;
   }
+}
+
+// Every row's leave-one-out prediction, for finding the shapes a model misses.
+std::string loo_rows_csv(const std::vector<LooStats>& loo) {
+  std::string csv = "table,column,row,measured_seconds,predicted_seconds,error\n";
+  for (const auto& s : loo)
+    for (const auto& r : s.per_row) {
+      char line[256];
+      std::snprintf(line, sizeof line, "%s,%s,%zu,%.4e,%.4e,%.4f\n", s.table.c_str(),
+                    s.column.c_str(), r.row, r.measured, r.predicted, r.predicted / r.measured - 1);
+      csv += line;
+    }
+  return csv;
 }
 
 // A YAML double-quoted scalar.
@@ -141,8 +159,25 @@ std::string slug(const std::string& gpu) {
 
 // profile.yaml for a folder tools/measure_gpu.py wrote: its tables, the series and host-cost
 // rows by the names the script uses, and the contention cases in the order it writes them.
+// The grouped kernel's tiling, from what device.json says the measurement ran: none for a loop of
+// GEMMs, a GPU PyTorch has no grouped kernel for, or a device.json from before these keys.
+std::optional<GroupedTiling> grouped_tiling_of(const nlohmann::json& device,
+                                               const std::string& file) {
+  if (!device.contains("grouped_kernel") || device["grouped_kernel"] != "torch._grouped_mm")
+    return std::nullopt;
+  const auto& cc =
+      device.contains("compute_capability") ? device["compute_capability"] : nlohmann::json();
+  int major = 0;
+  if (!cc.is_string() || std::sscanf(cc.get<std::string>().c_str(), "%d.", &major) != 1)
+    throw ConfigError(
+        file, "compute_capability",
+        "needs the GPU's compute capability as \"major.minor\" beside grouped_kernel; "
+        "tools/measure_gpu.py writes it");
+  return GroupedTiling::torch_grouped_mm(major, device.value("sms", 1));
+}
+
 std::string profile_yaml(const std::string& dir, const std::string& name,
-                         const nlohmann::json& device) {
+                         const nlohmann::json& device, const std::string& device_file) {
   std::ostringstream y;
   const std::string gpu = device.value("gpu", std::string("unknown GPU"));
   y << "# NodeEmu GPU profile written by `nodeemu calibrate` from " << dir << ".\n"
@@ -155,6 +190,23 @@ std::string profile_yaml(const std::string& dir, const std::string& name,
     << "tables:\n";
   for (const auto& [key, file] : kTables)
     if (fs::exists(fs::path(dir) / file)) y << "  " << key << ": " << file << "\n";
+  if (fs::exists(fs::path(dir) / "grouped_gemm_bf16.csv")) {
+    if (const auto t = grouped_tiling_of(device, device_file)) {
+      y << "# torch._grouped_mm's tiles on this GPU (PyTorch's GroupMM.cu): the grouped table's\n"
+        << "# times are waves of them over the SMs.\n"
+        << "grouped_gemm_tiling:\n"
+        << "  tile_rows: " << t->tile_rows << "\n"
+        << "  tile_cols: " << t->tile_cols << "\n"
+        << "  small_tile_rows: " << t->small_tile_rows << "\n"
+        << "  small_tile_cols: " << t->small_tile_cols << "\n"
+        << "  small_at_most: " << t->small_at_most << "\n"
+        << "  cluster_rows: " << t->cluster_rows << "\n";
+    } else {
+      y << "# No grouped_gemm_tiling: the grouped kernel's tiles are not known for what was\n"
+        << "# measured (device.json: grouped_kernel), so its time per unit of work is "
+           "interpolated.\n";
+    }
+  }
   y << "memory_ops:\n"
     << "  copy: {series: d2d_copy}\n"
     << "  elementwise: {series: elementwise_add_scalar}\n"
@@ -201,10 +253,12 @@ std::string readme(const std::string& name, const nlohmann::json& d) {
     << "Written by `nodeemu calibrate` from the output of `tools/measure_gpu.py`.\n\n"
     << "| | |\n|---|---|\n"
     << "| GPU | " << get("gpu") << ", " << get("sms") << " SMs, " << get("memory_gib")
-    << " GiB, L2 " << get("l2_mb") << " MB |\n"
+    << " GiB, L2 " << get("l2_mb") << " MB, compute capability " << get("compute_capability")
+    << " |\n"
     << "| clocks and power | SM clock " << get("sm_clock_mhz") << " MHz, power limit "
     << get("power_limit_w") << " W |\n"
-    << "| software | PyTorch " << get("torch") << ", CUDA " << get("cuda") << " |\n"
+    << "| software | PyTorch " << get("torch") << ", CUDA " << get("cuda") << "; grouped GEMMs by "
+    << get("grouped_kernel") << " |\n"
     << "| host | " << get("host_cpu") << " |\n"
     << "| date | " << get("measured") << " |\n"
     << "| device | " << get("device")
@@ -240,7 +294,13 @@ int cost_command(const std::vector<std::string>& args, std::ostream& out, std::o
 }
 
 int calibrate_command(const std::vector<std::string>& args, std::ostream& out, std::ostream&) {
-  const Args a = parse_args("calibrate", args, {"out", "name"}, {}, "DIR");
+  const Args a = parse_args("calibrate", args, {"out", "name", "errors"}, {}, "DIR");
+  // --errors FILE: every row's leave-one-out prediction as CSV (signed error: + is too slow).
+  const auto report = [&](const std::vector<LooStats>& loo) {
+    print_loo(loo, out);
+    if (a.options.count("errors"))
+      write_file_atomically(a.options.at("errors"), loo_rows_csv(loo), "--errors");
+  };
   const std::string dir = a.positional;
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
@@ -249,11 +309,11 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out, s
   if (fs::exists(fs::path(dir) / "profile.yaml")) {
     // Already a profile: check it and report.
     const auto p = GpuProfile::load(dir);
-    out << "profile " << p->provenance() << "\n";
-    print_loo(p->leave_one_out(), out);
     if (a.options.count("out"))
       throw ConfigError("nodeemu calibrate", "--out",
                         dir + " is already a profile; copy the folder to use it elsewhere");
+    out << "profile " << p->provenance() << "\n";
+    report(p->leave_one_out());
     return 0;
   }
   const fs::path device_json = fs::path(dir) / "device.json";
@@ -289,7 +349,7 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out, s
     for (const auto& [key, file] : kTables)
       if (fs::exists(fs::path(dir) / file)) fs::copy_file(fs::path(dir) / file, tmp / file);
     fs::copy_file(device_json, tmp / "device.json");
-    write_text(tmp / "profile.yaml", profile_yaml(dir, name, device));
+    write_text(tmp / "profile.yaml", profile_yaml(dir, name, device, device_json.string()));
     write_text(tmp / "README.md", readme(name, device));
     const auto p = GpuProfile::load(tmp.string());
     const auto loo = p->leave_one_out();
@@ -300,7 +360,7 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out, s
       fs::remove_all(tmp);
       out << "checked " << dir << " as profile '" << name << "' (nothing written; give --out)\n";
     }
-    print_loo(loo, out);
+    report(loo);
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;

@@ -29,7 +29,8 @@ import torch
 
 # The tables live in tools/gpu_measure/ beside this script (Python puts a script's own folder on
 # sys.path first).
-from gpu_measure.compute_tables import attention_table, gemm_tables, grouped_tables, memory_table
+from gpu_measure.compute_tables import (attention_table, gemm_tables, grouped_kernel,
+                                        grouped_tables, memory_table)
 from gpu_measure.contention_tables import contention_tables
 from gpu_measure.timing import MeasureError, Tables, Timer
 from gpu_measure.transfer_tables import host_cost_table, pcie_table
@@ -138,6 +139,7 @@ def host_cpu():
 def device_json(cfg, args):
     d = {"device": cfg.device, "quick": cfg.quick, "torch": torch.__version__,
          "measured": datetime.date.today().isoformat(), "host_cpu": host_cpu(),
+         "grouped_kernel": grouped_kernel(cfg.device),
          "method": METHOD if cfg.device == "cuda" else
                    "CPU stand-in (--device cpu): wall-clock timing of the same calls on CPU "
                    "tensors; no events, graphs or streams. A pipeline check, not a measurement."}
@@ -147,11 +149,12 @@ def device_json(cfg, args):
                   "memory_gib": round(p.total_memory / 2**30, 1),
                   "l2_mb": round(getattr(p, "L2_cache_size", 0) / 1e6, 1),
                   "cuda": torch.version.cuda,
+                  "compute_capability": "%d.%d" % (p.major, p.minor),
                   "sm_clock_mhz": nvidia_smi("clocks.max.sm"),
                   "power_limit_w": nvidia_smi("power.limit")})
     else:
         d.update({"gpu": "CPU stand-in (%s)" % host_cpu(), "sms": cfg.sms,
-                  "memory_gib": None, "l2_mb": None, "cuda": None,
+                  "memory_gib": None, "l2_mb": None, "cuda": None, "compute_capability": None,
                   "sm_clock_mhz": None, "power_limit_w": None,
                   "attention_backends": "math on the CPU: the cudnn and flash rows run the same "
                                         "kernel"})

@@ -34,6 +34,27 @@ GemmQuery equivalent(GemmLayout l, double rows, double n, double k) {
 
 }  // namespace
 
+bool GroupedGemmModel::small_tile(double rows_per_group, double n) const {
+  return tiling_ && (rows_per_group <= tiling_->small_at_most || n <= tiling_->small_at_most);
+}
+
+GroupedGemmModel::Waves GroupedGemmModel::waves(double g, double r, double n, bool small) const {
+  Waves w;
+  w.small = small;
+  if (!tiling_) {
+    // Unquantised: rows count from one 128-row tile (fewer rows still fill one), the work divides.
+    w.row_tiles = std::max(1.0, r / 128);
+    w.waves = g * w.row_tiles * n;
+    return w;
+  }
+  const GroupedTiling& t = *tiling_;
+  const double tr = small ? t.small_tile_rows : t.tile_rows;
+  const double tc = small ? t.small_tile_cols : t.tile_cols;
+  w.row_tiles = t.cluster_rows * std::ceil(std::ceil(r / tr) / t.cluster_rows);
+  w.waves = std::ceil(g * w.row_tiles * std::ceil(n / tc) / t.sms);
+  return w;
+}
+
 void GroupedGemmModel::validate(const CsvTable& t) {
   t.require({"shape", "groups", "rows_per_group", "n", "k", "seconds"});
   std::map<std::string, std::pair<long long, long long>> last;
@@ -65,22 +86,28 @@ KernelShape GroupedGemmModel::query(const CsvTable& t, std::size_t row) {
 }
 
 GroupedGemmModel::GroupedGemmModel(const CsvTable& t, const std::vector<std::size_t>& rows,
-                                   const GemmModel& gemm)
-    : gemm_(&gemm) {
-  std::map<std::pair<double, double>, std::map<Key, std::vector<std::size_t>>> fam_rows;
+                                   const GemmModel& gemm, std::optional<GroupedTiling> tiling)
+    : gemm_(&gemm), tiling_(tiling) {
+  // Per family: each cell's rows with the time per wave each measured.
+  std::map<std::tuple<double, double, bool>,
+           std::map<Key, std::vector<std::pair<std::size_t, double>>>>
+      fam_rows;
   for (std::size_t r : rows) {
     const KernelShape s = query(t, r);
-    const double g = static_cast<double>(s.groups);
-    const double x = std::max(kTileRows, static_cast<double>(s.m) / g);
-    fam_rows[{double(s.n), double(s.k)}][{g, x}].push_back(r);
+    const double g = double(s.groups), per_group = double(s.m) / g, n = double(s.n);
+    const Waves w = waves(g, per_group, n, small_tile(per_group, n));
+    fam_rows[{n, double(s.k), w.small}][{g, w.row_tiles}].emplace_back(
+        r, t.number(r, "seconds") / w.waves);
   }
   for (auto& [nk, cells] : fam_rows) {
     Family f;
-    f.n = nk.first, f.k = nk.second;
-    for (auto& [key, rs] : cells) {
-      // Cells that fill the same tile count are one point, at their geometric mean.
+    f.n = std::get<0>(nk), f.k = std::get<1>(nk), f.small = std::get<2>(nk);
+    for (auto& [key, measured] : cells) {
+      // Rows that fill the same tiles (16, 64 and 128 rows in one small tile pair) are one point,
+      // at their geometric mean.
       double log_sum = 0;
-      for (std::size_t r : rs) log_sum += std::log(t.number(r, "seconds"));
+      std::vector<std::size_t> rs;
+      for (const auto& [r, per_wave] : measured) log_sum += std::log(per_wave), rs.push_back(r);
       f.measured[key] = {std::exp(log_sum / double(rs.size())), rs, {}};
     }
     families_.push_back(std::move(f));
@@ -192,7 +219,7 @@ void GroupedGemmModel::complete(Family& f) {
       auto other = from_others(f, at, other_src);
       if (!own && !other) {
         // No box of the family's cells and no other family to borrow a step from: the nearest
-        // measured cell, scaled by the work (groups x rows).
+        // measured cell's time per wave.
         const Key* best = nullptr;
         double d_best = std::numeric_limits<double>::infinity();
         for (const auto& [k, m] : f.measured) {
@@ -200,7 +227,7 @@ void GroupedGemmModel::complete(Family& f) {
           if (d < d_best) d_best = d, best = &k;
         }
         const Cell& m = f.measured.at(*best);
-        own = m.seconds * (g * x) / (best->first * best->second);
+        own = m.seconds;
         for (std::size_t r : m.rows) own_src.emplace_back(r, 1.0 / double(m.rows.size()));
       }
       if (own && other) {
@@ -218,9 +245,7 @@ void GroupedGemmModel::complete(Family& f) {
 Prediction GroupedGemmModel::on_family(const Family& f, double g, double x) const {
   const double gc = std::clamp(g, f.gs.front(), f.gs.back());
   const double xc = std::clamp(x, f.xs.front(), f.xs.back());
-  double scale = 1;
-  if (g > f.gs.back()) scale *= g / f.gs.back();
-  if (x > f.xs.back()) scale *= x / f.xs.back();
+  const bool above = g > f.gs.back() || x > f.xs.back();
   auto bracket = [](const std::vector<double>& ax, double v) {
     auto hi = std::lower_bound(ax.begin(), ax.end(), v);
     if (hi == ax.end()) --hi;
@@ -243,18 +268,21 @@ Prediction GroupedGemmModel::on_family(const Family& f, double g, double x) cons
     for (std::size_t r : c.rows) p.sources.emplace_back(r, w[i] / double(c.rows.size()));
     for (auto& s : c.from) p.sources.emplace_back(s.first, w[i] * s.second);
   }
-  p.seconds = std::exp(log_t) * scale;
-  p.how = p.sources.size() == 1 ? "measured" : "bilinear in log space over (groups, rows)";
+  p.seconds = std::exp(log_t);
+  p.how = p.sources.size() == 1 ? "measured"
+                                : "bilinear in log space over (groups, row tiles per group)";
   if (filled) p.how += ", through holes filled from the family and the other families' steps";
-  if (scale > 1) p.how += ", above the grid: the edge's rate";
+  if (above) p.how += ", above the grid: the edge's time per wave";
   return p;
 }
 
-const GroupedGemmModel::Family& GroupedGemmModel::nearest(double n, double k) const {
+const GroupedGemmModel::Family& GroupedGemmModel::nearest(double n, double k, bool small) const {
   const Family* best = nullptr;
   double d_best = std::numeric_limits<double>::infinity();
   for (const Family& f : families_) {
-    const double d = std::abs(std::log(n / f.n)) + std::abs(std::log(k / f.k));
+    // A family of the other tile size only where none has this one.
+    const double d =
+        (f.small != small ? 1e6 : 0) + std::abs(std::log(n / f.n)) + std::abs(std::log(k / f.k));
     if (d < d_best) d_best = d, best = &f;
   }
   NE_CHECK(best, "GroupedGemmModel: no families");
@@ -265,8 +293,17 @@ Prediction GroupedGemmModel::predict(const KernelShape& s) const {
   const double g = std::max<double>(1, double(s.groups));
   const double rows = std::max<double>(1, double(s.m));
   const double n = std::max<double>(1, double(s.n)), k = std::max<double>(1, double(s.k));
-  const Family& f = nearest(n, k);
-  Prediction p = on_family(f, g, std::max(kTileRows, rows / g));
+  const Family& f = nearest(n, k, small_tile(rows / g, n));
+  const Waves w = waves(g, rows / g, f.n, f.small);
+  Prediction p = on_family(f, g, w.row_tiles);
+  p.seconds *= w.waves;
+  if (tiling_) {
+    const GroupedTiling& t = *tiling_;
+    p.how = std::to_string(long(w.waves)) + (w.waves == 1 ? " wave" : " waves") + " of " +
+            std::to_string(f.small ? t.small_tile_rows : t.tile_rows) + "x" +
+            std::to_string(f.small ? t.small_tile_cols : t.tile_cols) +
+            " tiles, the time per wave " + p.how;
+  }
   if (f.n == n && f.k == k && s.layout == GemmLayout::NT) return p;
   // Another weight shape or pass: the GEMM table's ratio at the same total rows.
   const double ratio = gemm_->predict(equivalent(s.layout, rows, n, k)).seconds /

@@ -46,8 +46,8 @@ ProfileModels::ProfileModels(ProfileTables tables) : tables_(std::move(tables)) 
       throw ConfigError(t.grouped_gemm->file(), "table",
                         "a grouped GEMM table needs the GEMM table beside it (the ratios for "
                         "other shapes and passes come from it); add gemm_bf16.csv");
-    grouped_ =
-        std::make_unique<GroupedGemmModel>(*t.grouped_gemm, all_rows(*t.grouped_gemm), *gemm_);
+    grouped_ = std::make_unique<GroupedGemmModel>(*t.grouped_gemm, all_rows(*t.grouped_gemm),
+                                                  *gemm_, t.grouped_tiling);
   }
   if (t.attention) {
     AttentionModel::validate(*t.attention);

@@ -21,6 +21,7 @@ namespace nodeemu::detail {
 // missing falls back and says so.
 struct ProfileTables {
   std::optional<CsvTable> gemm, gemm_fp32, grouped_gemm, attention, memory_bound, pcie;
+  std::optional<GroupedTiling> grouped_tiling;  // how the grouped table's kernel tiles
 };
 
 class ProfileModels {

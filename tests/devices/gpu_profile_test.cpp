@@ -54,8 +54,8 @@ TEST(GpuProfile, ShippedH100LoadsAsMeasured) {
 }
 
 // The figures bench/README.md records. Where the target is met the test holds it; where
-// the measurements' own scatter keeps it out of reach (grouped GEMM p90, attention backward) the
-// test holds the figure reached, so that a worse model cannot land unnoticed.
+// the measurements' own scatter keeps it out of reach (the attention backward's short sequences)
+// the test holds the figure reached, so that a worse model cannot land unnoticed.
 TEST(GpuProfile, LeaveOneOutErrorsOfTheShippedTables) {
   const auto s = loo_by_table();
   const LooStats& gemm = s.at("gemm_bf16.csv/seconds");
@@ -65,7 +65,8 @@ TEST(GpuProfile, LeaveOneOutErrorsOfTheShippedTables) {
   const LooStats& grouped = s.at("grouped_gemm_bf16.csv/seconds");
   EXPECT_EQ(grouped.rows, 249u);
   EXPECT_LE(grouped.median, 0.05);
-  EXPECT_LE(grouped.p90, 0.17);  // target 0.15: CUTLASS's steps at 1-4 groups (bench/README.md)
+  EXPECT_LE(grouped.p90, 0.15);
+  EXPECT_LE(grouped.max, 0.25);
   const LooStats& fwd = s.at("attention_bf16.csv/fwd_seconds");
   EXPECT_LE(fwd.median, 0.05);
   EXPECT_LE(fwd.p90, 0.15);
@@ -159,6 +160,30 @@ TEST(GpuProfile, EveryKernelKindIsPricedFromItsTable) {
   Work none;
   none.flops = 1e12;
   EXPECT_FALSE(h100()->price(none).from_table);
+}
+
+TEST(GpuProfile, GroupedGemmTimeStepsWithTheKernelsWaves) {
+  // torch._grouped_mm on the H100 runs 128x256 tiles in waves over 132 SMs: qwen3_fc1 (n 1536)
+  // with 8 groups fills 8 x 2 x 6 = 96 tiles, one wave, at 256 rows per group, and 192 tiles, two
+  // waves, at 384 (grouped_gemm_bf16.csv: 35.5 us at 256 rows, 56.3 us at 512).
+  auto at = [](std::int64_t groups, std::int64_t rows_per_group) {
+    Work w;
+    w.shape =
+        KernelShape::grouped_gemm(GemmLayout::NT, groups, groups * rows_per_group, 1536, 2048);
+    return h100()->price(w).seconds;
+  };
+  EXPECT_NEAR(at(8, 256), 3.5520e-05, 1e-12);
+  EXPECT_NEAR(at(8, 512), 5.6256e-05, 1e-12);
+  // 384 rows per group are 3 row tiles, rounded up to the 2x1 cluster: the tiles of 512 rows, so
+  // the time of 512 rows (a smooth curve would put it halfway).
+  EXPECT_NEAR(at(8, 384), at(8, 512), 1e-12);
+  // Within a wave more rows cost almost nothing; across waves the time follows the wave count.
+  EXPECT_LT(at(1, 2048) / at(1, 1024), 1.1);  // 48 and 96 tiles: one wave each
+  EXPECT_GT(at(1, 4096) / at(1, 2048), 1.7);  // 192 tiles: two waves
+  // Groups of up to 128 rows take the 64x128 tile: 16, 64 and 128 rows fill the same tile pair.
+  EXPECT_NEAR(at(16, 16), at(16, 128), 1e-12);
+  // Above the grid (more groups than measured) the time grows with the waves, not faster.
+  EXPECT_NEAR(at(128, 1024) / at(64, 1024), 2.0, 0.05);
 }
 
 TEST(GpuProfile, ContentionFromTheTables) {

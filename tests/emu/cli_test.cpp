@@ -1,48 +1,23 @@
 // End-to-end: the nodeemu binary as a user runs it.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <array>
-#include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <string>
 
-#ifndef NODEEMU_BINARY_DIR
-#define NODEEMU_BINARY_DIR "build"
-#endif
-#ifndef NODEEMU_SOURCE_DIR
-#define NODEEMU_SOURCE_DIR "."
-#endif
+#include "tests/emu/cli_runner.hpp"
 
 namespace {
 
-struct Result {
-  int code;
-  std::string out, err;
-};
+using Result = nodeemu::testing::CliResult;
+using nodeemu::testing::read_file;
 
 Result run(const std::string& args) {
-  // ctest runs tests in parallel processes: each test gets its own stderr file.
-  const std::string err_file = ::testing::TempDir() + "nodeemu_cli_err_" +
-                               ::testing::UnitTest::GetInstance()->current_test_info()->name() +
-                               ".txt";
-  std::string cmd = std::string(NODEEMU_BINARY_DIR) + "/bin/nodeemu " + args + " 2>" + err_file;
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream f(err_file);
-  r.err.assign(std::istreambuf_iterator<char>(f), {});
-  return r;
+  return nodeemu::testing::run_cli(args);
 }
 
 std::string write_file(const std::string& name, const std::string& text) {
-  std::string path = ::testing::TempDir() + std::to_string(getpid()) + "_" + name;
-  std::ofstream(path) << text;
-  return path;
+  return nodeemu::testing::write_temp_file(name, text);
 }
 
 std::string shipped(const std::string& name) {
@@ -167,11 +142,6 @@ namespace {
 
 const std::string kTiny = std::string(NODEEMU_SOURCE_DIR) + "/configs/recipes/tiny_moe.yaml";
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
 TEST(Cli, ValidateAcceptsTheTinyRecipe) {
   Result r = run("validate " + kTiny + " --overlap-moe-expert-parallel-comm");
   EXPECT_EQ(r.code, 0) << r.err;
@@ -223,7 +193,7 @@ TEST(Cli, RunWritesItsSummaryTraceAndTable) {
   for (const char* s : {"steady mean step", "1 warm-up iteration excluded", "exposed",
                         "compute utilisation", "peak mem GiB", "numerics hash 0x"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
-  const std::string json = slurp(summary);
+  const std::string json = read_file(summary);
   for (const char* key :
        {"\"recipe\": \"tiny_moe\"", "\"mode\": \"functional\"", "\"gemm_kernel\"",
         "\"iterations\": [{\"iter\": 1, \"loss\": ", "\"warmup_iterations\": 1", "\"step_time_s\"",
@@ -231,7 +201,7 @@ TEST(Cli, RunWritesItsSummaryTraceAndTable) {
         "\"devices\"", "\"peak_mem_bytes\"", "\"compute_busy_s\"", "\"comm_busy_s\"",
         "\"offload_bytes\"", "\"numerics_hash\": \"0x", "\"timeline_hash\"", "\"wall_time_s\""})
     EXPECT_NE(json.find(key), std::string::npos) << key;
-  const std::string t = slurp(trace);
+  const std::string t = read_file(trace);
   EXPECT_NE(t.find("\"traceEvents\""), std::string::npos);
   EXPECT_NE(t.find("dispatch"), std::string::npos);
 }

@@ -46,6 +46,16 @@ def gemm_tables(t, cfg, tables):
     tables.write("gemm_other.csv", ["dtype", "m", "n", "k", "seconds", "tflops", "timing"], rows)
 
 
+def grouped_kernel(device):
+    """What times the experts' forward here: torch._grouped_mm (CUTLASS, Hopper and later) where
+    PyTorch has it for this GPU, else a loop of GEMMs (Megatron's SequentialMLP). device.json
+    records it, and `nodeemu calibrate` reads the table's tiling from it."""
+    if device == "cuda" and hasattr(torch, "_grouped_mm") and \
+            torch.cuda.get_device_capability()[0] >= 9:
+        return "torch._grouped_mm"
+    return "loop_mm"
+
+
 class GroupSplit:
     """Rows per expert, with the device offsets torch._grouped_mm takes made once, up front:
     making a device tensor from host data inside a CUDA-graph capture is illegal."""
@@ -53,7 +63,7 @@ class GroupSplit:
     def __init__(self, rows, device):
         self.rows = rows
         self.offs = None
-        if device == "cuda" and hasattr(torch, "_grouped_mm"):
+        if grouped_kernel(device) == "torch._grouped_mm":
             self.offs = torch.cumsum(torch.tensor(rows, dtype=torch.int32, device=device), 0,
                                      dtype=torch.int32)
 
@@ -104,7 +114,10 @@ def grouped_tables(t, cfg, tables):
         x = torch.randn(g * r, k, dtype=dt, device=dev)
         w = torch.randn(g, n, k, dtype=dt, device=dev).transpose(-2, -1)
         split = GroupSplit([r] * g, dev)
-        for impl, fn in (("torch._grouped_mm", grouped_mm), ("loop_mm", loop_mm)):
+        impls = [("loop_mm", loop_mm)]
+        if split.offs is not None:  # no grouped kernel here: only the loop is what it says
+            impls.insert(0, ("torch._grouped_mm", grouped_mm))
+        for impl, fn in impls:
             s = t.graph(lambda i, f=fn: f(x, w, split), 2)
             rows.append([impl, g, r, n, k, fmt(s), "%.4g" % (2.0 * g * r * n * k / s / 1e12)])
     tables.write("grouped_gemm_vs_loop.csv",
