@@ -166,6 +166,7 @@ layers::ModelConfig model_config(const Recipe& r, const GpuSpec& gpu) {
   k.bias_activation_fusion = r.flag("model.bias_activation_fusion");
   k.rope_fusion = r.flag("model.apply_rope_fusion");
   k.gradient_accumulation_fusion = r.flag("model.gradient_accumulation_fusion");
+  k.router_fp32 = r.is_set("model.moe_router_dtype");  // its one choice: fp32
   return c;
 }
 

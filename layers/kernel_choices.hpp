@@ -26,6 +26,10 @@
 //  gradient_accumulation_fusion  tensor_parallel/layers.py and TE's fuse_wgrad_accumulation: the
 //                       wgrad GEMM accumulates into the fp32 main_grad, against a wgrad GEMM into a
 //                       16-bit grad that the DDP hook then adds to main_grad (main_grad.add_).
+//  moe_router_dtype     transformer/moe/router.py TopKRouter.gating: router_gating_linear in fp32
+//                       (moe_utils.py RouterGatingLinearFunction casts input and weight, forward
+//                       and backward) when it is fp32, else in the input's dtype. NodeEmu's router
+//                       numerics are fp32 either way; the key decides which GEMM table prices it.
 //
 // The defaults are TransformerConfig's: TE, auto attention, every fusion off, no grouped GEMM.
 #pragma once
@@ -46,6 +50,7 @@ struct KernelChoices {
   bool bias_activation_fusion = false;             // bias_activation_fusion
   bool rope_fusion = false;                        // apply_rope_fusion
   bool gradient_accumulation_fusion = false;       // gradient_accumulation_fusion
+  bool router_fp32 = false;                        // moe_router_dtype: fp32
 
   // What runs when no choices are given (tests, the reference): TransformerConfig's defaults.
   static const KernelChoices& defaults();

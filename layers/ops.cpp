@@ -32,10 +32,12 @@ LinearShape linear_shape(const Tensor& w) {
 
 // Runs one linear pass as Megatron does: one GEMM for a dense layer; for local experts one
 // grouped GEMM (TEGroupedMLP) or one GEMM per expert (SequentialMLP). `body(first, count, g)`
-// computes rows [first, first + count) of group g, or all groups when g < 0. `t` is the weight's
-// type: it decides the GEMM's table (the router's fp32 weight takes fp32 GEMMs in every pass, as
-// Megatron's router casts its input to fp32; a 16-bit weight takes bf16 GEMMs even where an
-// activation is fp32, such as the output layer's logits gradient).
+// computes rows [first, first + count) of group g, or all groups when g < 0. `t` is the GEMM's
+// type (At::fp32_gemms says which): it decides the table that prices it.
+DType gemm_type(const At& at, DType activation) {
+  return at.fp32_gemms ? DType::F32 : activation;
+}
+
 void linear_kernels(
     const At& at, const std::string& name, GemmLayout layout, const LinearShape& w,
     const std::vector<std::int64_t>& rows, double bytes, DType t,
@@ -180,7 +182,8 @@ Tensor linear_forward(At at, const std::string& name, const Tensor& x, const Ten
                       const std::vector<std::int64_t>& rows, DType out_dtype) {
   const LinearShape ws = linear_shape(w);
   Tensor y = at.empty({rows_of(x), ws.out}, out_dtype);
-  linear_kernels(at, name, GemmLayout::NT, ws, rows, bytes_of({&x, &w, &y}), w.dtype(),
+  linear_kernels(at, name, GemmLayout::NT, ws, rows, bytes_of({&x, &w, &y}),
+                 gemm_type(at, x.dtype()),
                  sliced(&grouped_linear_forward<float>, view(x), ws.in, view(w), view(y), ws.out,
                         rows, ws.in, ws.out),
                  {x, w, y});
@@ -191,7 +194,8 @@ Tensor linear_dgrad(At at, const std::string& name, const Tensor& dy, const Tens
                     const std::vector<std::int64_t>& rows, DType out_dtype) {
   const LinearShape ws = linear_shape(w);
   Tensor dx = at.empty({rows_of(dy), ws.in}, out_dtype);
-  linear_kernels(at, name + "_dgrad", GemmLayout::NN, ws, rows, bytes_of({&dy, &w, &dx}), w.dtype(),
+  linear_kernels(at, name + "_dgrad", GemmLayout::NN, ws, rows, bytes_of({&dy, &w, &dx}),
+                 gemm_type(at, out_dtype),
                  sliced(&grouped_linear_dgrad<float>, view(dy), ws.out, view(w), view(dx), ws.in,
                         rows, ws.in, ws.out),
                  {dy, w, dx});
@@ -211,7 +215,7 @@ void linear_wgrad(At at, const std::string& name, const Tensor& dy, const Tensor
   const double bytes =
       bytes_of({&dy, &x, &grad}) + (fused ? double(w.main_grad.bytes()) : 0.0);  // C read back
   linear_kernels(
-      at, name + "_wgrad", GemmLayout::TN, ws, rows, bytes, w.value.dtype(),
+      at, name + "_wgrad", GemmLayout::TN, ws, rows, bytes, gemm_type(at, x.dtype()),
       [=](std::int64_t first, std::int64_t count, int g) -> std::function<void()> {
         const std::vector<std::int64_t> sub = g < 0 ? rows : std::vector<std::int64_t>{count};
         const View dyv = g < 0 ? vdy : rows_view(vdy, first, count, out);

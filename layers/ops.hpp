@@ -32,6 +32,11 @@ struct At {
   const char* tag = nullptr;
   // Which kernels run; null: TransformerConfig's defaults.
   const KernelChoices* kernels = nullptr;
+  // Linear GEMMs in fp32 (the router under moe_router_dtype: fp32). Otherwise a GEMM runs in its
+  // activation's type, as Megatron casts both operands to the compute dtype: the forward's and
+  // wgrad's input, the dgrad's output (so the output layer's fp32 logits gradient, which Megatron
+  // has in bf16 until the loss upcasts it, takes a bf16 GEMM).
+  bool fp32_gemms = false;
   std::string named(std::string name) const { return tag ? tag + name : name; }
   const KernelChoices& k() const { return kernels ? *kernels : KernelChoices::defaults(); }
   // A new zero-filled tensor on the stream's device.

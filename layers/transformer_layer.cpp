@@ -212,7 +212,7 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
   {
     ModuleScope m(sv, "router", s);
     const std::int64_t T = st.batch * st.seq, E = c.num_moe_experts, k = c.router.topk;
-    Tensor logits = ops::linear_forward(at, "router_gating", ln2, L_.router_.value,
+    Tensor logits = ops::linear_forward(router_at(s), "router_gating", ln2, L_.router_.value,
                                         ops::one_group(ln2), DType::F32);
     MoeTokens& io = st.dispatch->io;
     io.hidden = ln2;
@@ -496,8 +496,8 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
           },
           {logits, io.grad_probs, st.g_logits}, ctx_.tally);
     }
-    Tensor g_router =
-        ops::linear_dgrad(at, "router_gating", st.g_logits, L_.router_.value, {T}, c.dtype);
+    Tensor g_router = ops::linear_dgrad(router_at(s), "router_gating", st.g_logits,
+                                        L_.router_.value, {T}, c.dtype);
     if (overlap_shared())
       s.wait(st.shared_done);
     else
@@ -547,7 +547,8 @@ void LayerPlan::pre_dispatch_dw(Stream& s) {
   graph.enter(L_.is_moe() ? gs.moe || gs.moe_router : gs.mlp);
   if (L_.is_moe()) {
     const Tensor ln2 = this->ln2(s);
-    ops::linear_wgrad(at, "router_gating", st.g_logits, ln2, ops::one_group(ln2), L_.router_);
+    ops::linear_wgrad(router_at(s), "router_gating", st.g_logits, ln2, ops::one_group(ln2),
+                      L_.router_);
     sv.release("router", "logits");
     if (L_.shared_fc1_.value) {
       ops::linear_wgrad(at, "shared_fc2", st.g_shared_out, shared_act_out(s), ops::one_group(ln2),
@@ -584,6 +585,12 @@ void LayerPlan::pre_dispatch_dw(Stream& s) {
 
 ops::At LayerPlan::at_(Stream& s) const {
   return ops::At{s, ctx_.tally, nullptr, &L_.cfg_.kernels};
+}
+
+ops::At LayerPlan::router_at(Stream& s) const {
+  ops::At at = at_(s);
+  at.fp32_gemms = L_.cfg_.kernels.router_fp32;
+  return at;
 }
 
 }  // namespace nodeemu::layers

@@ -96,6 +96,7 @@ class LayerPlan {
   // What backward reads, kept by forward or recomputed here (selective recompute); a recomputed
   // tensor is held from its first use until its last.
   ops::At at_(Stream& s) const;
+  ops::At router_at(Stream& s) const;  // at_, with the GEMMs in moe_router_dtype
   ops::At recompute_at(Stream& s) const;
   Tensor ln1(Stream& s);
   Tensor qkv(Stream& s);

@@ -4,6 +4,10 @@
 // every kernel of every shipped recipe is priced from a table of its GPU's profile.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "devices/gpu_profile.hpp"
 #include "emu/layer_timing.hpp"
 #include "emu/recipe_views.hpp"
 #include "emu/training.hpp"
@@ -24,7 +28,7 @@ TEST(KernelChoices, EachKeyChangesTheTimelineNotTheNumerics) {
   ASSERT_TRUE(base.numerics_hash);
   for (const char* key : {"model.moe_permute_fusion=true", "model.bias_activation_fusion=true",
                           "model.apply_rope_fusion=true", "model.moe_grouped_gemm=false",
-                          "model.attention_backend=unfused"}) {
+                          "model.attention_backend=unfused", "model.moe_router_dtype=fp32"}) {
     SCOPED_TRACE(key);
     const RunReport r = run({key});
     EXPECT_NE(r.timeline_hash, base.timeline_hash);
@@ -44,6 +48,45 @@ TEST(KernelChoices, AttentionBackendsArePricedFromTheirOwnRows) {
   const double cudnn_s = time_layers(qwen).layers.front().by_class.at("attention");
   const double flash_s = time_layers(flash).layers.front().by_class.at("attention");
   EXPECT_GT(flash_s, 1.5 * cudnn_s);
+}
+
+// Megatron casts a linear's operands to the compute dtype: the GEMMs are bf16 even where NodeEmu
+// keeps fp32 values for its numerics (the output layer's logits and their gradient), and only
+// moe_router_dtype=fp32 puts the router's three GEMMs on the fp32 table (about 50 TFLOP/s on an
+// H100 against bf16's 600 and more).
+TEST(KernelChoices, GemmsRunInTheComputeDtypeAndTheRouterInItsOwn) {
+  const Recipe qwen = Recipe::load(recipe_path("qwen3_30b_a3b"), {"model.moe_router_dtype=fp32"});
+  const Recipe bf16_router =
+      Recipe::load(recipe_path("qwen3_30b_a3b"), {"model.moe_router_dtype=null"});
+  const double fp32_gemm = time_layers(qwen).layers.front().by_class.at("gemm");
+  const double bf16_gemm = time_layers(bf16_router).layers.front().by_class.at("gemm");
+  // 4096 tokens x 2048 x 128 experts, forward, dgrad and wgrad: ~0.24 ms in fp32, ~0.03 in bf16.
+  EXPECT_GT(fp32_gemm - bf16_gemm, 0.15e-3);
+  EXPECT_LT(fp32_gemm - bf16_gemm, 0.30e-3);
+}
+
+TEST(KernelChoices, TheOutputLayersFp32GradientTakesABf16Gemm) {
+  const std::string trace = ::testing::TempDir() + "output_layer_dgrad.json";
+  train(Recipe::load(recipe_path("qwen3_30b_a3b"),
+                     {"model.num_layers=1", "train.global_batch_size=16"}),
+        {.iterations = 1, .trace_path = trace});
+  std::ifstream in(trace);
+  const auto doc = nlohmann::json::parse(in);
+  double dur_s = 0;
+  for (const auto& e : doc.at("traceEvents"))
+    if (e.value("name", "") == "output_layer_dgrad" && e.value("pid", -1) == 0 &&
+        e.value("cat", "") == "kernel")
+      dur_s = e.at("dur").get<double>() * 1e-6;
+  ASSERT_GT(dur_s, 0);
+  // dlogits[4096, 151936] . W[151936, 2048]: NN 4096 x 2048 over k = 151936.
+  const auto h100 = GpuProfile::builtin("h100_sxm5");
+  Work w;
+  w.shape = KernelShape::gemm(GemmLayout::NN, 4096, 2048, 151936);
+  const double bf16_s = h100->price(w).seconds;
+  w.precision = Precision::FP32;
+  const double fp32_s = h100->price(w).seconds;
+  EXPECT_NEAR(dur_s, bf16_s, 0.25 * bf16_s);
+  EXPECT_LT(dur_s, 0.5 * fp32_s);
 }
 
 TEST(KernelChoices, FusionsLaunchFewerKernels) {
