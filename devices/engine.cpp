@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "devices/buffer_state.hpp"
 #include "devices/check.hpp"
@@ -224,10 +225,7 @@ void Engine::leave_graph_replay() {
 }
 
 int Engine::suspend_graph_replay() {
-  Actor& a = current();
-  const int depth = a.graph_replay;
-  a.graph_replay = 0;
-  return depth;
+  return std::exchange(current().graph_replay, 0);
 }
 
 void Engine::resume_graph_replay(int depth) {
