@@ -69,17 +69,13 @@ const Field& profile_schema() {
                            name_of("sm_contention", "SM contention table"),
                            name_of("overlap_contention", "HBM and PCIe contention table"),
                        })),
-          optional(
-              map("grouped_gemm_tiling",
-                  {
-                      integer("tile_rows", "rows of the grouped kernel's output tile", ints(1)),
-                      integer("tile_cols", "columns of its output tile", ints(1)),
-                      integer("small_tile_rows", "rows of the tile for small groups", ints(1)),
-                      integer("small_tile_cols", "columns of the tile for small groups", ints(1)),
-                      integer("small_at_most",
-                              "rows per group or n at or below which the small tile runs", ints(0)),
-                      integer("cluster_rows", "CTAs per cluster along the rows", ints(1)),
-                  })),
+          optional(map("grouped_gemm_tiling",
+                       [] {
+                         std::vector<Field> f;
+                         for (const auto& t : GroupedTiling::fields())
+                           f.push_back(integer(t.key, t.help, ints(t.least)));
+                         return f;
+                       }())),
           optional(map("memory_ops",
                        [] {
                          std::vector<Field> ops;
@@ -265,15 +261,12 @@ std::shared_ptr<const GpuProfile> ProfileLoader::load(const FileSource& src) {
   opt_table("pcie", t.pcie);
   if (r.has("grouped_gemm_tiling")) {
     if (!t.grouped_gemm) r.fail("grouped_gemm_tiling", "there is no grouped_gemm table to tile");
-    auto k = [&](const char* key) { return r.integer(std::string("grouped_gemm_tiling.") + key); };
     // The waves are as wide as the measured GPU's SMs: a derived profile keeps its base's tiling.
-    t.grouped_tiling = GroupedTiling{k("tile_rows"),
-                                     k("tile_cols"),
-                                     k("small_tile_rows"),
-                                     k("small_tile_cols"),
-                                     k("small_at_most"),
-                                     k("cluster_rows"),
-                                     p->sms_};
+    GroupedTiling g;
+    for (const auto& f : GroupedTiling::fields())
+      g.*f.member = r.integer(std::string("grouped_gemm_tiling.") + f.key);
+    g.sms = p->sms_;
+    t.grouped_tiling = g;
   }
 
   // Host costs (required: every launch pays one).
@@ -371,6 +364,10 @@ std::shared_ptr<const GpuProfile> ProfileLoader::load(const FileSource& src) {
 
 GpuProfile::GpuProfile() = default;
 GpuProfile::~GpuProfile() = default;
+
+std::optional<GroupedTiling> GpuProfile::grouped_tiling() const {
+  return models_->tables().grouped_tiling;
+}
 
 double GpuProfile::kernel_floor_s() const {
   return models_->floor_s();

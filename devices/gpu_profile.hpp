@@ -10,10 +10,12 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "devices/grouped_tiling.hpp"
 #include "devices/work.hpp"
 
 namespace nodeemu {
@@ -108,6 +110,8 @@ class GpuProfile {
   const HostCosts& host_costs() const { return host_; }
   const Contention& contention() const { return contention_; }
   double kernel_floor_s() const;
+  // How the grouped table's kernel tiles (a derived profile's is its base's); none: unknown.
+  std::optional<GroupedTiling> grouped_tiling() const;
 
   // The kernel's time with the whole GPU to itself, from the table of its shape. A kernel with no
   // shape, or one whose table the profile lacks, is priced by the roofline over the profile's

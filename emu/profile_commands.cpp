@@ -157,8 +157,6 @@ std::string slug(const std::string& gpu) {
   return s.empty() ? "measured_gpu" : s;
 }
 
-// profile.yaml for a folder tools/measure_gpu.py wrote: its tables, the series and host-cost
-// rows by the names the script uses, and the contention cases in the order it writes them.
 // The grouped kernel's tiling, from what device.json says the measurement ran: none for a loop of
 // GEMMs, a GPU PyTorch has no grouped kernel for, or a device.json from before these keys.
 std::optional<GroupedTiling> grouped_tiling_of(const nlohmann::json& device,
@@ -176,6 +174,8 @@ std::optional<GroupedTiling> grouped_tiling_of(const nlohmann::json& device,
   return GroupedTiling::torch_grouped_mm(major, device.value("sms", 1));
 }
 
+// profile.yaml for a folder tools/measure_gpu.py wrote: its tables, the series and host-cost
+// rows by the names the script uses, and the contention cases in the order it writes them.
 std::string profile_yaml(const std::string& dir, const std::string& name,
                          const nlohmann::json& device, const std::string& device_file) {
   std::ostringstream y;
@@ -194,13 +194,9 @@ std::string profile_yaml(const std::string& dir, const std::string& name,
     if (const auto t = grouped_tiling_of(device, device_file)) {
       y << "# torch._grouped_mm's tiles on this GPU (PyTorch's GroupMM.cu): the grouped table's\n"
         << "# times are waves of them over the SMs.\n"
-        << "grouped_gemm_tiling:\n"
-        << "  tile_rows: " << t->tile_rows << "\n"
-        << "  tile_cols: " << t->tile_cols << "\n"
-        << "  small_tile_rows: " << t->small_tile_rows << "\n"
-        << "  small_tile_cols: " << t->small_tile_cols << "\n"
-        << "  small_at_most: " << t->small_at_most << "\n"
-        << "  cluster_rows: " << t->cluster_rows << "\n";
+        << "grouped_gemm_tiling:\n";
+      for (const auto& f : GroupedTiling::fields())
+        y << "  " << f.key << ": " << (*t).*f.member << "\n";
     } else {
       y << "# No grouped_gemm_tiling: the grouped kernel's tiles are not known for what was\n"
         << "# measured (device.json: grouped_kernel), so its time per unit of work is "
@@ -295,9 +291,9 @@ int cost_command(const std::vector<std::string>& args, std::ostream& out, std::o
 
 int calibrate_command(const std::vector<std::string>& args, std::ostream& out, std::ostream&) {
   const Args a = parse_args("calibrate", args, {"out", "name", "errors"}, {}, "DIR");
-  // --errors FILE: every row's leave-one-out prediction as CSV (signed error: + is too slow).
-  const auto report = [&](const std::vector<LooStats>& loo) {
-    print_loo(loo, out);
+  // --errors FILE: every row's leave-one-out prediction as CSV (signed error: + is too slow),
+  // written before anything else is put in place, so that a bad path leaves nothing behind.
+  const auto write_errors = [&](const std::vector<LooStats>& loo) {
     if (a.options.count("errors"))
       write_file_atomically(a.options.at("errors"), loo_rows_csv(loo), "--errors");
   };
@@ -312,8 +308,10 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out, s
     if (a.options.count("out"))
       throw ConfigError("nodeemu calibrate", "--out",
                         dir + " is already a profile; copy the folder to use it elsewhere");
+    const auto loo = p->leave_one_out();
+    write_errors(loo);
     out << "profile " << p->provenance() << "\n";
-    report(p->leave_one_out());
+    print_loo(loo, out);
     return 0;
   }
   const fs::path device_json = fs::path(dir) / "device.json";
@@ -325,10 +323,10 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out, s
                       std::string(e.what()) + "; tools/measure_gpu.py writes this file");
   }
   if (!device.is_object() || !device.contains("gpu") || !device["gpu"].is_string() ||
-      !device.contains("sms") || !device["sms"].is_number_integer())
+      !device.contains("sms") || !device["sms"].is_number_integer() || device["sms"] < 1)
     throw ConfigError(device_json.string(), "gpu",
-                      "needs 'gpu' (a string) and 'sms' (an integer); tools/measure_gpu.py writes "
-                      "them");
+                      "needs 'gpu' (a string) and 'sms' (an integer >= 1); tools/measure_gpu.py "
+                      "writes them");
   const std::string name =
       a.options.count("name") ? a.options.at("name") : slug(device["gpu"].get<std::string>());
   if (name.empty() ||
@@ -353,6 +351,7 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out, s
     write_text(tmp / "README.md", readme(name, device));
     const auto p = GpuProfile::load(tmp.string());
     const auto loo = p->leave_one_out();
+    write_errors(loo);
     if (a.options.count("out")) {
       fs::rename(tmp, dest);
       out << "wrote profile '" << name << "' to " << dest.string() << "\n";
@@ -360,7 +359,7 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out, s
       fs::remove_all(tmp);
       out << "checked " << dir << " as profile '" << name << "' (nothing written; give --out)\n";
     }
-    report(loo);
+    print_loo(loo, out);
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;

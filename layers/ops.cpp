@@ -30,14 +30,15 @@ LinearShape linear_shape(const Tensor& w) {
   return {experts ? w.dim(0) : 1, w.dim(experts ? 1 : 0), w.shape().back(), experts};
 }
 
-// Runs one linear pass as Megatron does: one GEMM for a dense layer; for local experts one
-// grouped GEMM (TEGroupedMLP) or one GEMM per expert (SequentialMLP). `body(first, count, g)`
-// computes rows [first, first + count) of group g, or all groups when g < 0. `t` is the GEMM's
-// type (At::fp32_gemms says which): it decides the table that prices it.
+// The type a linear's GEMM runs in: its activation's, or fp32 where the call asks (At::fp32_gemms).
 DType gemm_type(const At& at, DType activation) {
   return at.fp32_gemms ? DType::F32 : activation;
 }
 
+// Runs one linear pass as Megatron does: one GEMM for a dense layer; for local experts one
+// grouped GEMM (TEGroupedMLP) or one GEMM per expert (SequentialMLP). `body(first, count, g)`
+// computes rows [first, first + count) of group g, or all groups when g < 0. `t` is the GEMM's
+// type (At::fp32_gemms says which): it decides the table that prices it.
 void linear_kernels(
     const At& at, const std::string& name, GemmLayout layout, const LinearShape& w,
     const std::vector<std::int64_t>& rows, double bytes, DType t,

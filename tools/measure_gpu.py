@@ -166,8 +166,15 @@ STEPS = [("gemm", gemm_tables), ("grouped", grouped_tables), ("attention", atten
          ("contention", contention_tables)]
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments are one line naming the option, not argparse's usage block."""
+
+    def error(self, message):
+        self.exit(2, "%s: error: %s (see --help)\n" % (self.prog, message))
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder for the tables and device.json")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--quick", action="store_true",

@@ -48,8 +48,7 @@ GroupedGemmModel::Waves GroupedGemmModel::waves(double g, double r, double n, bo
     return w;
   }
   const GroupedTiling& t = *tiling_;
-  const double tr = small ? t.small_tile_rows : t.tile_rows;
-  const double tc = small ? t.small_tile_cols : t.tile_cols;
+  const auto [tr, tc] = t.tile(small);
   w.row_tiles = t.cluster_rows * std::ceil(std::ceil(r / tr) / t.cluster_rows);
   w.waves = std::ceil(g * w.row_tiles * std::ceil(n / tc) / t.sms);
   return w;
@@ -88,6 +87,7 @@ KernelShape GroupedGemmModel::query(const CsvTable& t, std::size_t row) {
 GroupedGemmModel::GroupedGemmModel(const CsvTable& t, const std::vector<std::size_t>& rows,
                                    const GemmModel& gemm, std::optional<GroupedTiling> tiling)
     : gemm_(&gemm), tiling_(tiling) {
+  NE_CHECK(!tiling_ || tiling_->sms > 0, "GroupedGemmModel: a tiling without the GPU's SMs");
   // Per family: each cell's rows with the time per wave each measured.
   std::map<std::tuple<double, double, bool>,
            std::map<Key, std::vector<std::pair<std::size_t, double>>>>
@@ -179,7 +179,8 @@ std::optional<double> GroupedGemmModel::from_others(
     const Key& from = near[i].second;
     std::vector<double> steps;
     for (const Family& o : families_) {
-      if (&o == &f) continue;
+      // Only families of the same tile: a step between two cells depends on the tile.
+      if (&o == &f || o.small != f.small) continue;
       auto a = o.measured.find(at), b = o.measured.find(from);
       if (a != o.measured.end() && b != o.measured.end())
         steps.push_back(std::log(a->second.seconds / b->second.seconds));
@@ -272,7 +273,7 @@ Prediction GroupedGemmModel::on_family(const Family& f, double g, double x) cons
   p.how = p.sources.size() == 1 ? "measured"
                                 : "bilinear in log space over (groups, row tiles per group)";
   if (filled) p.how += ", through holes filled from the family and the other families' steps";
-  if (above) p.how += ", above the grid: the edge's time per wave";
+  if (above) p.how += ", held at the grid's edge above it";
   return p;
 }
 
@@ -293,17 +294,21 @@ Prediction GroupedGemmModel::predict(const KernelShape& s) const {
   const double g = std::max<double>(1, double(s.groups));
   const double rows = std::max<double>(1, double(s.m));
   const double n = std::max<double>(1, double(s.n)), k = std::max<double>(1, double(s.k));
-  const Family& f = nearest(n, k, small_tile(rows / g, n));
-  const Waves w = waves(g, rows / g, f.n, f.small);
+  // The kernel picks its tile from the integer rows per group (GroupMM.cu divides integers).
+  const Family& f = nearest(n, k, small_tile(std::floor(rows / g), n));
+  Waves w = waves(g, rows / g, f.n, f.small);
   Prediction p = on_family(f, g, w.row_tiles);
-  p.seconds *= w.waves;
   if (tiling_) {
-    const GroupedTiling& t = *tiling_;
+    const auto [tr, tc] = tiling_->tile(f.small);
     p.how = std::to_string(long(w.waves)) + (w.waves == 1 ? " wave" : " waves") + " of " +
-            std::to_string(f.small ? t.small_tile_rows : t.tile_rows) + "x" +
-            std::to_string(f.small ? t.small_tile_cols : t.tile_cols) +
-            " tiles, the time per wave " + p.how;
+            std::to_string(tr) + "x" + std::to_string(tc) + " tiles, the time per wave " + p.how;
+  } else {
+    // Unquantised: below the grid the time holds (a smaller shape still fills what the smallest
+    // measured one did), so the work counts from the grid's edge.
+    w.waves = std::max(g, f.gs.front()) * std::max(w.row_tiles, f.xs.front()) * f.n;
+    p.how = "the time per unit of work " + p.how;
   }
+  p.seconds *= w.waves;
   if (f.n == n && f.k == k && s.layout == GemmLayout::NT) return p;
   // Another weight shape or pass: the GEMM table's ratio at the same total rows.
   const double ratio = gemm_->predict(equivalent(s.layout, rows, n, k)).seconds /

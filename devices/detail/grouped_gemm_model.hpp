@@ -8,15 +8,17 @@
 // (GroupedTiling), the model counts the waves of a shape and interpolates only the time per wave,
 // which is smooth: it still falls with more row tiles per group (fewer switches between groups)
 // and with the share of the fixed start-up. Without a tiling, the time per unit of work (groups x
-// rows x n, rows counted from one 128-row tile) takes its place: the tables' plain staircase.
+// rows x n, rows counted from one 128-row tile) takes its place, and below the grid the time
+// holds at the edge's.
 //
 // Each weight shape (n, k) and tile size is a family with a grid over (groups, row tiles per
 // group). The families' grids are measured with holes, so they are completed first: a hole gets
 // the mean, in log space, of (a) the family's own neighbours (the smallest box of measured points
 // around it) and (b) a measured neighbour in its row or column times the step the other families
 // show between the two cells (the median over the families that measured both). Measured cells
-// keep their values. A shape's time per wave is then interpolated bilinearly in log space on its
-// family's completed grid, and held at the edge outside it: the wave count carries the growth.
+// keep their values; a step is borrowed only from families of the same tile. A shape's time per
+// wave is then interpolated bilinearly in log space on its family's completed grid, and held at
+// the edge outside it: the wave count (or the work) carries the growth.
 //
 // A weight shape that is no family takes the nearest family of its tile size (in log n + log k) and
 // the ratio the GEMM table gives between the two shapes at the same total rows; the dgrad (NN) and

@@ -162,6 +162,13 @@ TEST(GpuProfile, EveryKernelKindIsPricedFromItsTable) {
   EXPECT_FALSE(h100()->price(none).from_table);
 }
 
+TEST(GpuProfile, TheShippedTilingIsTorchGroupedMmsOnHopper) {
+  EXPECT_EQ(h100()->grouped_tiling(), GroupedTiling::torch_grouped_mm(9, 132));
+  // A derived profile reads its base's tables, so it keeps the base's tiling and SM count.
+  EXPECT_EQ(GpuProfile::builtin("b200_sxm")->grouped_tiling(), h100()->grouped_tiling());
+  EXPECT_FALSE(GroupedTiling::torch_grouped_mm(8, 108));  // A100: no grouped kernel in PyTorch
+}
+
 TEST(GpuProfile, GroupedGemmTimeStepsWithTheKernelsWaves) {
   // torch._grouped_mm on the H100 runs 128x256 tiles in waves over 132 SMs: qwen3_fc1 (n 1536)
   // with 8 groups fills 8 x 2 x 6 = 96 tiles, one wave, at 256 rows per group, and 192 tiles, two
@@ -182,8 +189,15 @@ TEST(GpuProfile, GroupedGemmTimeStepsWithTheKernelsWaves) {
   EXPECT_GT(at(1, 4096) / at(1, 2048), 1.7);  // 192 tiles: two waves
   // Groups of up to 128 rows take the 64x128 tile: 16, 64 and 128 rows fill the same tile pair.
   EXPECT_NEAR(at(16, 16), at(16, 128), 1e-12);
+  // The tile is chosen from the integer rows per group, as PyTorch divides: 1030 rows over 8
+  // groups are 128 per group, the small tile; its 129-row groups take 3 row tiles (4 with the
+  // cluster), so 8 x 4 x 12 = 384 tiles, 3 waves against 1024 rows' 2 (the same time per wave).
+  Work w;
+  w.shape = KernelShape::grouped_gemm(GemmLayout::NT, 8, 1030, 1536, 2048);
+  EXPECT_NEAR(h100()->price(w).seconds / at(8, 128), 1.5, 1e-9);
   // Above the grid (more groups than measured) the time grows with the waves, not faster.
-  EXPECT_NEAR(at(128, 1024) / at(64, 1024), 2.0, 0.05);
+  // 64 x 8 x 6 = 3072 tiles are 24 waves of 132; 128 groups, 47.
+  EXPECT_NEAR(at(128, 1024) / at(64, 1024), 47.0 / 24, 1e-9);
 }
 
 TEST(GpuProfile, ContentionFromTheTables) {

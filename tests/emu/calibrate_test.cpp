@@ -2,8 +2,11 @@
 // kernel's tiling from device.json, and the per-row leave-one-out file.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "tests/emu/cli_runner.hpp"
 
@@ -17,7 +20,8 @@ using nodeemu::testing::run_cli;
 // added to its device.json.
 std::string measured_folder(const std::string& name, const std::string& device_extra) {
   const fs::path dir = fs::path(::testing::TempDir()) / (std::to_string(getpid()) + "_" + name);
-  fs::remove_all(dir);
+  // What an earlier run with the same pid left: calibrate refuses an --out that exists.
+  for (const char* left : {"", "_profile", "_loo.csv"}) fs::remove_all(dir.string() + left);
   fs::create_directories(dir);
   const fs::path h100 = fs::path(NODEEMU_SOURCE_DIR) / "configs/gpus/h100_sxm5";
   for (const auto& e : fs::directory_iterator(h100))
@@ -48,13 +52,29 @@ TEST(Calibrate, TorchGroupedMmOnHopperGetsItsTilingAndTheShippedErrors) {
       run_cli("calibrate " + std::string(NODEEMU_SOURCE_DIR) + "/configs/gpus/h100_sxm5");
   ASSERT_EQ(shipped.code, 0) << shipped.err;
   EXPECT_EQ(grouped_line(r.out), grouped_line(shipped.out));
-  // --errors: one line per measured row and column, signed.
-  const std::string csv = read_file(errors);
-  EXPECT_EQ(csv.substr(0, csv.find('\n')),
-            "table,column,row,measured_seconds,predicted_seconds,error");
-  EXPECT_NE(csv.find("\ngrouped_gemm_bf16.csv,seconds,249,"), std::string::npos);
-  EXPECT_NE(csv.find("\nattention_bf16.csv,bwd_seconds,38,"), std::string::npos);
-  EXPECT_NE(r.out.find("worst at"), std::string::npos);
+  // --errors: one line per measured row and column, the error signed (+: predicted too slow).
+  std::istringstream csv(read_file(errors));
+  std::string line;
+  std::getline(csv, line);
+  EXPECT_EQ(line, "table,column,row,measured_seconds,predicted_seconds,error");
+  int lines = 0, worst_row = 0;
+  double worst = 0;
+  while (std::getline(csv, line)) {
+    ++lines;
+    std::vector<std::string> f;
+    std::stringstream ls(line);
+    for (std::string c; std::getline(ls, c, ',');) f.push_back(c);
+    ASSERT_EQ(f.size(), 6u) << line;
+    const double measured = std::stod(f[3]), predicted = std::stod(f[4]), error = std::stod(f[5]);
+    EXPECT_NEAR(error, predicted / measured - 1, 1e-3) << line;
+    if (f[0] == "grouped_gemm_bf16.csv" && std::abs(error) > worst)
+      worst = std::abs(error), worst_row = std::stoi(f[2]);
+  }
+  // gemm 1601, grouped 249, attention 38 forward and 38 backward, memory 46, PCIe 31, fp32 GEMM 2.
+  EXPECT_EQ(lines, 1601 + 249 + 38 + 38 + 46 + 31 + 2);
+  // The report's "worst at" names the row of the largest error.
+  EXPECT_NE(grouped_line(r.out).find("row " + std::to_string(worst_row) + " ("), std::string::npos)
+      << grouped_line(r.out);
 }
 
 TEST(Calibrate, ALoopOfGemmsHasNoTilingAndSaysSo) {
@@ -75,6 +95,19 @@ TEST(Calibrate, AGroupedKernelWithoutItsComputeCapabilityIsOneLine) {
                        "as \"major.minor\" beside grouped_kernel; tools/measure_gpu.py writes "
                        "it\n");
   EXPECT_FALSE(fs::exists(dir + "_profile"));
+}
+
+TEST(Calibrate, ADeviceJsonWithoutSmsIsOneLineAndLeavesNothing) {
+  const std::string dir = measured_folder("no_sms", "");
+  std::ofstream(dir + "/device.json") << "{\"gpu\": \"NVIDIA H100 80GB HBM3\", \"sms\": 0}";
+  const auto r =
+      run_cli("calibrate " + dir + " --out " + dir + "_profile --errors " + dir + "_loo.csv");
+  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(r.err, "nodeemu: error: " + dir +
+                       "/device.json: gpu: needs 'gpu' (a string) and 'sms' (an integer >= 1); "
+                       "tools/measure_gpu.py writes them\n");
+  EXPECT_FALSE(fs::exists(dir + "_profile"));
+  EXPECT_FALSE(fs::exists(dir + "_loo.csv"));
 }
 
 }  // namespace

@@ -52,8 +52,8 @@ TEST(KernelChoices, AttentionBackendsArePricedFromTheirOwnRows) {
 
 // Megatron casts a linear's operands to the compute dtype: the GEMMs are bf16 even where NodeEmu
 // keeps fp32 values for its numerics (the output layer's logits and their gradient), and only
-// moe_router_dtype=fp32 puts the router's three GEMMs on the fp32 table (about 50 TFLOP/s on an
-// H100 against bf16's 600 and more).
+// moe_router_dtype=fp32 puts the router's three GEMMs on the fp32 table (about 27 TFLOP/s on an
+// H100 at the router's shape, against bf16's hundreds).
 TEST(KernelChoices, GemmsRunInTheComputeDtypeAndTheRouterInItsOwn) {
   const Recipe qwen = Recipe::load(recipe_path("qwen3_30b_a3b"), {"model.moe_router_dtype=fp32"});
   const Recipe bf16_router =

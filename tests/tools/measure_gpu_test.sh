@@ -61,6 +61,7 @@ refused() {  # expected message, then the arguments
     exit 1
   fi
   grep -q "$want" "$tmp/py_err.txt" || { echo "FAIL: no '$want' in:"; cat "$tmp/py_err.txt"; exit 1; }
+  test "$(wc -l < "$tmp/py_err.txt")" -eq 1 || { echo "FAIL: not one line:"; cat "$tmp/py_err.txt"; exit 1; }
 }
 refused "unknown table 'gemmm'" --device cpu --quick --tables gemmm --out "$tmp/r1"
 refused "device cpu needs --quick" --device cpu --out "$tmp/r2"

@@ -50,8 +50,10 @@ def grouped_kernel(device):
     """What times the experts' forward here: torch._grouped_mm (CUTLASS, Hopper and later) where
     PyTorch has it for this GPU, else a loop of GEMMs (Megatron's SequentialMLP). device.json
     records it, and `nodeemu calibrate` reads the table's tiling from it."""
+    # PyTorch's GroupMM.cu has CUTLASS kernels for sm90 and sm100 only; elsewhere _grouped_mm
+    # falls back to a loop of its own, which is not the kernel device.json would name.
     if device == "cuda" and hasattr(torch, "_grouped_mm") and \
-            torch.cuda.get_device_capability()[0] >= 9:
+            torch.cuda.get_device_capability()[0] in (9, 10):
         return "torch._grouped_mm"
     return "loop_mm"
 

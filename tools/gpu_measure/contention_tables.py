@@ -1,5 +1,6 @@
 """Contention tables: a GEMM beside kernels that hold SMs, and beside D2D and PCIe copies."""
 
+import ctypes
 import statistics
 import threading
 import time
@@ -27,16 +28,19 @@ def contention_tables(t, cfg, tables):
     alone = t.events(gemms)
     name = "gemm_alone_%dx_%dx%dx%d" % (reps, m, n, k)
     rows = [[name, "", fmt(alone), "1.0"]]
+    spinners = SpinningStreams(max(cfg.sms_held)) if cfg.device == "cuda" else None
     for held in cfg.sms_held:
         if cfg.device == "cuda":
             cycles = int(alone * SLEEP_MARGIN * sleep_cycles_per_second(t))
-            s = gemm_beside_sleepers(t, gemms, held, cycles)
+            s = gemm_beside_sleepers(t, gemms, spinners.streams[:held], cycles)
         else:
             threads = torch.get_num_threads()
             torch.set_num_threads(max(1, threads - round(threads * held / cfg.sms)))
             s = t.events(gemms)
             torch.set_num_threads(threads)
         rows.append(["gemm_with_sms_held", held, fmt(s), "%.4g" % (s / alone)])
+    if spinners:
+        spinners.close()
     tables.write("sm_contention.csv", ["case", "sms_held_by_other_kernel", "seconds", "slowdown"],
                  rows)
 
@@ -80,14 +84,36 @@ def sleep_cycles_per_second(t):
     return cycles / t.events(lambda: torch.cuda._sleep(cycles))
 
 
-def gemm_beside_sleepers(t, gemms, held, cycles):
-    """The GEMMs' own time while `held` single-block spinning kernels, each on its own stream and
+class SpinningStreams:
+    """`count` distinct streams for the spinning kernels. PyTorch's torch.cuda.Stream() hands out
+    streams from a pool of 32 per priority (c10 getStreamFromPool), and kernels that share a stream
+    run one after another, so the streams are created through cudart instead. cudaStreamCreate
+    makes blocking streams, which wait for the legacy default stream: the GEMMs beside them run on
+    a pool stream of their own."""
+
+    def __init__(self, count):
+        self.handles = []
+        for _ in range(count):
+            handle = ctypes.c_void_p()
+            torch.cuda.check_error(torch.cuda.cudart().cudaStreamCreate(ctypes.addressof(handle)))
+            self.handles.append(handle.value)
+        self.streams = [torch.cuda.ExternalStream(h) for h in self.handles]
+        assert len(set(self.handles)) == count, "cudaStreamCreate returned a stream twice"
+
+    def close(self):
+        torch.cuda.synchronize()
+        for h in self.handles:
+            torch.cuda.check_error(torch.cuda.cudart().cudaStreamDestroy(h))
+
+
+def gemm_beside_sleepers(t, gemms, streams, cycles):
+    """The GEMMs' own time while single-block spinning kernels, one on each of `streams` and
     launched first, spin for longer than the GEMMs run.
 
     The block scheduler may put two of these one-block kernels on one SM, so they hold at most
-    `held` SMs: the slowdown measured is a lower bound for `held` SMs taken (the H100 tables were
-    measured the same way)."""
-    streams = [torch.cuda.Stream() for _ in range(held)]
+    len(streams) SMs: the slowdown measured is a lower bound for that many SMs taken (the H100
+    tables were measured the same way)."""
+    gemm_stream = torch.cuda.Stream()
     times = []
     for i in range(t.warmup + t.repeats):
         torch.cuda.synchronize()
@@ -96,9 +122,10 @@ def gemm_beside_sleepers(t, gemms, held, cycles):
                 torch.cuda._sleep(cycles)
         a = torch.cuda.Event(enable_timing=True)
         b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        gemms()
-        b.record()
+        with torch.cuda.stream(gemm_stream):
+            a.record()
+            gemms()
+            b.record()
         torch.cuda.synchronize()
         if i >= t.warmup:
             times.append(a.elapsed_time(b) * 1e-3)
