@@ -9,8 +9,11 @@ as configs/gpus/h100_sxm5/) and device.json, their provenance. Then:
 Method (the calibration README's): device time from CUDA events after warm-up, the median of
 repeats. Small kernels are timed as CUDA-graph replays of 2 to 20 back-to-back calls divided by
 the count, so host launch gaps are not in them (each kernel's own start-up is); inputs rotate
-between two buffer sets so that not all of them sit in L2. The attention backward is autograd's
-backward timed with events over 3 calls. Host costs are host time of eager PyTorch calls.
+between two buffer sets so that not all of them sit in L2. Host costs are host time of eager
+PyTorch calls. One departure, on purpose: the attention backward is the graph-replayed forward
+and backward less the graph-replayed forward (device time, as NodeEmu's clock wants it), where
+the README timed autograd's eager backward with events over 3 calls, which at short sequences
+measures the host (`--attention-backward events` gives the README's method).
 
 `--device cpu --quick` runs the same code paths on CPU tensors with tiny sizes (no events or
 graphs: wall-clock timing stands in), so the pipeline can be tested on a machine without a GPU.
@@ -38,12 +41,18 @@ from gpu_measure.transfer_tables import host_cost_table, pcie_table
 METHOD = ("Device time from CUDA events after warm-up, the median of repeats. Small kernels (GEMMs, "
           "grouped GEMMs, memory-bound kernels, the attention forward, the graph rows of pcie.csv) "
           "are timed as CUDA-graph replays of 2 to 20 back-to-back calls divided by the count; "
-          "inputs rotate between two buffer sets. The attention backward is autograd's backward "
-          "timed with events over 3 calls. Event rows of pcie.csv time one eager copy each. Host "
+          "inputs rotate between two buffer sets. Event rows of pcie.csv time one eager copy each. Host "
           "costs are host time of eager PyTorch calls. RMSNorm, SwiGLU and the router are eager "
           "PyTorch kernels, not fused ones. SM contention: single-block spinning kernels "
           "(torch.cuda._sleep) on their own streams hold up to that many SMs while a GEMM stream "
           "runs (two blocks may share an SM: a lower bound on the slowdown).")
+
+# How attention_bf16.csv's bwd_seconds were taken (device.json: attention_backward).
+ATTENTION_BACKWARD = {
+    "graph": "device time: forward and backward replayed from a CUDA graph, less the forward",
+    "events": "autograd's eager backward timed with events over 3 calls (host time included at "
+              "short sequences)",
+}
 
 
 # --------------------------------------------------------------------------- configuration
@@ -53,6 +62,7 @@ class Config:
     def __init__(self, args):
         self.device = args.device
         self.quick = args.quick
+        self.attention_backward = args.attention_backward
         cuda = args.device == "cuda"
         self.dtype = torch.bfloat16
         self.peak_flops = 700e12 if cuda else 50e9
@@ -140,6 +150,7 @@ def device_json(cfg, args):
     d = {"device": cfg.device, "quick": cfg.quick, "torch": torch.__version__,
          "measured": datetime.date.today().isoformat(), "host_cpu": host_cpu(),
          "grouped_kernel": grouped_kernel(cfg.device),
+         "attention_backward": ATTENTION_BACKWARD[cfg.attention_backward],
          "method": METHOD if cfg.device == "cuda" else
                    "CPU stand-in (--device cpu): wall-clock timing of the same calls on CPU "
                    "tensors; no events, graphs or streams. A pipeline check, not a measurement."}
@@ -182,6 +193,10 @@ def main():
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats (median)")
     ap.add_argument("--memory-gib", type=float, default=None,
                     help="skip shapes needing more device memory than this")
+    ap.add_argument("--attention-backward", choices=["graph", "events"], default="graph",
+                    help="graph: forward+backward replayed from a CUDA graph less the forward "
+                         "(device time); events: autograd's eager backward timed with events, "
+                         "the calibration README's method")
     ap.add_argument("--tables", default="all",
                     help="comma list of: " + ",".join(name for name, _ in STEPS))
     args = ap.parse_args()

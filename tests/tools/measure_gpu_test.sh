@@ -26,6 +26,12 @@ for t in gemm_bf16 gemm_other grouped_gemm_bf16 attention_bf16 memory_bound pcie
   test -s "$tmp/measured/$t.csv" || { echo "FAIL: no $t.csv"; exit 1; }
 done
 test -s "$tmp/measured/device.json"
+grep -q '"attention_backward": "device time' "$tmp/measured/device.json"
+# The calibration README's own method for the attention backward, on request.
+"$py" "$src/tools/measure_gpu.py" --device cpu --quick --tables attention \
+  --attention-backward events --out "$tmp/events" > /dev/null
+grep -q '"attention_backward": "autograd' "$tmp/events/device.json"
+test -s "$tmp/events/attention_bf16.csv"
 
 "$nodeemu" calibrate "$tmp/measured" --out "$tmp/profile" | tee "$tmp/calibrate.txt"
 for t in gemm_bf16 grouped_gemm_bf16 attention_bf16 memory_bound pcie; do

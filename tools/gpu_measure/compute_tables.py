@@ -4,7 +4,7 @@ import sys
 
 import torch
 
-from .timing import calls_for, fits, fmt
+from .timing import MeasureError, calls_for, fits, fmt
 
 
 def gemm_tables(t, cfg, tables):
@@ -153,6 +153,35 @@ def attention(q, k, v, backend):
     return torch.matmul(torch.softmax(scores.float(), dim=-1).to(q.dtype), v)
 
 
+def attention_forward_backward(q, k, v, grad, backend):
+    out = attention(q, k, v, backend)
+    return torch.autograd.grad(out, (q, k, v), grad)
+
+
+def attention_backward(t, cfg, sets, fwd, flops, backend):
+    """The backward's device time. `graph` (the default): the forward and backward replayed
+    together from a CUDA graph, less the graph-replayed forward, so that autograd's host time is
+    not in it (NodeEmu charges the host separately). `events`: the calibration README's method,
+    autograd's eager backward timed with events over 3 calls, whose short sequences carry
+    150-400 us of host time on the H100 box."""
+    if cfg.attention_backward == "events":
+        q, k, v = (x.clone().requires_grad_(True) for x in sets[0])
+        out = attention(q, k, v, backend)
+        grad = torch.randn_like(out)
+        return t.events(lambda: [out.backward(grad, retain_graph=True) for _ in range(3)]) / 3
+    leaves = [tuple(x.clone().requires_grad_(True) for x in s) for s in sets]
+    grads = [torch.randn(s[0].shape[:-1] + (s[2].shape[-1],), dtype=s[0].dtype,
+                         device=s[0].device) for s in sets]
+    both = t.graph(lambda i: attention_forward_backward(*leaves[i % 2], grads[i % 2], backend),
+                   calls_for(3.5 * flops / cfg.peak_flops))
+    if both <= fwd:
+        if cfg.device == "cuda":
+            raise MeasureError("attention %s: forward+backward (%.3g s) not longer than the "
+                               "forward (%.3g s); repeat with more --repeats" % (backend, both, fwd))
+        return both  # the CPU stand-in's wall clock: a pipeline check, not a measurement
+    return both - fwd
+
+
 def attention_table(t, cfg, tables):
     dt, dev = cfg.dtype, cfg.device
     rows = []
@@ -173,12 +202,7 @@ def attention_table(t, cfg, tables):
                     flops = 2.0 * hq * seq * seq * (dqk + dv) * 0.5
                     fwd = t.graph(lambda i, s=sets, b=backend: attention(*s[i % 2], b),
                                   calls_for(flops / cfg.peak_flops))
-                    q, k, v = (x.clone().requires_grad_(True) for x in sets[0])
-                    out = attention(q, k, v, backend)
-                    grad = torch.randn_like(out)
-                    # autograd's backward, event-timed over 3 calls (not in a graph)
-                    bwd = t.events(lambda: [out.backward(grad, retain_graph=True)
-                                            for _ in range(3)]) / 3
+                    bwd = attention_backward(t, cfg, sets, fwd, flops, backend)
                 except RuntimeError as e:  # a backend that does not take this shape: no row
                     print("skipped attention %s %s seq %d: %s" % (backend, shape, seq, e),
                           file=sys.stderr)
