@@ -255,7 +255,11 @@ std::string readme(const std::string& name, const nlohmann::json& d) {
     << get("power_limit_w") << " W |\n"
     << "| software | PyTorch " << get("torch") << ", CUDA " << get("cuda") << "; grouped GEMMs by "
     << get("grouped_kernel") << " |\n"
-    << "| attention backward | " << get("attention_backward") << " |\n"
+    << "| attention backward | " << get("attention_backward")
+    << (d.contains("attention_backward_by_events")
+            ? "; these rows by events (not capturable): " + get("attention_backward_by_events")
+            : std::string())
+    << " |\n"
     << "| host | " << get("host_cpu") << " |\n"
     << "| date | " << get("measured") << " |\n"
     << "| device | " << get("device")

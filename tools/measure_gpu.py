@@ -63,6 +63,7 @@ class Config:
         self.device = args.device
         self.quick = args.quick
         self.attention_backward = args.attention_backward
+        self.event_timed_backward = []  # attention rows whose backward could not be captured
         cuda = args.device == "cuda"
         self.dtype = torch.bfloat16
         self.peak_flops = 700e12 if cuda else 50e9
@@ -154,6 +155,8 @@ def device_json(cfg, args):
          "method": METHOD if cfg.device == "cuda" else
                    "CPU stand-in (--device cpu): wall-clock timing of the same calls on CPU "
                    "tensors; no events, graphs or streams. A pipeline check, not a measurement."}
+    if cfg.event_timed_backward:
+        d["attention_backward_by_events"] = cfg.event_timed_backward
     if cfg.device == "cuda":
         p = torch.cuda.get_device_properties(0)
         d.update({"gpu": p.name, "sms": p.multi_processor_count,
@@ -182,6 +185,14 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, "%s: error: %s (see --help)\n" % (self.prog, message))
+
+
+def write_device_json(cfg, args):
+    """Written first, so that an interrupted run keeps its provenance, and again at the end."""
+    path = os.path.join(args.out, "device.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(device_json(cfg, args), f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def main():
@@ -220,8 +231,7 @@ def main():
     cfg = Config(args)
     t = Timer(args.device, args.repeats or (3 if args.quick else 10), 1 if args.quick else 3)
     tables = Tables(args.out)
-    with open(os.path.join(args.out, "device.json"), "w") as f:
-        json.dump(device_json(cfg, args), f, indent=1)
+    write_device_json(cfg, args)
     try:
         for name, fn in STEPS:
             if name in wanted:
@@ -230,6 +240,7 @@ def main():
     except MeasureError as e:
         print("measure_gpu.py: error: %s" % e, file=sys.stderr)
         return 1
+    write_device_json(cfg, args)  # again: what the tables' measurement found out on the way
     print("done: now run  nodeemu calibrate %s --out configs/gpus/<name>" % args.out)
     return 0
 
