@@ -38,6 +38,7 @@ class AlltoallPlan final : public DispatchPlan {
   bool frees_dispatch_input() const override { return true; }
 
  private:
+  bool sorts() const;
   const AlltoallTokenDispatcher& d_;
   std::int64_t tokens_;
   std::int64_t capacity_ = 0;                       // per expert, with pad-to-capacity
@@ -160,14 +161,25 @@ void AlltoallPlan::dispatch(ops::At at) {
   perm_.probs = Tensor();
 }
 
+// With one local expert the received rows are already in expert order, and Megatron skips the
+// sort and the unsort (token_dispatcher.py MoEAlltoAllTokenDispatcher dispatch_postprocess and
+// combine_preprocess: `if self.num_local_experts > 1`), as do their backwards here.
+bool AlltoallPlan::sorts() const { return d_.local_experts() > 1; }
+
 void AlltoallPlan::sort(ops::At at) {
-  io.expert_in = permute_blocks(at, "sort_chunks_by_local_expert", recv_, sort_blocks_);
-  io.expert_probs = permute_blocks(at, "sort_probs_by_local_expert", recv_probs_, sort_blocks_);
+  if (sorts()) {
+    io.expert_in = permute_blocks(at, "sort_chunks_by_local_expert", recv_, sort_blocks_);
+    io.expert_probs = permute_blocks(at, "sort_probs_by_local_expert", recv_probs_, sort_blocks_);
+  } else {
+    io.expert_in = recv_;
+    io.expert_probs = recv_probs_;
+  }
   recv_ = recv_probs_ = Tensor();
 }
 
 void AlltoallPlan::unsort(ops::At at) {
-  back_rows_ = permute_blocks(at, "unsort_chunks", io.expert_out, inverse(sort_blocks_));
+  back_rows_ = sorts() ? permute_blocks(at, "unsort_chunks", io.expert_out, inverse(sort_blocks_))
+                       : io.expert_out;
 }
 
 void AlltoallPlan::combine(ops::At at) {
@@ -190,11 +202,17 @@ void AlltoallPlan::combine_backward(ops::At at) {
 }
 
 void AlltoallPlan::unsort_backward(ops::At at) {
-  io.grad_expert_out = permute_blocks(at, "unsort_chunks_bwd", recv_, sort_blocks_);
+  io.grad_expert_out =
+      sorts() ? permute_blocks(at, "unsort_chunks_bwd", recv_, sort_blocks_) : recv_;
   recv_ = Tensor();
 }
 
 void AlltoallPlan::sort_backward(ops::At at) {
+  if (!sorts()) {
+    recv_ = io.grad_expert_in;
+    recv_probs_ = io.grad_expert_probs;
+    return;
+  }
   const auto inv = inverse(sort_blocks_);
   recv_ = permute_blocks(at, "sort_chunks_bwd", io.grad_expert_in, inv);
   recv_probs_ = permute_blocks(at, "sort_probs_bwd", io.grad_expert_probs, inv);
