@@ -105,6 +105,8 @@ const std::map<std::string, std::string>& flag_aliases() {
       {"rope-fusion", "model.apply_rope_fusion"},
       {"bias-swiglu-fusion", "model.bias_activation_fusion"},
       {"num-virtual-stages-per-pipeline-rank", "model.virtual_pipeline_model_parallel_size"},
+      {"microbatch-group-size-per-virtual-pipeline-stage",
+       "model.microbatch_group_size_per_vp_stage"},
       {"lr", "optimizer.lr"},
       {"seed", "emulator.seed"},
       {"weight-decay", "optimizer.weight_decay"},

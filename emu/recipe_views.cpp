@@ -193,6 +193,12 @@ int virtual_chunks(const Recipe& r) {
              : 1;
 }
 
+int microbatch_group_size(const Recipe& r) {
+  return r.is_set("model.microbatch_group_size_per_vp_stage")
+             ? r.int32("model.microbatch_group_size_per_vp_stage")
+             : pipeline_size(r);  // ModelParallelConfig.__post_init__'s default
+}
+
 std::vector<int> layers_per_virtual_stage(const Recipe& r) {
   const int stages = pipeline_size(r) * virtual_chunks(r);
   const int layers = r.int32("model.num_layers");

@@ -34,6 +34,9 @@ ParallelLayout parallel_layout(const Recipe& r, int world);
 
 int pipeline_size(const Recipe& r);
 int virtual_chunks(const Recipe& r);  // VPP, 1 when unset
+// Micro-batches run together through each virtual stage (microbatch_group_size_per_vp_stage,
+// PP when unset).
+int microbatch_group_size(const Recipe& r);
 // Layers of each virtual stage, in stage order (virtual stage v * PP + pp_rank): the
 // emulator.pipeline_layout when set, otherwise an even split. Empty when it does not divide.
 std::vector<int> layers_per_virtual_stage(const Recipe& r);

@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "emu/recipe.hpp"
 #include "layers/model_chunk.hpp"
@@ -98,17 +99,24 @@ struct LayerNodes {
 void schedule_layer_pair(std::optional<LayerNodes> f, std::optional<LayerNodes> b, bool delay_wgrad,
                          const OverlapOptions& o, bool defer_b_attention_wgrad = false);
 
-// Megatron's virtual micro-batch order. Virtual micro-batch k of m micro-batches on v chunks
-// and p pipeline ranks: micro-batch (k / (p v)) p + k mod p, forward chunk (k / p) mod v, and
-// backward chunk v - 1 - that (forward_backward_pipelining_with_interleaving, with a micro-batch
-// group of p).
-PlanId virtual_forward(int k, int pp, int vpp);
-PlanId virtual_backward(int k, int pp, int vpp);
+// Megatron's virtual micro-batch order (schedules.py get_schedule_table): the micro-batches in
+// groups of `group` (microbatch_group_size_per_vp_stage), each group through every chunk in
+// turn, the last group taking what is left. Entry k is the k-th forward; the k-th backward is
+// the same micro-batch through chunk chunks - 1 - chunk.
+std::vector<PlanId> schedule_table(int microbatches, int chunks, int group);
+
+// Megatron's warm-up forwards of pipeline rank `rank`, capped at every virtual micro-batch:
+// 1F1B (forward_backward_pipelining_without_interleaving), pp - rank - 1; interleaved
+// (schedules.py get_pp_rank_microbatches), 2 (pp - rank - 1) + (chunks - 1) group, plus one with
+// EP overlap so that the forward and the backward of each combined step are independent (and
+// with PP = 1 the EP-overlap schedule's one warm-up forward).
+int megatron_warmup(int pp, int rank, int chunks, int microbatches, int group, bool ep_overlap);
 
 // The pipelined step all built-in schedules share: `warmup` forwards, then the steady state
 // (forward k + warmup and backward k, one after the other or as one combined step), then the
-// remaining backwards.
-void run_pipelined(StepContext& step, int warmup, bool combined, const OverlapOptions& o);
+// remaining backwards, in the order of schedule_table(microbatches, chunks, group).
+void run_pipelined(StepContext& step, int warmup, bool combined, const OverlapOptions& o,
+                   int group);
 
 // sequential (PP = 1: gradient accumulation), 1f1b (PP > 1), interleaved-1f1b (VPP), and
 // combined-1f1b-a2a-overlap (overlap_moe_expert_parallel_comm, PP = 1 or VPP).

@@ -108,23 +108,34 @@ void combined_step(StepContext& step, std::optional<PlanId> fid, std::optional<P
   }
 }
 
-PlanId virtual_forward(int k, int pp, int vpp) {
-  const int group = pp * vpp, in_group = k % group;
-  return {(k / group) * pp + in_group % pp, in_group / pp};
+std::vector<PlanId> schedule_table(int microbatches, int chunks, int group) {
+  std::vector<PlanId> table;
+  table.reserve(std::size_t(microbatches) * std::size_t(chunks));
+  for (int first = 0; first < microbatches; first += group) {
+    const int last = first + group >= microbatches ? microbatches : first + group;
+    for (int c = 0; c < chunks; ++c)
+      for (int mb = first; mb < last; ++mb) table.push_back({mb, c});
+  }
+  return table;
 }
 
-PlanId virtual_backward(int k, int pp, int vpp) {
-  PlanId id = virtual_forward(k, pp, vpp);
-  id.chunk = vpp - 1 - id.chunk;
-  return id;
+int megatron_warmup(int pp, int rank, int chunks, int microbatches, int group, bool ep_overlap) {
+  const int total = microbatches * chunks;
+  const int extra = ep_overlap ? 1 : 0;
+  if (chunks == 1) return std::min(pp - rank - 1 + extra, total);
+  return std::min(2 * (pp - rank - 1) + (chunks - 1) * group + extra, total);
 }
 
-void run_pipelined(StepContext& step, int warmup, bool combined, const OverlapOptions& o) {
-  const int pp = step.pp_size(), vpp = step.chunks();
-  const int total = step.microbatches() * vpp;
+void run_pipelined(StepContext& step, int warmup, bool combined, const OverlapOptions& o,
+                   int group) {
+  const int vpp = step.chunks();
+  const std::vector<PlanId> table = schedule_table(step.microbatches(), vpp, group);
+  const int total = int(table.size());
   warmup = std::clamp(warmup, 0, total);
-  auto F = [&](int k) { return virtual_forward(k, pp, vpp); };
-  auto B = [&](int k) { return virtual_backward(k, pp, vpp); };
+  auto F = [&](int k) { return table[std::size_t(k)]; };
+  auto B = [&](int k) {
+    return PlanId{table[std::size_t(k)].microbatch, vpp - 1 - table[std::size_t(k)].chunk};
+  };
   for (int k = 0; k < warmup; ++k) {
     if (combined)
       combined_step(step, F(k), std::nullopt, o);
@@ -149,44 +160,42 @@ void run_pipelined(StepContext& step, int warmup, bool combined, const OverlapOp
 
 namespace {
 
-// Megatron's warm-up counts: 1F1B, pp - rank - 1; interleaved, 2 (pp - rank - 1) + (vpp - 1) pp,
-// or everything when there are only pp micro-batches.
-int megatron_warmup(const StepContext& step) {
-  const int pp = step.pp_size(), r = step.pp_rank(), vpp = step.chunks();
-  const int total = step.microbatches() * vpp;
-  if (vpp == 1) return std::min(pp - r - 1, total);
-  if (step.microbatches() == pp) return total;
-  return std::min(2 * (pp - r - 1) + (vpp - 1) * pp, total);
+int warmup_of(const StepContext& step, int group, bool ep_overlap) {
+  return megatron_warmup(step.pp_size(), step.pp_rank(), step.chunks(), step.microbatches(), group,
+                         ep_overlap);
 }
 
 class Sequential : public Schedule {
  public:
   std::string name() const override { return "sequential"; }
-  void run(StepContext& step) override { run_pipelined(step, 0, false, {}); }
+  void run(StepContext& step) override { run_pipelined(step, 0, false, {}, 1); }
 };
 
 class OneFOneB : public Schedule {
  public:
-  explicit OneFOneB(bool interleaved) : interleaved_(interleaved) {}
+  OneFOneB(bool interleaved, int group) : interleaved_(interleaved), group_(group) {}
   std::string name() const override { return interleaved_ ? "interleaved-1f1b" : "1f1b"; }
-  void run(StepContext& step) override { run_pipelined(step, megatron_warmup(step), false, {}); }
+  void run(StepContext& step) override {
+    run_pipelined(step, warmup_of(step, group_, false), false, {}, group_);
+  }
 
  private:
   bool interleaved_;
+  int group_;
 };
 
 class CombinedOverlap : public Schedule {
  public:
-  explicit CombinedOverlap(OverlapOptions o) : o_(o) {}
+  CombinedOverlap(OverlapOptions o, int group) : o_(o), group_(group) {}
   std::string name() const override { return "combined-1f1b-a2a-overlap"; }
   void run(StepContext& step) override {
-    // One extra warm-up micro-batch, so that the forward and the backward of every combined step
-    // are independent (with PP = 1: the first forward alone, then (f i+1, b i) pairs).
-    run_pipelined(step, megatron_warmup(step) + 1, true, o_);
+    // With PP = 1: the first forward alone, then (f i+1, b i) pairs.
+    run_pipelined(step, warmup_of(step, group_, true), true, o_, group_);
   }
 
  private:
   OverlapOptions o_;
+  int group_;
 };
 
 }  // namespace
@@ -198,10 +207,11 @@ std::unique_ptr<Schedule> make_schedule(const Recipe& r) {
       throw ConfigError(r.name(), "model.virtual_pipeline_model_parallel_size",
                         "the EP-overlap schedule with PP > 1 needs VPP");
     return std::make_unique<CombinedOverlap>(
-        OverlapOptions{r.flag("model.ep_overlap_early_attn_memory_release")});
+        OverlapOptions{r.flag("model.ep_overlap_early_attn_memory_release")},
+        microbatch_group_size(r));
   }
   if (pp == 1) return std::make_unique<Sequential>();
-  return std::make_unique<OneFOneB>(vpp > 1);
+  return std::make_unique<OneFOneB>(vpp > 1, microbatch_group_size(r));
 }
 
 }  // namespace nodeemu::emu

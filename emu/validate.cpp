@@ -111,17 +111,45 @@ class Rules {
       error("train.global_batch_size", std::to_string(gbs) +
                                            " is not a multiple of micro_batch_size x DP = " +
                                            std::to_string(mbs) + " x " + std::to_string(dp));
-    else if (vpp > 1 && (gbs / (std::int64_t(mbs) * dp)) % pp)
-      error("train.global_batch_size",
-            "the interleaved schedule needs the micro-batches per rank (" +
-                std::to_string(gbs / (std::int64_t(mbs) * dp)) +
-                ") to be a multiple of pipeline_model_parallel_size");
+    else if (vpp > 1)
+      microbatch_groups(gbs / (std::int64_t(mbs) * dp), pp);
+    if (set("model.microbatch_group_size_per_vp_stage") && vpp == 1)
+      error("model.microbatch_group_size_per_vp_stage",
+            "has no effect without virtual_pipeline_model_parallel_size; unset it");
     if (b("model.bf16") && b("model.fp16")) error("model.fp16", "bf16 and fp16 are exclusive");
+  }
+
+  // The interleaved schedule's micro-batch groups (schedules.py
+  // forward_backward_pipelining_with_interleaving): the group size lies in [PP, M], and a last,
+  // partial group has at least PP micro-batches.
+  void microbatch_groups(std::int64_t m, int pp) {
+    const int g = microbatch_group_size(r_);
+    const bool own = set("model.microbatch_group_size_per_vp_stage");
+    const std::string key =
+        own ? "model.microbatch_group_size_per_vp_stage" : "train.global_batch_size";
+    const std::string counts = " (micro-batches per rank M = " + std::to_string(m) +
+                               ", PP = " + std::to_string(pp) + ", group " + std::to_string(g) +
+                               (own ? ")" : " = PP, microbatch_group_size_per_vp_stage unset)");
+    if (g < pp || g > m)
+      error(key, "the interleaved schedule needs PP <= microbatch_group_size_per_vp_stage <= M" +
+                     counts);
+    else if (m % g != 0 && m % g < pp)
+      error(key, "the interleaved schedule's last micro-batch group has " + std::to_string(m % g) +
+                     ", fewer than PP: make M a multiple of the group "
+                     "or leave at least PP over" +
+                     counts);
   }
 
   // REFERENCE section 4: overlap_moe_expert_parallel_comm.
   void ep_overlap() {
-    if (!b("comm_overlap.overlap_moe_expert_parallel_comm")) return;
+    if (!b("comm_overlap.overlap_moe_expert_parallel_comm")) {
+      // TransformerConfig.__post_init__: the release is a step of the overlapped schedule.
+      if (b("model.ep_overlap_early_attn_memory_release"))
+        error("model.ep_overlap_early_attn_memory_release",
+              "needs comm_overlap.overlap_moe_expert_parallel_comm=true (it reorders the "
+              "overlapped layer pair)");
+      return;
+    }
     const std::string why = " (required by comm_overlap.overlap_moe_expert_parallel_comm)";
     if (i("model.expert_model_parallel_size") < 2)
       error("model.expert_model_parallel_size", "must be > 1" + why);
@@ -155,35 +183,48 @@ class Rules {
     if (!b("comm_overlap.overlap_moe_expert_parallel_comm"))
       error("comm_overlap.overlap_moe_expert_parallel_comm",
             "must be true for comm_overlap.delay_wgrad_compute");
-    const bool graphs = r_.text("model.cuda_graph_impl") != "none";
+    const bool te_graphs = r_.text("model.cuda_graph_impl") == "transformer_engine";
     const auto scope_has = [&](const std::string& s) {
       return set("model.cuda_graph_scope") && r_.list_has("model.cuda_graph_scope", s);
     };
-    // An unset scope with graphs on captures whole layers, attention included.
-    const bool scope_all = graphs && !set("model.cuda_graph_scope");
-    const bool covers_attn =
-        graphs && (scope_all || scope_has("attn") ||
-                   (scope_has("moe_router") && !b("model.moe_shared_expert_overlap")));
-    if (covers_attn) {
-      const std::string why =
-          " when a CUDA-graph scope covers attention with comm_overlap.delay_wgrad_compute";
+    const std::string& te = r_.text("emulator.te_version");
+    // TransformerConfig.__post_init__: any TE graph with the delayed wgrad.
+    if (te_graphs && !version_at_least(te, "2.10"))
+      error("emulator.te_version", "is " + te +
+                                       "; delay_wgrad_compute with cuda_graph_impl="
+                                       "transformer_engine needs TransformerEngine >= 2.10");
+    // Megatron-Bridge comm_overlap.py (and Megatron-LM validate_args): the wgrad is inside a
+    // graph when the attention is captured, or the router is and a shared expert runs beside it
+    // without its own overlap. An unset scope is not the attention scope.
+    const bool attn = te_graphs && scope_has("attn");
+    const bool wgrad_in_graph = attn || (te_graphs && scope_has("moe_router") &&
+                                         set("model.moe_shared_expert_intermediate_size") &&
+                                         !b("model.moe_shared_expert_overlap"));
+    if (wgrad_in_graph) {
+      const std::string why = " when a CUDA graph holds a delayed wgrad (comm_overlap.py)";
       if (!b("model.gradient_accumulation_fusion"))
         error("model.gradient_accumulation_fusion", "must be true" + why);
+      if (!version_at_least(te, "2.12"))
+        error("emulator.te_version", "is " + te + "; needs TransformerEngine >= 2.12" + why);
+    }
+    if (attn) {
+      const std::string why = " with the attn CUDA-graph scope and delay_wgrad_compute";
       if (b("model.add_bias_linear")) error("model.add_bias_linear", "must be false" + why);
       if (b("model.add_qkv_bias")) error("model.add_qkv_bias", "must be false" + why);
     }
-    const std::string& te = r_.text("emulator.te_version");
-    if ((b("ddp.overlap_grad_reduce") || b("model.gradient_accumulation_fusion")) &&
+    if ((overlap_grad_reduce() || b("model.gradient_accumulation_fusion")) &&
         !version_at_least(te, "2.7"))
       error("emulator.te_version",
             "is " + te +
                 "; delay_wgrad_compute with overlap_grad_reduce or gradient_accumulation_fusion "
                 "needs TransformerEngine >= 2.7");
-    if (graphs && (scope_all || set("model.cuda_graph_scope")) && !version_at_least(te, "2.12"))
-      error("emulator.te_version",
-            "is " + te +
-                "; delay_wgrad_compute with a CUDA-graph scope needs TransformerEngine >= "
-                "2.12");
+  }
+
+  // ddp.overlap_grad_reduce, or Megatron-Bridge's comm_overlap.overlap_grad_reduce, which
+  // overrides it (CommOverlapConfig._override_user_cfgs).
+  bool overlap_grad_reduce() const {
+    return set("comm_overlap.overlap_grad_reduce") ? b("comm_overlap.overlap_grad_reduce")
+                                                   : b("ddp.overlap_grad_reduce");
   }
 
   // Keys that choose kernels (layers/kernel_choices.hpp): what the local spec cannot honour is
@@ -252,11 +293,17 @@ class Rules {
       needs_static("model.cuda_graph_scope", "cuda_graph_scope moe");
       if (has("moe_router"))
         error("model.cuda_graph_scope", "moe and moe_router cannot both be listed; keep one");
-      if (b("comm_overlap.overlap_moe_expert_parallel_comm"))
-        error("model.cuda_graph_scope",
-              "moe (the whole MoE layer) cannot be captured with "
-              "comm_overlap.overlap_moe_expert_parallel_comm; use moe_router and moe_preprocess");
     }
+    // TransformerConfig.__post_init__: the overlapped schedule splits the MoE and MLP modules
+    // into nodes, which a graph of the whole module cannot hold.
+    if (impl == "transformer_engine" && b("comm_overlap.overlap_moe_expert_parallel_comm"))
+      for (const char* m : {"moe", "mlp"})
+        if (has(m))
+          error("model.cuda_graph_scope",
+                std::string(m) +
+                    " cannot be captured with "
+                    "comm_overlap.overlap_moe_expert_parallel_comm; use attn, "
+                    "moe_router and moe_preprocess");
     if (has("moe_preprocess") && !has("moe_router"))
       error("model.cuda_graph_scope", "moe_preprocess needs moe_router in the scope too");
     if (has("moe_preprocess") && r_.text("model.moe_token_dispatcher_type") == "alltoall" &&
@@ -286,6 +333,11 @@ class Rules {
 
   void offload() {
     const bool fine = b("model.fine_grained_activation_offloading");
+    // TransformerConfig.__post_init__ asserts a non-empty offload_modules.
+    if (fine && (!set("model.offload_modules") || r_.list("model.offload_modules").empty()))
+      error("model.offload_modules",
+            "is empty; fine_grained_activation_offloading needs the modules to offload "
+            "(e.g. [expert_fc1, moe_act])");
     if (fine && b("model.cpu_offloading"))
       error("model.cpu_offloading",
             "whole-layer cpu_offloading cannot be combined with "
@@ -358,6 +410,11 @@ class Rules {
     if (recompute_has("mla_up_proj"))
       error("model.recompute_modules",
             "mla_up_proj needs multi-latent attention, which NodeEmu does not model; remove it");
+    if (overlap_grad_reduce())
+      refuse(set("comm_overlap.overlap_grad_reduce") ? "comm_overlap.overlap_grad_reduce"
+                                                     : "ddp.overlap_grad_reduce",
+             "overlapping the gradient reduction with the backward (NodeEmu reduces after the "
+             "step)");
     if (b("model.cpu_offloading"))
       refuse("model.cpu_offloading",
              "whole-layer cpu_offloading (use fine_grained_activation_offloading)");

@@ -69,6 +69,60 @@ TEST(Schedules, PipelinedSchedulesAreBitExactWithSequentialForUnevenSplits) {
   EXPECT_EQ(plain.numerics_hash, seq.numerics_hash);
 }
 
+// schedules.py: forward_backward_pipelining_without_interleaving (pp - rank - 1) and
+// get_pp_rank_microbatches (2 (pp - rank - 1) + (chunks - 1) group, + 1 with EP overlap),
+// each capped at the virtual micro-batches, worked by hand.
+TEST(Schedules, WarmupCountsAreMegatrons) {
+  struct Case {
+    int pp, chunks, microbatches, group;
+    bool ep_overlap;
+    std::vector<int> per_rank;
+  };
+  const Case cases[] = {
+      {4, 1, 8, 4, false, {3, 2, 1, 0}},
+      {4, 1, 2, 4, false, {2, 2, 1, 0}},  // capped at the micro-batches
+      {1, 1, 8, 1, true, {1}},            // the EP-overlap schedule's one forward alone
+      {2, 2, 4, 2, false, {4, 2}},
+      {2, 2, 4, 2, true, {5, 3}},
+      {2, 2, 5, 3, false, {5, 3}},
+      // Micro-batches = PP: only the first half of the ranks run everything as warm-up.
+      {4, 2, 4, 4, false, {8, 8, 6, 4}},
+      {4, 2, 4, 4, true, {8, 8, 7, 5}},
+      {4, 3, 8, 4, false, {14, 12, 10, 8}},
+      {4, 3, 8, 8, false, {22, 20, 18, 16}},
+  };
+  for (const Case& c : cases)
+    for (int r = 0; r < c.pp; ++r)
+      EXPECT_EQ(megatron_warmup(c.pp, r, c.chunks, c.microbatches, c.group, c.ep_overlap),
+                c.per_rank[std::size_t(r)])
+          << "pp " << c.pp << " chunks " << c.chunks << " M " << c.microbatches << " group "
+          << c.group << (c.ep_overlap ? " ep-overlap" : "") << " rank " << r;
+}
+
+// schedules.py get_schedule_table: PP 2, group 3, 5 micro-batches, 2 chunks.
+TEST(Schedules, MicrobatchGroupsOrderTheVirtualStagesAsMegatron) {
+  const std::vector<PlanId> t = schedule_table(5, 2, 3);
+  std::vector<int> mb, chunk;
+  for (const PlanId& p : t) mb.push_back(p.microbatch), chunk.push_back(p.chunk);
+  EXPECT_EQ(mb, (std::vector<int>{0, 1, 2, 0, 1, 2, 3, 4, 3, 4}));
+  EXPECT_EQ(chunk, (std::vector<int>{0, 0, 0, 1, 1, 1, 0, 0, 1, 1}));
+  // Another group size reorders the work, never the numbers.
+  const std::vector<std::string> five = {"train.global_batch_size=20"};
+  const RunReport seq = run(five);
+  std::vector<std::string> groups = {"train.global_batch_size=20", "emulator.gpus_per_node=8",
+                                     "model.pipeline_model_parallel_size=2",
+                                     "model.virtual_pipeline_model_parallel_size=2",
+                                     "model.microbatch_group_size_per_vp_stage=3"};
+  const RunReport g3 = run(groups);
+  EXPECT_EQ(g3.numerics_hash, seq.numerics_hash);
+  groups.back() = "model.microbatch_group_size_per_vp_stage=5";
+  const RunReport g5 = run(groups);
+  EXPECT_EQ(g5.numerics_hash, seq.numerics_hash);
+  EXPECT_NE(g5.timeline_hash, g3.timeline_hash);
+  groups.push_back(kOverlap);
+  EXPECT_EQ(run(groups).numerics_hash, seq.numerics_hash);
+}
+
 TEST(Schedules, RunsRepeatAndQueuesOrThreadsChangeOnlyWhatTheyMay) {
   const RunReport a = run({kOverlap});
   const RunReport b = run({kOverlap});

@@ -94,10 +94,12 @@ const Rule kRules[] = {
      delayed({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]",
               "model.gradient_accumulation_fusion=true"}),
      delayed({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]"}),
-     "error: model.gradient_accumulation_fusion: must be true when a CUDA-graph scope covers "
-     "attention"},
-    {"delay_graph_router_without_shared_overlap_needs_ga_fusion",
-     delayed({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[mlp]"}),
+     "error: model.gradient_accumulation_fusion: must be true when a CUDA graph holds a delayed "
+     "wgrad (comm_overlap.py)\n"},
+    // The router's scope holds a wgrad only beside a shared expert (the tiny recipe has one).
+    {"delay_graph_router_with_shared_expert_needs_ga_fusion",
+     delayed({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[moe_router]",
+              "model.moe_shared_expert_intermediate_size=null"}),
      delayed({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[moe_router]"}),
      "error: model.gradient_accumulation_fusion: must be true"},
     {"delay_graph_attn_no_bias",
@@ -105,18 +107,64 @@ const Rule kRules[] = {
               "model.gradient_accumulation_fusion=true"}),
      delayed({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]",
               "model.gradient_accumulation_fusion=true", "model.add_qkv_bias=true"}),
-     "error: model.add_qkv_bias: must be false when a CUDA-graph scope covers attention"},
-    {"delay_te_2_7_with_grad_reduce_overlap",
-     delayed({"ddp.overlap_grad_reduce=true", "emulator.te_version=2.7.0"}),
-     delayed({"ddp.overlap_grad_reduce=true", "emulator.te_version=2.6"}),
+     "error: model.add_qkv_bias: must be false with the attn CUDA-graph scope and "
+     "delay_wgrad_compute\n"},
+    {"delay_te_2_7_with_ga_fusion",
+     delayed({"model.gradient_accumulation_fusion=true", "emulator.te_version=2.7.0"}),
+     delayed({"model.gradient_accumulation_fusion=true", "emulator.te_version=2.6"}),
      "error: emulator.te_version: is 2.6; delay_wgrad_compute with overlap_grad_reduce or "
      "gradient_accumulation_fusion needs TransformerEngine >= 2.7\n"},
-    {"delay_te_2_12_with_graph_scope",
-     delayed({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[mlp]",
-              "emulator.te_version=2.12"}),
-     delayed({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[mlp]",
-              "emulator.te_version=2.11"}),
-     "with a CUDA-graph scope needs TransformerEngine >= 2.12"},
+    {"delay_te_2_10_with_te_graphs",
+     delayed({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[moe_router]",
+              "model.moe_shared_expert_intermediate_size=null", "emulator.te_version=2.10"}),
+     delayed({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[moe_router]",
+              "model.moe_shared_expert_intermediate_size=null", "emulator.te_version=2.9"}),
+     "error: emulator.te_version: is 2.9; delay_wgrad_compute with "
+     "cuda_graph_impl=transformer_engine needs TransformerEngine >= 2.10\n"},
+    // 2.12 only where a graph holds the wgrad: not for a router graph without a shared expert.
+    {"delay_te_2_12_only_with_the_wgrad_in_a_graph",
+     delayed({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[moe_router]",
+              "model.moe_shared_expert_intermediate_size=null", "emulator.te_version=2.11"}),
+     delayed({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]",
+              "model.gradient_accumulation_fusion=true", "emulator.te_version=2.11"}),
+     "error: emulator.te_version: is 2.11; needs TransformerEngine >= 2.12 when a CUDA graph "
+     "holds a delayed wgrad (comm_overlap.py)\n"},
+    {"overlap_graph_scope_not_mlp",
+     overlap({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]"}),
+     overlap({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[mlp]"}),
+     "error: model.cuda_graph_scope: mlp cannot be captured with "
+     "comm_overlap.overlap_moe_expert_parallel_comm; use attn, moe_router and moe_preprocess\n"},
+    {"early_attn_release_needs_overlap",
+     overlap({"model.ep_overlap_early_attn_memory_release=true"}),
+     {"model.ep_overlap_early_attn_memory_release=true"},
+     "error: model.ep_overlap_early_attn_memory_release: needs "
+     "comm_overlap.overlap_moe_expert_parallel_comm=true"},
+    {"overlap_grad_reduce_is_not_modelled",
+     {"ddp.overlap_grad_reduce=false"},
+     {"comm_overlap.overlap_grad_reduce=true"},
+     "error: comm_overlap.overlap_grad_reduce: overlapping the gradient reduction with the "
+     "backward (NodeEmu reduces after the step) is not modelled by NodeEmu yet\n"},
+    // --- the interleaved schedule's micro-batch groups ---
+    {"microbatch_group_in_pp_to_m",
+     {"emulator.gpus_per_node=8", "model.pipeline_model_parallel_size=2",
+      "model.virtual_pipeline_model_parallel_size=2", "train.global_batch_size=20",
+      "model.microbatch_group_size_per_vp_stage=3"},
+     {"emulator.gpus_per_node=8", "model.pipeline_model_parallel_size=2",
+      "model.virtual_pipeline_model_parallel_size=2", "model.microbatch_group_size_per_vp_stage=1"},
+     "error: model.microbatch_group_size_per_vp_stage: the interleaved schedule needs PP <= "
+     "microbatch_group_size_per_vp_stage <= M (micro-batches per rank M = 4, PP = 2, group 1)\n"},
+    {"microbatch_last_group_at_least_pp",
+     {"emulator.gpus_per_node=8", "model.pipeline_model_parallel_size=2",
+      "model.virtual_pipeline_model_parallel_size=2", "model.microbatch_group_size_per_vp_stage=4"},
+     {"emulator.gpus_per_node=8", "model.pipeline_model_parallel_size=2",
+      "model.virtual_pipeline_model_parallel_size=2", "model.microbatch_group_size_per_vp_stage=3"},
+     "error: model.microbatch_group_size_per_vp_stage: the interleaved schedule's last "
+     "micro-batch group has 1, fewer than PP"},
+    {"microbatch_group_needs_vpp",
+     {},
+     {"model.microbatch_group_size_per_vp_stage=2"},
+     "error: model.microbatch_group_size_per_vp_stage: has no effect without "
+     "virtual_pipeline_model_parallel_size; unset it\n"},
     // --- flex dispatcher ---
     {"flex_backend_without_flex_warns",
      {},
@@ -129,6 +177,11 @@ const Rule kRules[] = {
      {"model.moe_token_dispatcher_type=flex", "model.moe_shared_expert_overlap=true"},
      "warning: model.moe_shared_expert_overlap: the flex dispatcher forces it off"},
     // --- offload ---
+    {"offload_modules_not_empty",
+     {"model.fine_grained_activation_offloading=true", "model.offload_modules=[moe_act]"},
+     {"model.fine_grained_activation_offloading=true"},
+     "error: model.offload_modules: is empty; fine_grained_activation_offloading needs the "
+     "modules to offload"},
     {"offload_not_with_cpu_offloading",
      {},
      {"model.fine_grained_activation_offloading=true", "model.cpu_offloading=true"},
