@@ -272,9 +272,15 @@ void Engine::start(OpId id) {
   op.dispatched = true;
   if (op.queue_next != kNoOp) satisfy(op.queue_next);
   if (op.rendezvous != kNoRendezvous) {
-    // A party holds its SMs from here until the transfer ends, whether or not the others
-    // have arrived: a collective kernel spins on its peers.
+    // A party holds its SMs from the moment it gets them until the transfer ends, whether or
+    // not the others have arrived: a collective kernel spins on its peers. It arrives when it
+    // gets its SMs (rerate), which a kernel of no higher priority than the compute before it
+    // waits for.
     op.start = now_;
+    if (op.res == ResourceKind::Sm) {
+      admit(resource(op), id);
+      return;
+    }
     if (op.res != ResourceKind::None) admit(resource(op), id);
     arrive(op.rendezvous);
     return;

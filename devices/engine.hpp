@@ -21,7 +21,9 @@
 //
 // Multi-party operations (collectives, point-to-point) are rendezvous: every party puts one
 // operation on its own stream. A party's operation starts (and holds its SMs, spinning, as an
-// NCCL or DeepEP kernel does) when its stream gets to it; the transfer itself starts `alpha`
+// NCCL or DeepEP kernel does) when its stream gets to it and the SMs are its (a kernel of no
+// higher priority than a compute kernel launched before it waits for that one); the transfer
+// itself starts `alpha`
 // after the last party has arrived and is a fluid flow over the fabric's links (NVLink ports,
 // NICs), which share their bandwidth max-min fairly among the flows crossing them (SimGrid's
 // network model, without its TCP corrections). Every party completes when the flow does.
@@ -96,10 +98,13 @@ struct Op {
   }
   std::string name;
   VTime ready_at = 0;
-  VTime start = -1, end = -1;  // on its resource (a queued copy starts when an engine is free)
-  bool dispatched = false;     // left its hardware queue
-  double remaining = 0;        // picoseconds of work at full rate
-  double duration_s = 0;       // its price: the time alone at full rate
+  VTime start = -1, end = -1;    // on its resource (a queued copy starts when an engine is free)
+  bool dispatched = false;       // left its hardware queue
+  bool holding = false;          // a communication kernel that has got its SMs (and, in a
+                                 // rendezvous, arrived: it spins on its peers)
+  bool waiting_for_sms = false;  // a communication kernel behind compute of its priority
+  double remaining = 0;          // picoseconds of work at full rate
+  double duration_s = 0;         // its price: the time alone at full rate
   double rate = 0;
   VTime last_update = 0;
   std::uint32_t version = 0;

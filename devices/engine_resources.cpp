@@ -65,7 +65,12 @@ void Engine::rerate(DeviceState& d) {
   // the operations: this runs at every start and finish, so it allocates nothing.
   //
   // SMs: communication kernels hold theirs first (in start order); compute kernels of the
-  // highest priority present share what is left; lower priorities wait for SMs. SMs held slow
+  // highest priority present share what is left; lower priorities wait for SMs. A communication
+  // kernel whose priority is not above that of a compute kernel started before it waits for that
+  // kernel to end: the block scheduler hands free SMs to pending blocks by priority, and at equal
+  // priority to the kernel launched first, whose blocks fill every SM until its last wave (so
+  // the wait is slightly long, by under one wave). That is Megatron's comm stream without
+  // high_priority_a2a_comm_stream. SMs held slow
   // the sharers by the profile's measured curve (far less than in proportion). A memory-bound
   // kernel (or a D2D copy) beside a compute-bound one shares HBM rather than SMs: each runs at
   // its measured co-run slowdown, and kernels of one class split their class's rate. PCIe copies
@@ -75,12 +80,23 @@ void Engine::rerate(DeviceState& d) {
   int free_sms = d.sm.capacity;
   int top = INT32_MIN;
   int compute = 0, memory = 0;
+  // The highest priority of the compute kernels started so far, in start order.
+  int before = INT32_MIN;
   for (OpId id : d.sm.active) {
-    const Op& op = ops_[id];
+    Op& op = ops_[id];
     if (op.sms > 0) {
+      op.waiting_for_sms = !op.holding && op.priority <= before;
+      if (op.waiting_for_sms) continue;
       free_sms -= std::min(op.sms, free_sms);
-    } else if (op.priority > top) {
-      top = op.priority;
+      if (!op.holding) {
+        // It runs from here: the trace starts it here, and a collective's party arrives.
+        op.holding = true;
+        op.start = now_;
+        if (op.rendezvous != kNoRendezvous) arrive(op.rendezvous);
+      }
+    } else {
+      before = std::max(before, op.priority);
+      top = std::max(top, op.priority);
     }
   }
   for (OpId id : d.sm.active) {
@@ -102,7 +118,7 @@ void Engine::rerate(DeviceState& d) {
     Op& op = ops_[id];
     double rate = 0;
     if (op.sms > 0) {
-      const int got = std::min(op.sms, left);
+      const int got = op.waiting_for_sms ? 0 : std::min(op.sms, left);
       left -= got;
       rate = static_cast<double>(got) / op.sms;
     } else if (op.priority == top) {

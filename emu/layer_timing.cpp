@@ -64,7 +64,8 @@ LayerTiming time_one(const Recipe& r, const layers::ModelConfig& cfg, int layer,
     layers::TransformerLayer L(
         cfg, layer, dev, std::uint64_t(r.integer("emulator.seed")),
         cfg.is_moe_layer(layer) ? layers::TokenDispatcher::alone(cfg, ep) : nullptr);
-    layers::ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
+    layers::ExecContext ctx{dev.default_stream(),
+                            dev.create_stream(comm_stream_priority(r), "comm")};
     ctx.delay_wgrad = r.flag("comm_overlap.delay_wgrad_compute");
     ctx.recompute = recompute_set(r);
     ctx.graphs = graphs.layer;

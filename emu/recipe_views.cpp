@@ -193,6 +193,10 @@ int virtual_chunks(const Recipe& r) {
              : 1;
 }
 
+Priority comm_stream_priority(const Recipe& r) {
+  return r.flag("model.high_priority_a2a_comm_stream") ? Priority::High : Priority::Normal;
+}
+
 int microbatch_group_size(const Recipe& r) {
   return r.is_set("model.microbatch_group_size_per_vp_stage")
              ? r.int32("model.microbatch_group_size_per_vp_stage")

@@ -34,6 +34,9 @@ ParallelLayout parallel_layout(const Recipe& r, int world);
 
 int pipeline_size(const Recipe& r);
 int virtual_chunks(const Recipe& r);  // VPP, 1 when unset
+// The comm stream's priority: high with high_priority_a2a_comm_stream (Megatron's
+// pipeline_parallel/utils.py set_streams, from combined_1f1b.py), else the default.
+Priority comm_stream_priority(const Recipe& r);
 // Micro-batches run together through each virtual stage (microbatch_group_size_per_vp_stage,
 // PP when unset).
 int microbatch_group_size(const Recipe& r);

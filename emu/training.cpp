@@ -121,7 +121,8 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
           cfg, layers::ChunkSpec{first, stage_layers[std::size_t(vs)], vs == 0, vs == pp * vpp - 1},
           dev, seed, ep, r));
     }
-    layers::ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
+    layers::ExecContext ctx{dev.default_stream(),
+                            dev.create_stream(comm_stream_priority(recipe), "comm")};
     ctx.delay_wgrad = recipe.flag("comm_overlap.delay_wgrad_compute");
     ctx.recompute = recompute_set(recipe);
     ctx.graphs = graphs.layer;

@@ -47,27 +47,45 @@ std::map<std::string, Span> run_program(int max_connections, std::uint64_t* hash
 
 TEST(GoldenTimeline, EightQueuesOverlapIndependentStreams) {
   auto t = run_program(8);
-  // k1 runs alone from 2 us; k3 holds 50 of the 100 SMs from 4 to 24 us. Holding half the SMs
-  // slows a GEMM x1.557, as measured (sm_contention.csv: 66 of 132 SMs), not x2: k1 does
-  // 2 us of work by 4, 20 / 1.557 = 12.84522 us more by 24, and its last 85.15478 us alone, so it
-  // ends at 109.15478 us (rounded up to the picosecond).
-  constexpr VTime k1_end = 109'154'785;
+  // k1 runs alone from 2 us. k3 is ready at 4 us but, at the compute stream's priority, waits for
+  // k1 (launched first) to free the SMs: it gets its 50 of the 100 SMs when k1 ends at 102 and
+  // runs to 122 (the trace starts it when it gets them). k2 starts at 102 beside it; holding half
+  // the SMs slows a GEMM x1.557, as measured (sm_contention.csv: 66 of 132 SMs), not x2: k2 does
+  // 20 / 1.557 = 12.84522 us of its work by 122 and the other 37.15478 alone, so it ends at
+  // 159.15478 us (rounded up to the picosecond).
+  constexpr VTime k2_end = 159'154'785;
   EXPECT_EQ(t["k1"].start, us(2));
-  EXPECT_EQ(t["k1"].end, k1_end);
-  EXPECT_EQ(t["k3"].start, us(4));
-  EXPECT_EQ(t["k3"].end, us(24));
-  EXPECT_EQ(t["k2"].start, k1_end);
-  EXPECT_EQ(t["k2"].end, k1_end + us(50));
+  EXPECT_EQ(t["k1"].end, us(102));
+  EXPECT_EQ(t["k3"].start, us(102));
+  EXPECT_EQ(t["k3"].end, us(122));
+  EXPECT_EQ(t["k2"].start, us(102));
+  EXPECT_EQ(t["k2"].end, k2_end);
   EXPECT_EQ(t.size(), 7u);
-  EXPECT_EQ(t["record"].start, k1_end + us(50));
-  EXPECT_EQ(t["record"].end, k1_end + us(50));
-  EXPECT_EQ(t["wait"].start, k1_end + us(50));
-  EXPECT_EQ(t["wait"].end, k1_end + us(50));
-  // k4 (after the wait) and k5 (after the record) share the SMs equally: 10 us each at half rate.
-  EXPECT_EQ(t["k4"].start, k1_end + us(50));
-  EXPECT_EQ(t["k4"].end, k1_end + us(70));
-  EXPECT_EQ(t["k5"].start, k1_end + us(50));
-  EXPECT_EQ(t["k5"].end, k1_end + us(70));
+  EXPECT_EQ(t["record"].start, k2_end);
+  EXPECT_EQ(t["wait"].end, k2_end);
+  // k4 (after the wait) and k5 (after k2) share the SMs equally: 10 us each at half rate.
+  EXPECT_EQ(t["k4"].start, k2_end);
+  EXPECT_EQ(t["k4"].end, k2_end + us(20));
+  EXPECT_EQ(t["k5"].start, k2_end);
+  EXPECT_EQ(t["k5"].end, k2_end + us(20));
+}
+
+TEST(GoldenTimeline, AHighPriorityCommKernelTakesItsSmsAtOnce) {
+  Node node(testing::options(testing::round_h100()));
+  Device& gpu = node.device(0);
+  Stream a = gpu.default_stream();
+  Stream comm = gpu.create_stream(Priority::High, "comm");
+  a.launch({"k1", Work{.fixed_s = 100e-6}});                // ready 2
+  comm.launch({"a2a", Work{.sms = 50, .fixed_s = 20e-6}});  // ready 3
+  gpu.synchronize();
+  std::map<std::string, Span> t;
+  for (auto& r : node.trace().ops()) t[r.name] = {r.start, r.end};
+  // a2a holds 50 of the 100 SMs from 3 to 23 us (high priority: the next free SMs are its). k1
+  // does 1 us alone, 20 / 1.557 = 12.84522 us beside it, and its last 86.15478 alone: it ends at
+  // 109.15478 us.
+  EXPECT_EQ(t["a2a"].start, us(3));
+  EXPECT_EQ(t["a2a"].end, us(23));
+  EXPECT_EQ(t["k1"].end, 109'154'785);
 }
 
 TEST(GoldenTimeline, OneQueueSerialisesInLaunchOrder) {
