@@ -48,37 +48,80 @@ AlltoallSplits AlltoallDispatcher::splits_from(const std::int64_t* counts, int m
   return splits(counts, ep_.size(), num_experts_, me);
 }
 
-AlltoallSplits AlltoallDispatcher::exchange_counts(const Buffer& tokens_per_expert, Stream& stream,
-                                                   const std::vector<std::int64_t>& meta_counts) {
-  const int n = ep_.size();
+int AlltoallDispatcher::member(const Stream& stream) const {
   const int me = ep_.index_of(stream.device().id());
   if (me < 0)
     throw UsageError("alltoall dispatcher: " + stream.device().name() + " is not in group '" +
                      ep_.name() + "'");
-  if (capacity_) {
-    // Drop-and-pad: every expert gets exactly `capacity` rows from every rank.
-    std::vector<std::int64_t> counts(size_t(n * num_experts_), std::int64_t(*capacity_));
-    return splits_from(counts.data(), me);
-  }
+  return me;
+}
+
+AlltoallDispatcher::CountsInFlight AlltoallDispatcher::gather_counts(
+    const Buffer& tokens_per_expert, Stream& stream) {
+  member(stream);
+  CountsInFlight c;
+  if (capacity_) return c;
+  const int n = ep_.size();
   Device& dev = stream.device();
-  Node& node = dev.node();
   const std::size_t row = size_t(num_experts_) * sizeof(std::int64_t);
-  Buffer all = dev.allocate(row * size_t(n));
-  ep_.all_gather(tokens_per_expert, all, row, stream, {.async = true, .name = "gather counts"});
-  Buffer host =
-      node.allocate_host(row * size_t(n), dev.placement().emulated_numa, true, dev.node_index());
+  c.all = dev.allocate(row * size_t(n));
+  ep_.all_gather(tokens_per_expert, c.all, row, stream, {.async = true, .name = "gather counts"});
+  c.gathered = true;
+  return c;
+}
+
+void AlltoallDispatcher::send_counts_to_host(CountsInFlight& c, Stream& stream, Stream& d2h) {
+  if (!c.gathered) return;  // drop-and-pad
+  Device& dev = stream.device();
+  c.host = dev.node().allocate_host(c.all.bytes(), dev.placement().emulated_numa, true,
+                                    dev.node_index());
+  Event ready;
+  stream.record(ready);
+  d2h.wait(ready);
+  d2h.copy(c.host, c.all, SIZE_MAX, "counts D2H");
+  d2h.record(c.landed);
+  c.sent = true;
+}
+
+AlltoallSplits AlltoallDispatcher::host_splits(const Buffer& host, const Stream& stream, int me,
+                                               const std::vector<std::int64_t>& meta_counts) const {
+  if (stream.device().node().mode() != Mode::Meta) return splits_from(host.as<std::int64_t>(), me);
+  if (meta_counts.size() != size_t(ep_.size() * num_experts_))
+    throw UsageError(
+        "alltoall dispatcher: meta mode has no routing to read; pass the counts "
+        "(" +
+        std::to_string(ep_.size() * num_experts_) + " values: [ep][num_experts])");
+  return splits_from(meta_counts.data(), me);
+}
+
+AlltoallSplits AlltoallDispatcher::exchange_counts(const Buffer& tokens_per_expert, Stream& stream,
+                                                   const std::vector<std::int64_t>& meta_counts) {
+  const int me = member(stream);
+  if (capacity_) return finish_counts({}, stream, meta_counts);
+  const CountsInFlight c = gather_counts(tokens_per_expert, stream);
+  Device& dev = stream.device();
+  Buffer host = dev.node().allocate_host(c.all.bytes(), dev.placement().emulated_numa, true,
+                                         dev.node_index());
   // The sync point: the host cannot size the all-to-all until the counts are on the host. It
   // costs what the profile measured for a small D2H read by .tolist() (host_costs.csv).
-  stream.read_to_host(host, all, row * size_t(n), "counts D2H");
-  if (node.mode() == Mode::Meta) {
-    if (meta_counts.size() != size_t(n * num_experts_))
-      throw UsageError(
-          "alltoall dispatcher: meta mode has no routing to read; pass the counts "
-          "(" +
-          std::to_string(n * num_experts_) + " values: [ep][num_experts])");
-    return splits_from(meta_counts.data(), me);
+  stream.read_to_host(host, c.all, c.all.bytes(), "counts D2H");
+  return host_splits(host, stream, me, meta_counts);
+}
+
+AlltoallSplits AlltoallDispatcher::finish_counts(const CountsInFlight& c, Stream& stream,
+                                                 const std::vector<std::int64_t>& meta_counts) {
+  const int me = member(stream);
+  if (!c.gathered) {
+    if (!capacity_)
+      throw UsageError("alltoall dispatcher: finish_counts without gather_counts on this rank");
+    // Drop-and-pad: every expert gets exactly `capacity` rows from every rank.
+    std::vector<std::int64_t> counts(size_t(ep_.size() * num_experts_), std::int64_t(*capacity_));
+    return splits_from(counts.data(), me);
   }
-  return splits_from(host.as<std::int64_t>(), me);
+  if (!c.sent)
+    throw UsageError("alltoall dispatcher: finish_counts before send_counts_to_host on this rank");
+  c.landed.synchronize();
+  return host_splits(c.host, stream, me, meta_counts);
 }
 
 std::optional<Event> AlltoallDispatcher::dispatch(const Buffer& permuted, const Buffer& recv,

@@ -42,6 +42,23 @@ class AlltoallDispatcher {
   // row-major). With drop-and-pad, issues nothing and returns the static splits.
   AlltoallSplits exchange_counts(const Buffer& tokens_per_expert, Stream& stream,
                                  const std::vector<std::int64_t>& meta_counts = {});
+
+  // The same in three steps, as Megatron's MoEAlltoAllTokenDispatcher takes them
+  // (token_dispatcher.py preprocess and _maybe_dtoh_and_synchronize): gather_counts all-gathers
+  // the counts on `stream` (drop-and-pad: nothing); send_counts_to_host, at the dispatcher's
+  // cuda_dtoh_point, has `d2h` wait for `stream` and copy them to pinned host memory, then
+  // records an event, and the host goes on; finish_counts is the sync point: the host blocks on
+  // that event, then sizes the all-to-all.
+  struct CountsInFlight {
+    Buffer all, host;  // the gathered counts [ep][num_experts] on the device, and on the host
+    Event landed;
+    bool gathered = false, sent = false;  // both false with drop-and-pad: static splits
+  };
+  CountsInFlight gather_counts(const Buffer& tokens_per_expert, Stream& stream);
+  // Static: a rank with no group to gather over (`nodeemu layer`) sends its own counts.
+  static void send_counts_to_host(CountsInFlight& c, Stream& stream, Stream& d2h);
+  AlltoallSplits finish_counts(const CountsInFlight& c, Stream& stream,
+                               const std::vector<std::int64_t>& meta_counts = {});
   // The token all-to-all: `permuted` holds send_rows[0] rows for member 0, then member 1's...
   std::optional<Event> dispatch(const Buffer& permuted, const Buffer& recv,
                                 const AlltoallSplits& splits, Stream& stream,
@@ -54,6 +71,9 @@ class AlltoallDispatcher {
  private:
   // counts: [ep][num_experts]; me: this rank's member index
   AlltoallSplits splits_from(const std::int64_t* counts, int me) const;
+  int member(const Stream& stream) const;
+  AlltoallSplits host_splits(const Buffer& host, const Stream& stream, int me,
+                             const std::vector<std::int64_t>& meta_counts) const;
   std::vector<std::size_t> bytes(const std::vector<std::size_t>& rows) const;
 
   Group ep_;

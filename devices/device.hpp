@@ -34,6 +34,10 @@ class Device {
 
   Stream default_stream() { return streams_.front(); }
   Stream create_stream(Priority p = Priority::Normal, std::string name = "");
+  // The device's stream called `name`, made (at priority `p`) on first use: one side stream that
+  // every user on this device shares, as a class attribute does in PyTorch (the MoE dispatcher's
+  // cuda_dtoh_stream).
+  Stream shared_stream(const std::string& name, Priority p = Priority::Normal);
   const std::vector<Stream>& streams() const { return streams_; }
 
   // Device memory, accounted against the emulated HBM in both modes and placed on the real NUMA

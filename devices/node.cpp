@@ -207,6 +207,12 @@ Stream Device::create_stream(Priority p, std::string name) {
   return streams_.emplace_back(this, node_->engine().create_stream(id(), p, std::move(name)));
 }
 
+Stream Device::shared_stream(const std::string& name, Priority p) {
+  for (const Stream& s : streams_)
+    if (s.name() == name) return s;
+  return create_stream(p, name);
+}
+
 Buffer Device::allocate(std::size_t bytes, std::vector<std::int64_t> shape) {
   return allocate_impl(bytes, std::move(shape), true);
 }

@@ -12,6 +12,7 @@
 #include "comm/alltoall_dispatcher.hpp"
 #include "devices/device.hpp"
 #include "devices/errors.hpp"
+#include "devices/host.hpp"
 #include "devices/node.hpp"
 #include "layers/token_dispatcher.hpp"
 #include "layers/token_permute.hpp"
@@ -39,10 +40,17 @@ class AlltoallPlan final : public DispatchPlan {
 
  private:
   bool sorts() const;
+  // The counts' copy to the host, on the device's moe_dtoh stream (once).
+  void send_counts(ops::At at);
+  // The host's sync point: waits for the counts, then sizes the all-to-all and the sort.
+  void size_all_to_all(ops::At at);
   const AlltoallTokenDispatcher& d_;
   std::int64_t tokens_;
   std::int64_t capacity_ = 0;                       // per expert, with pad-to-capacity
   std::optional<AlltoallDispatcher> rows_, probs_;  // none when alone
+  std::vector<std::int64_t> meta_counts_;           // [ep][experts], meta mode
+  AlltoallDispatcher::CountsInFlight counts_;
+  bool sized_ = false;  // the splits are known on the host
   AlltoallSplits splits_;
   std::vector<RowBlock> sort_blocks_;  // (source, expert) order -> (expert, source) order
   std::int64_t sent_ = 0, received_ = 0;
@@ -99,33 +107,66 @@ AlltoallPlan::AlltoallPlan(const AlltoallTokenDispatcher& d, std::int64_t tokens
 
 void AlltoallPlan::preprocess(ops::At at) {
   const auto& c = d_.cfg();
-  const int E = c.num_moe_experts, k = c.router.topk, L = d_.local_experts();
-  std::vector<std::int64_t> meta_counts;
+  const int E = c.num_moe_experts, k = c.router.topk;
   if (d_.mode() == Mode::Meta) {
     const auto one = capacity_ ? std::vector<std::int64_t>(std::size_t(E), capacity_)
                                : balanced_counts(tokens_, k, E);  // every rank routes the same way
+    meta_counts_.clear();
     for (int r = 0; r < d_.ep_size(); ++r)
-      meta_counts.insert(meta_counts.end(), one.begin(), one.end());
+      meta_counts_.insert(meta_counts_.end(), one.begin(), one.end());
   }
-  if (rows_) {
-    // The sync point: counts all-gathered over EP, copied to the host, and the host waits.
-    splits_ = rows_->exchange_counts(io.tokens_per_expert.buffer(), at.stream, meta_counts);
+  sized_ = false;
+  if (capacity_) {
+    size_all_to_all(at);  // drop-and-pad: static splits, no host sync
   } else {
-    if (!capacity_) {
-      Device& dev = at.stream.device();
-      const std::size_t bytes = meta_counts.size() * sizeof(std::int64_t);
-      Buffer host =
-          dev.node().allocate_host(bytes, dev.placement().emulated_numa, true, dev.node_index());
-      at.stream.read_to_host(host, io.tokens_per_expert.buffer(),
-                             std::min(bytes, io.tokens_per_expert.bytes()), "counts D2H");
+    if (rows_) {
+      counts_ = rows_->gather_counts(io.tokens_per_expert.buffer(), at.stream);
+    } else {
+      // Alone: nothing to all-gather, but the read is still the host's.
+      counts_.all = io.tokens_per_expert.buffer();
+      counts_.gathered = true;
     }
-    splits_ = AlltoallDispatcher::splits(meta_counts.data(), d_.ep_size(), E, 0);
+    // The counts go to the host on the dispatcher's own D2H stream while the permute runs
+    // (Megatron's cuda_dtoh_point, before_permutation_1), unless a CUDA graph holds the
+    // preprocess: then at the all-to-all, eagerly (before_ep_alltoall).
+    if (!copy_counts_at_dispatch) send_counts(at);
+    // With a capacity factor that drops without padding, how many rows the permute keeps is
+    // only known from the counts: the sync point comes before the permute (before_permutation_1).
+    // Dropless, it is the all-to-all's (before_ep_alltoall): tokens x topk rows are permuted.
+    if (c.router.capacity_factor) size_all_to_all(at);
   }
-  sent_ = received_ = 0;
-  for (auto n : splits_.send_rows) sent_ += std::int64_t(n);
-  for (auto n : splits_.recv_rows) received_ += std::int64_t(n);
+  sent_ = tokens_ * k;
+  if (sized_) {
+    sent_ = 0;
+    for (auto n : splits_.send_rows) sent_ += std::int64_t(n);
+  }
   perm_ = sort_by_expert(at, "permute", io.hidden, io.topk_idx, io.topk_probs, k, 0, E, capacity_,
                          sent_);
+}
+
+void AlltoallPlan::send_counts(ops::At at) {
+  if (counts_.sent || !counts_.gathered) return;
+  // A graph cannot capture the copy the host then waits for.
+  EagerIssue eager(at.stream.device().node());
+  Stream d2h = at.stream.device().shared_stream("moe_dtoh");
+  AlltoallDispatcher::send_counts_to_host(counts_, at.stream, d2h);
+}
+
+void AlltoallPlan::size_all_to_all(ops::At at) {
+  if (sized_) return;
+  sized_ = true;
+  send_counts(at);
+  EagerIssue eager(at.stream.device().node());
+  const int E = d_.cfg().num_moe_experts, L = d_.local_experts();
+  if (rows_) {
+    splits_ = rows_->finish_counts(counts_, at.stream, meta_counts_);
+  } else {
+    if (counts_.sent) counts_.landed.synchronize();
+    splits_ = AlltoallDispatcher::splits(meta_counts_.data(), d_.ep_size(), E, 0);
+  }
+  counts_ = {};
+  received_ = 0;
+  for (auto n : splits_.recv_rows) received_ += std::int64_t(n);
   // Received rows arrive by (source, local expert); the experts want (local expert, source).
   const std::size_t members = splits_.recv_rows_per_expert.size();
   std::vector<std::vector<std::int64_t>> src_off(members, std::vector<std::int64_t>(size_t(L)));
@@ -148,6 +189,8 @@ void AlltoallPlan::preprocess(ops::At at) {
 }
 
 void AlltoallPlan::dispatch(ops::At at) {
+  // The sync point of a dropless dispatcher: the host blocks until the counts have landed.
+  size_all_to_all(at);
   const auto& c = d_.cfg();
   recv_ = at.empty({received_, c.hidden_size}, c.dtype);
   recv_probs_ = at.empty({received_}, DType::F32);
@@ -164,7 +207,9 @@ void AlltoallPlan::dispatch(ops::At at) {
 // With one local expert the received rows are already in expert order, and Megatron skips the
 // sort and the unsort (token_dispatcher.py MoEAlltoAllTokenDispatcher dispatch_postprocess and
 // combine_preprocess: `if self.num_local_experts > 1`), as do their backwards here.
-bool AlltoallPlan::sorts() const { return d_.local_experts() > 1; }
+bool AlltoallPlan::sorts() const {
+  return d_.local_experts() > 1;
+}
 
 void AlltoallPlan::sort(ops::At at) {
   if (sorts()) {

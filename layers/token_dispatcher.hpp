@@ -48,6 +48,9 @@ class DispatchPlan {
  public:
   virtual ~DispatchPlan() = default;
   MoeTokens io;
+  // A CUDA graph holds the preprocess (moe_preprocess): a dispatcher that reads its counts on the
+  // host copies them at the all-to-all instead (Megatron's cuda_dtoh_point, before_ep_alltoall).
+  bool copy_counts_at_dispatch = false;
   virtual void preprocess(ops::At at) = 0;
   virtual void dispatch(ops::At at) = 0;
   virtual void sort(ops::At at) = 0;

@@ -251,6 +251,7 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
     if (!ctx_.recompute.mlp_norm) sv.save("router", "pre_mlp_layernorm_output", ln2, s);
   }
   graph.enter(gs.moe || gs.moe_preprocess);
+  st.dispatch->copy_counts_at_dispatch = gs.moe_preprocess;
   st.dispatch->preprocess(at);
 }
 

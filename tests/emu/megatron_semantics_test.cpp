@@ -2,6 +2,7 @@
 // each test names the Megatron source it holds NodeEmu to.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -26,6 +27,46 @@ int kernels_named(const std::vector<std::string>& overrides, const std::string& 
         e.value("name", "").rfind(prefix, 0) == 0)
       ++n;
   return n;
+}
+
+nlohmann::json trace_of(const std::vector<std::string>& overrides) {
+  const std::string trace = ::testing::TempDir() + "megatron_semantics_sync.json";
+  train(tiny(overrides), {.iterations = 1, .trace_path = trace});
+  std::ifstream in(trace);
+  return nlohmann::json::parse(in);
+}
+
+// The first event of rank 0 named `name` in `cat` (host or a device category).
+nlohmann::json first(const nlohmann::json& doc, const std::string& name, const std::string& cat) {
+  for (const auto& e : doc.at("traceEvents"))
+    if (e.value("pid", -1) == 0 && e.value("name", "") == name && e.value("cat", "") == cat)
+      return e;
+  ADD_FAILURE() << "no " << cat << " event '" << name << "'";
+  return nlohmann::json::object({{"ts", 0.0}, {"dur", 0.0}});
+}
+
+// token_dispatcher.py MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize: the counts are
+// copied to the host without blocking at before_permutation_1 (on cuda_dtoh_stream), and the
+// host blocks on the copy's event only at before_ep_alltoall, inside the dispatch.
+TEST(MegatronSemantics, TheHostWaitsForTheCountsAtTheAllToAllNotBeforeThePermute) {
+  const auto doc = trace_of({});
+  const auto copy = first(doc, "counts D2H", "copy");
+  const double landed = copy.at("ts").get<double>() + copy.at("dur").get<double>();
+  // The host launches the permute while the counts are still on their way...
+  EXPECT_LT(first(doc, "permute.routing_map", "host").at("ts").get<double>(), landed);
+  // ... and blocks (an event synchronize) just before it issues the all-to-all.
+  const double a2a = first(doc, "moe_dispatch_a2a", "host").at("ts").get<double>();
+  double last_sync = -1;
+  for (const auto& e : doc.at("traceEvents"))
+    if (e.value("pid", -1) == 0 && e.value("cat", "") == "host" &&
+        e.value("name", "") == "synchronize" && e.at("ts").get<double>() < a2a)
+      last_sync = std::max(last_sync, e.at("ts").get<double>());
+  EXPECT_GT(last_sync, first(doc, "permute", "host").at("ts").get<double>());
+  // With the preprocess in a CUDA graph the copy moves to the all-to-all, issued eagerly.
+  const auto graphed = trace_of({"model.cuda_graph_impl=transformer_engine",
+                                 "model.cuda_graph_scope=[moe_router,moe_preprocess]"});
+  EXPECT_GT(first(graphed, "counts D2H", "host").at("ts").get<double>(),
+            first(graphed, "permute", "host").at("ts").get<double>());
 }
 
 // token_dispatcher.py MoEAlltoAllTokenDispatcher dispatch_postprocess / combine_preprocess: the
