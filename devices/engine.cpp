@@ -155,9 +155,28 @@ void Engine::finish_issue(OpId id) {
   push(op.ready_at, CalendarEntry::What::Gate, id);
 }
 
+void Engine::wait_for_launch_slot(StreamState& s, const DeviceState& d) {
+  // A graph launch is one entry for all its kernels: replayed ops do not count.
+  const std::size_t limit = static_cast<std::size_t>(d.spec->pending_launches_per_stream);
+  Actor& a = current();
+  if (limit == 0 || a.graph_replay > 0) return;
+  while (!s.pending.empty() && ops_[s.pending.front()].complete() &&
+         ops_[s.pending.front()].end <= a.clock)
+    s.pending.pop_front();
+  if (s.pending.size() < limit) return;
+  // The launch call blocks inside the driver until the oldest pending operation completes.
+  const VTime from = a.clock;
+  const OpId oldest = s.pending.front();
+  block_until_complete(oldest);
+  a.clock = std::max(a.clock, ops_[oldest].end);
+  s.pending.pop_front();
+  emit_host(a.id, "launch queue full", from, a.clock);
+}
+
 OpId Engine::issue(StreamState& s, Issue in) {
   Actor& a = current();
   DeviceState& d = devices_[static_cast<size_t>(s.device)];
+  wait_for_launch_slot(s, d);
   VTime issued = a.clock;
   if (a.graph_replay > 0) {
     // Replayed from a captured graph: no eager launch, and the GPU starts it when it gets there.
@@ -200,6 +219,7 @@ OpId Engine::issue(StreamState& s, Issue in) {
     exec_.arm(t);
   }
   s.last = id;
+  if (a.graph_replay == 0) s.pending.push_back(id);
   finish_issue(id);
   return id;
 }
@@ -427,6 +447,16 @@ void Engine::wait_real(const std::shared_ptr<FuncTask>& task) {
 void Engine::host_wait(OpId id, const std::shared_ptr<FuncTask>& task, double sync_cost_s) {
   if (id == kNoOp) return;
   Actor& a = current();
+  block_until_complete(id);
+  a.clock = std::max(a.clock, ops_[id].end);
+  wait_real(task);
+  host_charge(sync_cost_s >= 0 ? sync_cost_s
+                               : devices_[static_cast<size_t>(ops_[id].device)].spec->sync_host_s,
+              "synchronize");
+}
+
+void Engine::block_until_complete(OpId id) {
+  Actor& a = current();
   if (!ops_[id].complete()) {
     ops_[id].waiting_hosts.push_back(a.id);
     a.waiting_on = id;
@@ -447,11 +477,6 @@ void Engine::host_wait(OpId id, const std::shared_ptr<FuncTask>& task, double sy
       hang_waits_[static_cast<size_t>(a.id)].clear();
     }
   }
-  a.clock = std::max(a.clock, ops_[id].end);
-  wait_real(task);
-  host_charge(sync_cost_s >= 0 ? sync_cost_s
-                               : devices_[static_cast<size_t>(ops_[id].device)].spec->sync_host_s,
-              "synchronize");
 }
 
 void Engine::catch_up_to_host() {

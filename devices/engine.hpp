@@ -158,6 +158,7 @@ struct StreamState {
   std::string name;
   OpId last = kNoOp;
   std::shared_ptr<FuncTask> last_task;
+  std::deque<OpId> pending;  // eagerly launched, not yet known complete (oldest first)
 };
 
 class Engine;
@@ -349,6 +350,10 @@ class Engine {
   void set_rate(OpId id, double rate);
   void wake(Actor& a, VTime t);
   void block_current();
+  // Blocks the calling host (in virtual time) until `id` has completed.
+  void block_until_complete(OpId id);
+  // A launch on `s` blocks the host while the stream has its GPU's limit of pending launches.
+  void wait_for_launch_slot(StreamState& s, const DeviceState& d);
   void schedule(Actor& self);
   bool advance();
   void release_memory(const PendingRelease& r, VTime t);

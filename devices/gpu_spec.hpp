@@ -31,6 +31,10 @@ struct GpuSpec {
   int cc_major = 0, cc_minor = 0;  // compute capability
   int h2d_copy_engines = 1;        // engines that can move host->device at once
   int d2h_copy_engines = 1;
+  // Operations a stream may have launched and not completed before a launch blocks the host until
+  // the oldest completes (NVIDIA developer forum, "CUDA stream are blocked when launching lots of
+  // kernels (>1000)": about 1,000 per stream, each stream its own). 0: unbounded.
+  int pending_launches_per_stream = 1024;
   // The measured price list. Null only for a hand-built spec: then every kernel is priced by the
   // datasheet roofline and reported as unpriced.
   std::shared_ptr<const GpuProfile> profile;

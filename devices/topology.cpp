@@ -41,6 +41,10 @@ const Field& topology_schema() {
                           integer("h2d", "host-to-device copy engines", ints(1)),
                           integer("d2h", "device-to-host copy engines", ints(1)),
                       }),
+                  optional(integer("pending_launches_per_stream",
+                                   "launches a stream may have pending before the host blocks "
+                                   "(0: unbounded)",
+                                   ints(0))),
                   str("profile",
                       "the measured GPU profile, a folder of configs/gpus/ such as h100_sxm5"),
               }),
@@ -142,6 +146,8 @@ NodeTopology build(const YAML::Node& doc, const std::string& file) {
 
   g.h2d_copy_engines = r.integer("gpu.copy_engines.h2d");
   g.d2h_copy_engines = r.integer("gpu.copy_engines.d2h");
+  if (r.has("gpu.pending_launches_per_stream"))
+    g.pending_launches_per_stream = r.integer("gpu.pending_launches_per_stream");
   // The measured price list: kernel and copy times, host costs and contention.
   g.use_profile(GpuProfile::resolve(r.str("gpu.profile"), file));
 

@@ -88,6 +88,33 @@ TEST(GoldenTimeline, AHighPriorityCommKernelTakesItsSmsAtOnce) {
   EXPECT_EQ(t["k1"].end, 109'154'785);
 }
 
+TEST(GoldenTimeline, AFullLaunchQueueBlocksTheHost) {
+  auto topo = std::make_shared<NodeTopology>(*testing::round_h100());
+  topo->gpu.pending_launches_per_stream = 2;
+  Node node(testing::options(topo));
+  Stream s = node.device(0).default_stream();
+  Host host = node.host();
+  // k1 launched 0->1 (runs 2..102), k2 1->2 (runs 102..202). k3 finds two launches pending: the
+  // launch blocks until k1 completes at 102, then costs 1 us; k4 waits for k2 (202) likewise.
+  for (const char* k : {"k1", "k2", "k3", "k4"}) s.launch({k, Work{.fixed_s = 100e-6}});
+  EXPECT_EQ(host.now(), us(203));
+  s.synchronize();
+  std::map<std::string, Span> t;
+  for (auto& r : node.trace().ops()) t[r.name] = {r.start, r.end};
+  EXPECT_EQ(t["k3"].start, us(202));
+  EXPECT_EQ(t["k4"].end, us(402));
+  int stalls = 0;
+  for (const auto& h : node.trace().host_calls())
+    if (h.name == "launch queue full") ++stalls;
+  EXPECT_EQ(stalls, 2);
+  // Unbounded (0), the host runs ahead: four launches, 4 us.
+  topo->gpu.pending_launches_per_stream = 0;
+  Node free_node(testing::options(topo));
+  Stream f = free_node.device(0).default_stream();
+  for (const char* k : {"k1", "k2", "k3", "k4"}) f.launch({k, Work{.fixed_s = 100e-6}});
+  EXPECT_EQ(free_node.host().now(), us(4));
+}
+
 TEST(GoldenTimeline, OneQueueSerialisesInLaunchOrder) {
   auto t = run_program(1);
   // One hardware queue: k1, k2, record, k3, wait, k4, k5 in launch order. k3 does not depend on
