@@ -76,8 +76,10 @@ TimelineStats::Busy TimelineStats::busy(int device, double from_s, double to_s) 
   Busy b;
   b.compute_s = double(measure(w)) * s;
   b.comm_s = double(measure(c)) * s;
-  b.exposed_comm_s = double(measure(c) - overlap(c, w)) * s;
   const Intervals k = merged(kernels_[std::size_t(device)], lo, hi);
+  // Hidden only behind kernels: a PCIe copy running beside a collective (an offload, say) does
+  // not make it any less exposed.
+  b.exposed_comm_s = double(measure(c) - overlap(c, k)) * s;
   const Intervals o = merged(offload_[std::size_t(device)], lo, hi);
   b.offload_s = double(measure(o)) * s;
   b.exposed_offload_s = double(measure(o) - overlap(o, k)) * s;

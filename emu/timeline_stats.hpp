@@ -16,7 +16,7 @@ class TimelineStats : public TimelineObserver {
   struct Busy {
     double compute_s = 0;          // some kernel or copy runs
     double comm_s = 0;             // some collective or transfer runs
-    double exposed_comm_s = 0;     // a collective runs and no kernel or copy does
+    double exposed_comm_s = 0;     // a collective runs and no kernel does
     double offload_s = 0;          // some offload or reload copy runs
     double exposed_offload_s = 0;  // an offload or reload copy runs and no kernel does
     double recompute_s = 0;        // some selective-recompute kernel runs

@@ -35,7 +35,7 @@ struct DeviceReport {
   std::uint64_t peak_mem_bytes = 0;
   double compute_busy_s = 0;  // per steady step: time some kernel or copy runs
   double comm_busy_s = 0;     // per steady step: time some collective runs
-  double exposed_comm_s = 0;  // per steady step: collective time with no kernel or copy running
+  double exposed_comm_s = 0;  // per steady step: collective time with no kernel running
   // Activation offload, per steady step: bytes copied to the host, time some offload or reload
   // copy runs, and the part of it with no kernel running (the copy time compute did not hide).
   std::uint64_t offload_bytes = 0;

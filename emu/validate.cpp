@@ -333,11 +333,13 @@ class Rules {
 
   void offload() {
     const bool fine = b("model.fine_grained_activation_offloading");
-    // TransformerConfig.__post_init__ asserts a non-empty offload_modules.
-    if (fine && (!set("model.offload_modules") || r_.list("model.offload_modules").empty()))
+    // TransformerConfig.__post_init__ asserts a non-empty offload_modules; LoongForge's
+    // offload_tensors names what to offload instead.
+    const auto listed = [&](const char* k) { return set(k) && !r_.list(k).empty(); };
+    if (fine && !listed("model.offload_modules") && !listed("model.offload_tensors"))
       error("model.offload_modules",
             "is empty; fine_grained_activation_offloading needs the modules to offload "
-            "(e.g. [expert_fc1, moe_act])");
+            "(e.g. [expert_fc1, moe_act]) or LoongForge's offload_tensors");
     if (fine && b("model.cpu_offloading"))
       error("model.cpu_offloading",
             "whole-layer cpu_offloading cannot be combined with "
