@@ -160,10 +160,19 @@ void Engine::wait_for_launch_slot(StreamState& s, const DeviceState& d) {
   const std::size_t limit = static_cast<std::size_t>(d.spec->pending_launches_per_stream);
   Actor& a = current();
   if (limit == 0 || a.graph_replay > 0) return;
-  while (!s.pending.empty() && ops_[s.pending.front()].complete() &&
-         ops_[s.pending.front()].end <= a.clock)
-    s.pending.pop_front();
+  auto prune = [&] {
+    while (!s.pending.empty() && ops_[s.pending.front()].complete()) s.pending.pop_front();
+  };
+  prune();
   if (s.pending.size() < limit) return;
+  // Full as far as the engine has got, which may lag this host: first let it catch up to the
+  // host's clock (the ops done by then free their slots at no cost in virtual time), so that a
+  // host that is not truly ahead of its GPU pays one hand-over per batch, not per launch.
+  if (now_ < a.clock) {
+    catch_up_to_host();
+    prune();
+    if (s.pending.size() < limit) return;
+  }
   // The launch call blocks inside the driver until the oldest pending operation completes.
   const VTime from = a.clock;
   const OpId oldest = s.pending.front();
