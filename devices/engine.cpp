@@ -178,7 +178,7 @@ void Engine::wait_for_launch_slot(StreamState& s, const DeviceState& d) {
   const OpId oldest = s.pending.front();
   block_until_complete(oldest);
   a.clock = std::max(a.clock, ops_[oldest].end);
-  s.pending.pop_front();
+  prune();  // another host may have used the stream meanwhile: count what is still pending
   emit_host(a.id, "launch queue full", from, a.clock);
 }
 
@@ -228,7 +228,7 @@ OpId Engine::issue(StreamState& s, Issue in) {
     exec_.arm(t);
   }
   s.last = id;
-  if (a.graph_replay == 0) s.pending.push_back(id);
+  if (a.graph_replay == 0 && d.spec->pending_launches_per_stream > 0) s.pending.push_back(id);
   finish_issue(id);
   return id;
 }

@@ -66,16 +66,16 @@ void Engine::rerate(DeviceState& d) {
   //
   // SMs: communication kernels hold theirs first (in start order); compute kernels of the
   // highest priority present share what is left; lower priorities wait for SMs. A communication
-  // kernel whose priority is not above that of a compute kernel started before it waits for that
-  // kernel to end: the block scheduler hands free SMs to pending blocks by priority, and at equal
-  // priority to the kernel launched first, whose blocks fill every SM until its last wave (so
-  // the wait is slightly long, by under one wave). That is Megatron's comm stream without
-  // high_priority_a2a_comm_stream. SMs held slow
-  // the sharers by the profile's measured curve (far less than in proportion). A memory-bound
-  // kernel (or a D2D copy) beside a compute-bound one shares HBM rather than SMs: each runs at
-  // its measured co-run slowdown, and kernels of one class split their class's rate. PCIe copies
-  // beside a GEMM cost it the measured few percent; both PCIe directions at once run at the
-  // measured duplex rate.
+  // kernel whose priority is not above that of a compute kernel that started running before it
+  // waits for that kernel to end: the block scheduler hands free SMs to pending blocks by
+  // priority, and at equal priority to the kernel that got there first, whose blocks fill every
+  // SM until its last wave (so the wait is slightly long, by under one wave). A compute kernel
+  // that starts after the communication kernel is waiting does not hold it up. That is Megatron's
+  // comm stream without high_priority_a2a_comm_stream. SMs held slow the sharers by the profile's
+  // measured curve (far less than in proportion). A memory-bound kernel (or a D2D copy) beside a
+  // compute-bound one shares HBM rather than SMs: each runs at its measured co-run slowdown, and
+  // kernels of one class split their class's rate. PCIe copies beside a GEMM cost it the measured
+  // few percent; both PCIe directions at once run at the measured duplex rate.
   const Contention& c = d.spec->contention;
   int free_sms = d.sm.capacity;
   int top = INT32_MIN;

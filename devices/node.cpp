@@ -258,7 +258,11 @@ MemoryStats Device::memory() const {
 }
 
 void Device::synchronize() {
-  for (auto& s : streams_) s.synchronize();
+  // By index: a stream created while this host blocks (shared_stream) must not invalidate us.
+  for (std::size_t i = 0; i < streams_.size(); ++i) {
+    Stream s = streams_[i];
+    s.synchronize();
+  }
 }
 
 // ------------------------------------------------------------------------- Host

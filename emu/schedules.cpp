@@ -1,6 +1,7 @@
 // The built-in schedules and the steps they are made of.
 #include <algorithm>
 
+#include "devices/check.hpp"
 #include "devices/errors.hpp"
 #include "emu/recipe_views.hpp"
 #include "emu/schedule.hpp"
@@ -109,6 +110,7 @@ void combined_step(StepContext& step, std::optional<PlanId> fid, std::optional<P
 }
 
 std::vector<PlanId> schedule_table(int microbatches, int chunks, int group) {
+  NE_CHECK(group >= 1 && chunks >= 1, "schedule_table: a group and chunks of at least 1");
   std::vector<PlanId> table;
   table.reserve(std::size_t(microbatches) * std::size_t(chunks));
   for (int first = 0; first < microbatches; first += group) {

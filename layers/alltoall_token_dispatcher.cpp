@@ -154,16 +154,18 @@ void AlltoallPlan::send_counts(ops::At at) {
 
 void AlltoallPlan::size_all_to_all(ops::At at) {
   if (sized_) return;
-  sized_ = true;
   send_counts(at);
   EagerIssue eager(at.stream.device().node());
   const int E = d_.cfg().num_moe_experts, L = d_.local_experts();
   if (rows_) {
     splits_ = rows_->finish_counts(counts_, at.stream, meta_counts_);
   } else {
+    if (meta_counts_.size() != std::size_t(d_.ep_size()) * std::size_t(E))
+      throw UsageError("alltoall dispatcher: dispatch before preprocess on this plan");
     if (counts_.sent) counts_.landed.synchronize();
     splits_ = AlltoallDispatcher::splits(meta_counts_.data(), d_.ep_size(), E, 0);
   }
+  sized_ = true;
   counts_ = {};
   received_ = 0;
   for (auto n : splits_.recv_rows) received_ += std::int64_t(n);

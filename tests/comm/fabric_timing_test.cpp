@@ -128,6 +128,33 @@ TEST(FabricTiming, AKernelWaitingForItsPeersHoldsItsSms) {
   EXPECT_EQ(a1.end, us(63));
 }
 
+TEST(FabricTiming, AnEqualPriorityPartyWaitsForTheComputeBeforeIt) {
+  // The same all-to-all on a comm stream of the compute stream's priority, with a 100 us kernel
+  // running on rank 0 only. Rank 0's part is ready at 3 us but gets its SMs only when the kernel
+  // ends at 102 us: it arrives then, the transfer starts 1 us later and takes 10 us, so both
+  // parts end at 113 us. Rank 1's part, with nothing before it, holds its SMs from 3 us and spins.
+  Node node(comm_options(2, Mode::Meta));
+  Communicator comm(node);
+  node.run([&](Host& host) {
+    Group g = comm.group({0, 1}, "ep");
+    Buffer b = host.device().allocate(2'000'000);
+    Stream comp = host.device().default_stream();
+    Stream cs = host.device().create_stream(Priority::Normal, "comm");
+    if (host.rank() == 0)
+      comp.launch({"gemm", Work{.fixed_s = 100e-6}});
+    else
+      host.compute(1e-6);  // the same host clock as rank 0's after its launch
+    g.all_to_all(b, b, 1'000'000, cs, {.async = true});
+    host.device().synchronize();
+  });
+  auto a0 = find_op(node, 0, "all_to_all_v"), a1 = find_op(node, 1, "all_to_all_v");
+  EXPECT_EQ(find_op(node, 0, "gemm").end, us(102));  // alone on its SMs: not slowed
+  EXPECT_EQ(a0.start, us(102));                      // the trace starts it when it gets its SMs
+  EXPECT_EQ(a1.start, us(3));
+  EXPECT_EQ(a0.end, us(113));
+  EXPECT_EQ(a1.end, us(113));
+}
+
 TEST(FabricTiming, SmallMessagesRunBelowLinkPeak) {
   // The shipped H100 fabric: per-peer messages far below nvlink.half_kb get a fraction of the
   // bandwidth that large ones do.

@@ -107,6 +107,16 @@ TEST(GoldenTimeline, AFullLaunchQueueBlocksTheHost) {
   for (const auto& h : node.trace().host_calls())
     if (h.name == "launch queue full") ++stalls;
   EXPECT_EQ(stalls, 2);
+  // A queue full only because the engine has not caught up with the host costs no virtual time:
+  // with a limit of 3 and 0.1 us kernels, each launch finds the kernel three back done (k1 ends
+  // at 2.1 us, before k4's launch at 3), so eight launches take 8 us and nothing stalls.
+  topo->gpu.pending_launches_per_stream = 3;
+  Node quick(testing::options(topo));
+  Stream q = quick.device(0).default_stream();
+  for (int i = 0; i < 8; ++i) q.launch({"short", Work{.fixed_s = 0.1e-6}});
+  EXPECT_EQ(quick.host().now(), us(8));
+  q.synchronize();
+  for (const auto& h : quick.trace().host_calls()) EXPECT_NE(h.name, "launch queue full");
   // Unbounded (0), the host runs ahead: four launches, 4 us.
   topo->gpu.pending_launches_per_stream = 0;
   Node free_node(testing::options(topo));
