@@ -22,19 +22,27 @@ enum class Kind { Gemm, GemmFp32, Grouped, Attention, Memory, Pcie };
 struct KindInfo {
   Kind kind;
   const char* name;
-  std::vector<std::string> key_columns;  // what identifies the table by its header
+  std::vector<std::string> key_columns;                   // what identifies the table by its header
+  std::optional<CsvTable> detail::ProfileTables::*table;  // the profile's table of this kind
 };
 
 const std::vector<KindInfo>& kinds() {
   static const std::vector<KindInfo> k = {
-      {Kind::Grouped, "grouped_gemm", {"shape", "groups", "rows_per_group", "n", "k"}},
-      {Kind::Gemm, "gemm", {"layout", "m", "n", "k"}},
-      {Kind::GemmFp32, "gemm_fp32", {"dtype", "m", "n", "k"}},
+      {Kind::Grouped,
+       "grouped_gemm",
+       {"shape", "groups", "rows_per_group", "n", "k"},
+       &detail::ProfileTables::grouped_gemm},
+      {Kind::Gemm, "gemm", {"layout", "m", "n", "k"}, &detail::ProfileTables::gemm},
+      {Kind::GemmFp32, "gemm_fp32", {"dtype", "m", "n", "k"}, &detail::ProfileTables::gemm_fp32},
       {Kind::Attention,
        "attention",
-       {"backend", "q_heads", "kv_heads", "d_qk", "d_v", "seq", "causal"}},
-      {Kind::Memory, "memory_bound", {"op", "tokens", "bytes_moved"}},
-      {Kind::Pcie, "pcie", {"direction", "host_memory", "bytes"}},
+       {"backend", "q_heads", "kv_heads", "d_qk", "d_v", "seq", "causal"},
+       &detail::ProfileTables::attention},
+      {Kind::Memory,
+       "memory_bound",
+       {"op", "tokens", "bytes_moved"},
+       &detail::ProfileTables::memory_bound},
+      {Kind::Pcie, "pcie", {"direction", "host_memory", "bytes"}, &detail::ProfileTables::pcie},
   };
   return k;
 }
@@ -142,28 +150,8 @@ class TablePredictor {
   const ProfileModels& m_;
 };
 
-std::string describe_sources(const ProfileModels& m, Kind kind, const Prediction& p) {
-  const std::optional<CsvTable>* t = nullptr;
-  switch (kind) {
-    case Kind::Gemm:
-      t = &m.tables().gemm;
-      break;
-    case Kind::GemmFp32:
-      t = &m.tables().gemm_fp32;
-      break;
-    case Kind::Grouped:
-      t = &m.tables().grouped_gemm;
-      break;
-    case Kind::Attention:
-      t = &m.tables().attention;
-      break;
-    case Kind::Memory:
-      t = &m.tables().memory_bound;
-      break;
-    case Kind::Pcie:
-      t = &m.tables().pcie;
-      break;
-  }
+std::string describe_sources(const ProfileModels& m, const KindInfo& kind, const Prediction& p) {
+  const std::optional<CsvTable>* t = &(m.tables().*kind.table);
   // Merge repeated rows (a filled hole lists what it came from) and show the heaviest first.
   std::map<std::size_t, double> w;
   for (const auto& [row, weight] : p.sources) w[row] += weight;
@@ -243,7 +231,7 @@ TablePrediction GpuProfile::predict_table(const std::string& csv_text,
       filled[o.time_col] = fmt(o.why.seconds);
       filled[o.rate_col] = o.rate_work > 0 ? fmt_rate(o.rate_work / o.why.seconds) : "";
       explain += " " + o.time_col + " " + fmt(o.why.seconds) + " s, " +
-                 describe_sources(*models_, k.kind, o.why) + ".";
+                 describe_sources(*models_, k, o.why) + ".";
     }
     for (std::size_t i = 0; i < header.size(); ++i) {
       const auto it = filled.find(header[i]);
