@@ -85,4 +85,32 @@ Prediction interpolate(const std::vector<SeriesPoint>& s, double x, Below below,
   return p;
 }
 
+Prediction interpolate_latency_bandwidth(const std::vector<SeriesPoint>& s, double x) {
+  NE_CHECK(!s.empty(), "interpolate_latency_bandwidth: an empty series");
+  const bool below_two = x < s.front().x && s.size() >= 2;
+  if (!below_two && (x <= s.front().x || x >= s.back().x)) return interpolate(s, x, Below::Clamp);
+  // The segment that brackets x, or the first one extended below the table.
+  auto hi = below_two ? s.begin() + 1
+                      : std::upper_bound(s.begin(), s.end(), x,
+                                         [](double v, const SeriesPoint& q) { return v < q.x; });
+  auto lo = hi - 1;
+  const double f = (x - lo->x) / (hi->x - lo->x);  // < 0 below the table
+  Prediction p;
+  p.seconds = lo->seconds + f * (hi->seconds - lo->seconds);
+  p.how = "latency + bytes / bandwidth, linear between the measured sizes";
+  if (below_two) {
+    p.how = "below the table: the line through its two smallest sizes";
+    const double at_rate = lo->seconds * x / lo->x;
+    if (p.seconds < at_rate) {
+      p.seconds = at_rate;
+      p.how = "below the table: its smallest size's rate";
+      add_sources(p, *lo, 1);
+      return p;
+    }
+  }
+  add_sources(p, *lo, 1 - f);
+  add_sources(p, *hi, f);
+  return p;
+}
+
 }  // namespace nodeemu::detail

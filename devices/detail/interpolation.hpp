@@ -1,8 +1,8 @@
 // Internal: how the profile's models turn measured points into a prediction, and which measured
-// rows a prediction came from (for `nodeemu cost --explain`). Everything interpolates log(time)
+// rows a prediction came from (for `nodeemu cost --explain`). Kernels interpolate log(time)
 // linearly in log(size): a kernel's time follows a power of its size over any short stretch
 // (flat at a launch floor, linear where bandwidth or FLOPs bound it), which is a straight line in
-// log-log coordinates.
+// log-log coordinates. PCIe copies are the exception (interpolate_latency_bandwidth).
 #pragma once
 
 #include <cmath>
@@ -41,6 +41,14 @@ std::vector<SeriesPoint> make_series(std::vector<SeriesPoint> points);
 // datasheet peak); below the smallest, `below` decides.
 Prediction interpolate(const std::vector<SeriesPoint>& series, double x, Below below,
                        double floor_s = 0);
+
+// A copy's time is a start-up latency plus its bytes over a bandwidth (t = a + x / B) wherever it
+// is measured, with a and B changing only slowly with size: so between two measured sizes the time
+// is interpolated linearly in x, not in log-log, which bows through a latency knee and overshoots
+// (on the H100's pinned copies, 20-40 % at 64-256 KiB). Below the smallest size the line through
+// the two smallest points is extended, but never below the smallest point's rate (a line with a
+// negative intercept would reach zero); above the largest, its rate, as `interpolate`.
+Prediction interpolate_latency_bandwidth(const std::vector<SeriesPoint>& series, double x);
 
 // One axis of a grid, and the ways of surrounding x on it: the exact value when measured, then
 // pairs of a lower and an upper neighbour (up to three each, nearest first), or the two nearest on

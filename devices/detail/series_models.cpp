@@ -154,7 +154,7 @@ Prediction PcieModel::one_way(bool h2d, bool pinned, double bytes) const {
   auto it = series_.find({h2d, pinned});
   if (it == series_.end()) it = series_.find({!h2d, pinned});  // the other direction's curve
   NE_CHECK(it != series_.end(), "PcieModel: a host-memory kind the profile did not check");
-  return interpolate(it->second, std::max(1.0, bytes), Below::Clamp);
+  return interpolate_latency_bandwidth(it->second, std::max(1.0, bytes));
 }
 
 Prediction PcieModel::predict(const Query& q) const {

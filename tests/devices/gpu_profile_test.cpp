@@ -23,8 +23,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The calibration set (configs/gpus/h100_sxm5_calibration): most tests below pin rows of its
+// tables, which are the steering repository's and do not change when the default is re-measured.
 std::string h100_dir() {
-  return std::string(NODEEMU_SOURCE_DIR) + "/configs/gpus/h100_sxm5";
+  return std::string(NODEEMU_SOURCE_DIR) + "/configs/gpus/h100_sxm5_calibration";
 }
 
 std::shared_ptr<const GpuProfile> h100() {
@@ -43,20 +45,30 @@ std::map<std::string, LooStats> loo_by_table() {
 
 TEST(GpuProfile, ShippedH100LoadsAsMeasured) {
   auto p = h100();
-  EXPECT_EQ(p->name(), "h100_sxm5");
+  EXPECT_EQ(p->name(), "h100_sxm5_calibration");
   EXPECT_TRUE(p->measured());
   EXPECT_EQ(p->sms(), 132);
   EXPECT_NE(p->provenance().find("measured on NVIDIA H100 80GB HBM3"), std::string::npos);
   // The built-in copy is the same profile, so a topology resolves it from any directory.
-  auto b = GpuProfile::builtin("h100_sxm5");
+  auto b = GpuProfile::builtin("h100_sxm5_calibration");
   ASSERT_TRUE(b);
   EXPECT_EQ(b->host_costs().launch_s, p->host_costs().launch_s);
+  // The default profiles of the DGX topologies are measured too, each on its own GPU.
+  for (const char* name : {"h100_sxm5", "h200_sxm"}) {
+    auto m = GpuProfile::builtin(name);
+    ASSERT_TRUE(m) << name;
+    EXPECT_TRUE(m->measured()) << name;
+    EXPECT_EQ(m->provenance().find("derived"), std::string::npos) << m->provenance();
+  }
+  EXPECT_NE(GpuProfile::builtin("h200_sxm")->provenance().find("measured on NVIDIA H200"),
+            std::string::npos);
 }
 
-// The figures bench/README.md records. Where the target is met the test holds it; where
-// the measurements' own scatter keeps it out of reach (the attention backward's short sequences)
-// the test holds the figure reached, so that a worse model cannot land unnoticed.
-TEST(GpuProfile, LeaveOneOutErrorsOfTheShippedTables) {
+// The figures bench/README.md records, for the calibration set. Its attention backward is eager
+// autograd timed with events, whose short sequences carry host time that no model of the shape
+// predicts: the test holds the figure reached, so that a worse model cannot land unnoticed. The
+// default profiles, whose backward is device time, meet every target (the next test).
+TEST(GpuProfile, LeaveOneOutErrorsOfTheCalibrationSet) {
   const auto s = loo_by_table();
   const LooStats& gemm = s.at("gemm_bf16.csv/seconds");
   EXPECT_EQ(gemm.rows, 1601u);
@@ -75,6 +87,28 @@ TEST(GpuProfile, LeaveOneOutErrorsOfTheShippedTables) {
   EXPECT_LE(bwd.p90, 0.33);     // target 0.15: likewise
   EXPECT_LE(s.at("memory_bound.csv/seconds").median, 0.10);
   EXPECT_LE(s.at("pcie.csv/seconds").median, 0.10);
+}
+
+// The targets, on the profiles the DGX H100 and H200 topologies use (measured with
+// tools/measure_gpu.py): median <= 5 % and p90 <= 15 % for GEMMs, grouped GEMMs and attention both
+// ways; median <= 10 % for memory-bound kernels and PCIe copies.
+TEST(GpuProfile, LeaveOneOutErrorsOfTheDefaultProfilesMeetTheTargets) {
+  for (const char* name : {"h100_sxm5", "h200_sxm"}) {
+    std::map<std::string, LooStats> s;
+    for (const auto& t : GpuProfile::builtin(name)->leave_one_out())
+      s[t.table + "/" + t.column] = t;
+    for (const char* kernel :
+         {"gemm_bf16.csv/seconds", "grouped_gemm_bf16.csv/seconds",
+          "attention_bf16.csv/fwd_seconds", "attention_bf16.csv/bwd_seconds"}) {
+      ASSERT_TRUE(s.count(kernel)) << name << " " << kernel;
+      EXPECT_GT(s.at(kernel).rows, 40u) << name << " " << kernel;
+      EXPECT_LE(s.at(kernel).median, 0.05) << name << " " << kernel;
+      EXPECT_LE(s.at(kernel).p90, 0.15) << name << " " << kernel;
+    }
+    EXPECT_EQ(s.at("gemm_bf16.csv/seconds").rows, 1860u) << name;
+    EXPECT_LE(s.at("memory_bound.csv/seconds").median, 0.10) << name;
+    EXPECT_LE(s.at("pcie.csv/seconds").median, 0.10) << name;
+  }
 }
 
 TEST(GpuProfile, MeasuredRowsArePredictedExactlyAndAMissingOneWithinItsLooError) {
@@ -213,23 +247,52 @@ TEST(GpuProfile, ContentionFromTheTables) {
 }
 
 TEST(GpuProfile, DerivedProfilesScaleByDatasheetRatiosAboveTheFloor) {
-  auto h200 = GpuProfile::builtin("h200_sxm");
+  auto h200 = GpuProfile::builtin("h200_sxm_derived");
   ASSERT_TRUE(h200);
   EXPECT_FALSE(h200->measured());
   EXPECT_NE(h200->provenance().find("derived, not measured"), std::string::npos);
+  // Derived from the default H100 profile.
+  const auto base = GpuProfile::builtin("h100_sxm5");
   Work copy;
-  copy.bytes = 536870912;
+  copy.bytes =
+      1073741824;  // a measured size: between sizes the log-log mix of scaled times differs
   copy.shape = KernelShape::memory(MemoryOp::Copy);
-  const double floor = h100()->kernel_floor_s();
-  const double t100 = h100()->price(copy).seconds, t200 = h200->price(copy).seconds;
+  const double floor = base->kernel_floor_s();
+  const double t100 = base->price(copy).seconds, t200 = h200->price(copy).seconds;
   EXPECT_NEAR(t200 / (floor + (t100 - floor) / 1.4328), 1.0, 1e-6);  // tables keep 7 digits
   Work gemm;
   gemm.shape = KernelShape::gemm(GemmLayout::NT, 4096, 4096, 4096);
-  EXPECT_NEAR(h200->price(gemm).seconds, h100()->price(gemm).seconds, 1e-12);  // same compute
+  EXPECT_NEAR(h200->price(gemm).seconds, base->price(gemm).seconds, 1e-12);  // same compute
   auto a100 = GpuProfile::builtin("a100_sxm4");
   ASSERT_TRUE(a100);
-  EXPECT_NEAR(a100->price(gemm).seconds / (floor + (h100()->price(gemm).seconds - floor) / 0.3155),
+  EXPECT_NEAR(a100->price(gemm).seconds / (floor + (base->price(gemm).seconds - floor) / 0.3155),
               1.0, 1e-6);
+}
+
+// The H200 was measured as well as derived (the H100 tables times datasheet ratios): the check of
+// what derivation gets right, which is all the B200 and A100 profiles have. Compute-bound kernels
+// carry over (the same die and clock); HBM-bound ones do not: the datasheet's 4.8 / 3.35 TB/s
+// overstates what copies gain, x1.43 against a measured x1.1-1.3, so a derived profile's
+// memory-bound kernels come out too fast (bench/README.md has the per-table figures).
+TEST(GpuProfile, DerivedH200AgainstTheMeasuredOne) {
+  const auto measured = GpuProfile::builtin("h200_sxm"),
+             derived = GpuProfile::builtin("h200_sxm_derived");
+  auto ratio = [&](const Work& w) {
+    return derived->price(w).seconds / measured->price(w).seconds;
+  };
+  Work w;
+  for (std::int64_t n : {4096, 8192}) {
+    w.shape = KernelShape::gemm(GemmLayout::NT, n, n, n);
+    EXPECT_NEAR(ratio(w), 1.0, 0.05) << n;
+  }
+  w.shape = KernelShape::attention(AttentionBackend::Cudnn, false, true, 1, 4096, 32, 4, 128, 128);
+  EXPECT_NEAR(ratio(w), 1.0, 0.05);
+  w.shape.backward = true;
+  EXPECT_NEAR(ratio(w), 1.0, 0.05);
+  w.shape = KernelShape::memory(MemoryOp::Copy);
+  w.bytes = 1073741824;
+  EXPECT_LT(ratio(w), 0.9);  // d2d_copy at 1 GiB: 3.1e-4 s derived, 3.9e-4 s measured
+  EXPECT_GT(ratio(w), 0.6);
 }
 
 // A copy of the H100 folder with one table edited.

@@ -70,8 +70,8 @@ TEST(Calibrate, TorchGroupedMmOnHopperGetsItsTilingAndTheShippedErrors) {
     if (f[0] == "grouped_gemm_bf16.csv" && std::abs(error) > worst)
       worst = std::abs(error), worst_row = std::stoi(f[2]);
   }
-  // gemm 1601, grouped 249, attention 38 forward and 38 backward, memory 46, PCIe 31, fp32 GEMM 2.
-  EXPECT_EQ(lines, 1601 + 249 + 38 + 38 + 46 + 31 + 2);
+  // gemm 1860, grouped 377, attention 45 forward and 45 backward, memory 46, PCIe 31, fp32 GEMM 2.
+  EXPECT_EQ(lines, 1860 + 377 + 45 + 45 + 46 + 31 + 2);
   // The report's "worst at" names the row of the largest error.
   EXPECT_NE(grouped_line(r.out).find("row " + std::to_string(worst_row) + " ("), std::string::npos)
       << grouped_line(r.out);

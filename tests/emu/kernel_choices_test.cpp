@@ -146,7 +146,7 @@ TEST(KernelChoices, EveryShippedRecipeIsPricedFromTables) {
     EXPECT_TRUE(rep.unpriced_kernels.empty()) << rep.unpriced_kernels.front();
     EXPECT_NE(rep.gpu_profile.find(r.name() == "tiny_moe" || r.name() == "qwen3_30b_a3b"
                                        ? "h100_sxm5: measured"
-                                       : "derived, not measured"),
+                                       : "h200_sxm: measured"),
               std::string::npos)
         << rep.gpu_profile;
   }

@@ -2,7 +2,10 @@
 // timelines can be worked out by hand.
 #pragma once
 
+#include <fstream>
 #include <memory>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 
 #include "devices/node.hpp"
@@ -17,10 +20,30 @@ inline std::string topology_path(const std::string& name) {
   return std::string(NODEEMU_SOURCE_DIR) + "/configs/topologies/" + name + ".yaml";
 }
 
+// The DGX H100 topology priced by the calibration set (configs/gpus/h100_sxm5_calibration), not
+// by the default profile: tests that pin a table's figures, and golden timelines, stay put when
+// the default H100 profile is re-measured.
+inline NodeTopology calibration_h100_topology() {
+  const std::string path = topology_path("dgx_h100");
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string yaml = text.str();
+  const std::string from = "profile: h100_sxm5 ", to = "profile: h100_sxm5_calibration ";
+  const auto at = yaml.find(from);
+  if (at == std::string::npos) throw std::runtime_error(path + ": no '" + from + "' line");
+  yaml.replace(at, from.size(), to);
+  return NodeTopology::from_yaml(yaml, path);
+}
+
+inline std::shared_ptr<const NodeTopology> calibration_h100() {
+  return std::make_shared<NodeTopology>(calibration_h100_topology());
+}
+
 // DGX H100 with 100 SMs, 1 us launches, 1 us launch latency and free event/sync calls. Kernel
-// prices and contention stay the measured profile's.
+// prices and contention stay the calibration set's.
 inline std::shared_ptr<const NodeTopology> round_h100() {
-  auto t = std::make_shared<NodeTopology>(NodeTopology::from_file(topology_path("dgx_h100")));
+  auto t = std::make_shared<NodeTopology>(calibration_h100_topology());
   t->gpu.sms = 100;
   t->gpu.kernel_launch_host_s = 1e-6;
   t->gpu.memcpy_launch_host_s = 1e-6;
