@@ -33,6 +33,25 @@ struct PlanId {
   int chunk = 0;
 };
 
+// How pipeline transfers are posted: Megatron-Core's ModelParallelConfig overlap_p2p_comm and
+// batch_p2p_comm, which Megatron-Bridge's comm_overlap.py sets from the layout (with VPP: overlap
+// on, batch off; PP without VPP: overlap off, batch on).
+struct PipelineComm {
+  // p2p_communication._communicate(wait_on_reqs=False): a call returns its requests, and the
+  // stream that consumes a received tensor waits for it there (the interleaved schedule posts
+  // each receive one step ahead, so the transfer runs behind the previous step).
+  bool overlap = false;
+  // _batched_p2p_ops: one batch_isend_irecv per call, then, with batch_p2p_sync (on by default),
+  // torch.cuda.synchronize(): the host waits for the whole device after every call.
+  bool batch = false;
+};
+
+// One call of p2p_communication._communicate: the sends and receives it posts together (any may
+// be absent, and a transfer with no neighbour on this virtual stage is skipped).
+struct P2pCall {
+  std::optional<PlanId> send_forward, send_backward, recv_forward, recv_backward;
+};
+
 // One rank's training step as a schedule sees it. Made by the training loop.
 class StepContext {
  public:
@@ -46,13 +65,23 @@ class StepContext {
   layers::ExecContext& exec();
   // The plan of one micro-batch through one chunk, made on first use.
   layers::ChunkPlan& plan(PlanId id);
-  // Pipeline transfers. A recv enqueues the receive on the compute stream and makes it part of
-  // the plan's event chain, so the plan's first node waits for it; a send goes on this rank's
-  // send stream for that direction once the plan's event says the tensor is ready. All four are
-  // no-ops where the virtual stage has no neighbour in that direction.
+  // Pipeline transfers, as Megatron's p2p_communication posts them (each on the stream of its
+  // link, as NCCL runs point-to-point work on a stream of its own that first waits for the
+  // posting stream's queued work). `communicate` is one call: without overlap the posting stream
+  // waits for every transfer of it (and with batch the host synchronizes the device); with
+  // overlap it returns at once.
+  void communicate(const P2pCall& call);
+  const PipelineComm& pipeline_comm() const;
+  // The forward input (the output gradient) of `id` is in place before its first node: waits for
+  // a receive posted earlier, or receives it now in a call of its own. No-ops where the virtual
+  // stage has no neighbour in that direction, and for a tensor already received.
   void recv_forward(PlanId id);
-  void send_forward(PlanId id);
   void recv_backward(PlanId id);
+  // A call of one send. From the comm stream (the combined 1F1B's post_forward), the comm stream
+  // then waits for the previous forward send to complete before that output is deallocated
+  // (schedules.py pp_post_forward; deallocate_pipeline_outputs, which Megatron's arguments turn
+  // on): the comm stream's next work queues behind the transfer a step back.
+  void send_forward(PlanId id, layers::StreamKind from = layers::StreamKind::Compute);
   void send_backward(PlanId id);
   // The plan's backward (and its delayed wgrad) is issued: drop it. Its tensors live on until
   // the work that uses them has completed.
@@ -117,6 +146,10 @@ int megatron_warmup(int pp, int rank, int chunks, int microbatches, int group, b
 // remaining backwards, in the order of schedule_table(microbatches, chunks, group).
 void run_pipelined(StepContext& step, int warmup, bool combined, const OverlapOptions& o,
                    int group);
+
+// The recipe's pipeline transfers: comm_overlap.overlap_p2p_comm and batch_p2p_comm where set,
+// otherwise Megatron-Bridge's choice for the layout.
+PipelineComm pipeline_comm(const Recipe& recipe);
 
 // sequential (PP = 1: gradient accumulation), 1f1b (PP > 1), interleaved-1f1b (VPP), and
 // combined-1f1b-a2a-overlap (overlap_moe_expert_parallel_comm, PP = 1 or VPP).

@@ -21,17 +21,20 @@ void dw(ScheduleNode& n, bool delay) {
 
 }  // namespace
 
-void forward_step(StepContext& step, PlanId id) {
+namespace {
+
+// The forward of one plan, its input received first.
+void forward_compute(StepContext& step, PlanId id) {
   step.recv_forward(id);
   step.plan(id).forward_all();
-  step.send_forward(id);
 }
 
-void backward_step(StepContext& step, PlanId id) {
+// The backward of one plan, its output gradient received first; node by node, as
+// ChunkPlan::backward_all orders them, with each wgrad right after its dgrad.
+void backward_compute(StepContext& step, PlanId id) {
   step.recv_backward(id);
   ChunkPlan& p = step.plan(id);
   const bool delay = step.exec().delay_wgrad;
-  // Node by node, as ChunkPlan::backward_all orders them, with each wgrad right after its dgrad.
   p.loss.backward();
   dw(p.loss, delay);
   for (auto it = p.layers.rbegin(); it != p.layers.rend(); ++it) {
@@ -46,6 +49,17 @@ void backward_step(StepContext& step, PlanId id) {
   }
   p.embedding.backward();
   dw(p.embedding, delay);
+}
+
+}  // namespace
+
+void forward_step(StepContext& step, PlanId id) {
+  forward_compute(step, id);
+  step.send_forward(id);
+}
+
+void backward_step(StepContext& step, PlanId id) {
+  backward_compute(step, id);
   step.send_backward(id);
   step.release(id);
 }
@@ -71,7 +85,7 @@ void schedule_layer_pair(std::optional<LayerNodes> f, std::optional<LayerNodes> 
 
 void combined_step(StepContext& step, std::optional<PlanId> fid, std::optional<PlanId> bid,
                    const OverlapOptions& o) {
-  // Both receives are posted before the step, as Megatron's combined_1f1b posts them.
+  // Both inputs are in place before the step (posted a step ahead by the schedule).
   if (fid) step.recv_forward(*fid);
   if (bid) step.recv_backward(*bid);
   ChunkPlan* f = fid ? &step.plan(*fid) : nullptr;
@@ -101,7 +115,8 @@ void combined_step(StepContext& step, std::optional<PlanId> fid, std::optional<P
     b->embedding.backward();
     dw(b->embedding, delay);
   }
-  if (fid) step.send_forward(*fid);
+  // post_forward on the comm stream, post_backward on the compute stream (combined_1f1b.py).
+  if (fid) step.send_forward(*fid, layers::StreamKind::Comm);
   if (bid) {
     step.send_backward(*bid);
     if (nb > 0) dw(b->layers.front()->pre_dispatch, delay);
@@ -134,30 +149,83 @@ void run_pipelined(StepContext& step, int warmup, bool combined, const OverlapOp
   const std::vector<PlanId> table = schedule_table(step.microbatches(), vpp, group);
   const int total = int(table.size());
   warmup = std::clamp(warmup, 0, total);
-  auto F = [&](int k) { return table[std::size_t(k)]; };
-  auto B = [&](int k) {
+  auto F = [&](int k) -> std::optional<PlanId> {
+    if (k >= total) return std::nullopt;
+    return table[std::size_t(k)];
+  };
+  auto B = [&](int k) -> std::optional<PlanId> {
+    if (k >= total) return std::nullopt;
     return PlanId{table[std::size_t(k)].microbatch, vpp - 1 - table[std::size_t(k)].chunk};
   };
-  for (int k = 0; k < warmup; ++k) {
-    if (combined)
+  auto call = [&](P2pCall c) { step.communicate(c); };
+  const PipelineComm mode = step.pipeline_comm();
+
+  if (combined) {
+    // The combined 1F1B (EP overlap; PP = 1, or VPP with overlap_p2p_comm): each step's sends
+    // are inside combined_step, where Megatron posts them; the next step's receives are posted
+    // right after, a step ahead.
+    for (int k = 0; k < warmup; ++k) {
       combined_step(step, F(k), std::nullopt, o);
-    else
-      forward_step(step, F(k));
+      call({.recv_forward = F(k + 1), .recv_backward = k == warmup - 1 ? B(0) : std::nullopt});
+    }
+    for (int k = 0; k + warmup < total; ++k) {
+      combined_step(step, F(k + warmup), B(k), o);
+      call({.recv_forward = F(k + warmup + 1), .recv_backward = B(k + 1)});
+    }
+    for (int k = std::max(0, total - warmup); k < total; ++k) {
+      combined_step(step, std::nullopt, B(k), o);
+      call({.recv_backward = B(k + 1)});
+    }
+    return;
+  }
+  auto backward_and_send = [&](int k, P2pCall c) {
+    backward_compute(step, *B(k));
+    c.send_backward = B(k);
+    call(c);
+    step.release(*B(k));
+  };
+  if (vpp == 1 && !mode.overlap) {
+    // forward_backward_pipelining_without_interleaving: blocking calls, the steady state's two
+    // of them each a send and a receive in one (send_forward_recv_backward,
+    // send_backward_recv_forward), so that neighbours never wait on each other's sends.
+    for (int k = 0; k < warmup; ++k) {
+      forward_compute(step, *F(k));
+      call({.send_forward = F(k)});
+    }
+    if (warmup < total) call({.recv_forward = F(warmup)});
+    for (int k = 0; k + warmup < total; ++k) {
+      forward_compute(step, *F(k + warmup));
+      call({.send_forward = F(k + warmup), .recv_backward = B(k)});
+      backward_and_send(k, {.recv_forward = F(k + warmup + 1)});
+    }
+    for (int k = std::max(0, total - warmup); k < total; ++k) backward_and_send(k, {});
+    return;
+  }
+  // forward_backward_pipelining_with_interleaving. Each forward's call sends its output and
+  // receives the next forward's input, each backward's its gradient and the next backward's;
+  // the last warm-up call also receives the first backward's. With overlap_p2p_comm the calls
+  // return at once and each compute waits for its own input (a step after it was posted);
+  // without, the steady state's forward and backward share one blocking call
+  // (send_forward_backward_recv_forward_backward).
+  for (int k = 0; k < warmup; ++k) {
+    forward_compute(step, *F(k));
+    call({.send_forward = F(k),
+          .recv_forward = F(k + 1),
+          .recv_backward = k == warmup - 1 ? B(0) : std::nullopt});
   }
   for (int k = 0; k + warmup < total; ++k) {
-    if (combined) {
-      combined_step(step, F(k + warmup), B(k), o);
+    forward_compute(step, *F(k + warmup));
+    if (mode.overlap) {
+      call({.send_forward = F(k + warmup), .recv_forward = F(k + warmup + 1)});
+      backward_and_send(k, {.recv_backward = B(k + 1)});
     } else {
-      forward_step(step, F(k + warmup));
-      backward_step(step, B(k));
+      backward_and_send(k, {.send_forward = F(k + warmup),
+                            .recv_forward = F(k + warmup + 1),
+                            .recv_backward = B(k + 1)});
     }
   }
-  for (int k = std::max(0, total - warmup); k < total; ++k) {
-    if (combined)
-      combined_step(step, std::nullopt, B(k), o);
-    else
-      backward_step(step, B(k));
-  }
+  for (int k = std::max(0, total - warmup); k < total; ++k)
+    backward_and_send(k, {.recv_backward = B(k + 1)});
 }
 
 namespace {
@@ -201,6 +269,17 @@ class CombinedOverlap : public Schedule {
 };
 
 }  // namespace
+
+PipelineComm pipeline_comm(const Recipe& r) {
+  // Megatron-Bridge training/comm_overlap.py (CommOverlapConfig._get_model_comm_overlap_cfgs):
+  // with PP > 1, VPP overlaps the transfers and does not batch them; without VPP, the reverse.
+  const bool pp = pipeline_size(r) > 1, vpp = virtual_chunks(r) > 1;
+  PipelineComm c{.overlap = pp && vpp, .batch = pp && !vpp};
+  if (r.is_set("comm_overlap.overlap_p2p_comm"))
+    c.overlap = r.flag("comm_overlap.overlap_p2p_comm");
+  if (r.is_set("comm_overlap.batch_p2p_comm")) c.batch = r.flag("comm_overlap.batch_p2p_comm");
+  return c;
+}
 
 std::unique_ptr<Schedule> make_schedule(const Recipe& r) {
   const int pp = pipeline_size(r), vpp = virtual_chunks(r);

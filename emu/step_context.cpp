@@ -8,8 +8,9 @@ using layers::Tensor;
 
 // --- PipelineLinks ---
 
-PipelineLinks::PipelineLinks(Communicator& comm, const ProcessGroups& pg, int rank, Device& device)
-    : device_(device) {
+PipelineLinks::PipelineLinks(Communicator& comm, const ProcessGroups& pg, int rank, Device& device,
+                             PipelineComm mode)
+    : device_(device), mode_(mode) {
   const std::vector<int>& ring = pg.group_of(GroupKind::PP, rank);
   const int n = int(ring.size());
   if (n == 1) return;
@@ -26,32 +27,46 @@ PipelineLinks::PipelineLinks(Communicator& comm, const ProcessGroups& pg, int ra
   bwd_in_ = link(next, rank, "bwd");
   send_next_ = device.create_stream(Priority::Normal, "pp_send_next");
   send_prev_ = device.create_stream(Priority::Normal, "pp_send_prev");
+  recv_prev_ = device.create_stream(Priority::Normal, "pp_recv_prev");
+  recv_next_ = device.create_stream(Priority::Normal, "pp_recv_next");
 }
 
-Tensor PipelineLinks::recv(Group& g, const layers::Shape& shape, layers::DType dt, Stream& s,
-                           const char* name) {
-  Tensor t = Tensor::empty(device_, shape, dt);
-  g.recv(0, t.buffer(), t.bytes(), s, {.async = true, .name = name});
-  return t;
+PipelineLinks::Received PipelineLinks::recv(Group& g, Stream& link, const layers::Shape& shape,
+                                            layers::DType dt, Stream& posting, const char* name) {
+  Event queued;
+  posting.record(queued);
+  link.wait(queued);
+  Received r{Tensor::empty(device_, shape, dt), Event()};
+  g.recv(0, r.tensor.buffer(), r.tensor.bytes(), link, {.async = true, .name = name});
+  link.record(r.done);
+  return r;
 }
 
-void PipelineLinks::send(Group& g, Stream& s, const Tensor& t, const Event& ready,
-                         const char* name) {
-  s.wait(ready);
-  g.send(1, t.buffer(), t.bytes(), s, {.async = true, .name = name});
+Event PipelineLinks::send(Group& g, Stream& link, const Tensor& t, const Event& ready,
+                          Stream& posting, const char* name) {
+  Event queued;
+  posting.record(queued);
+  link.wait(queued);
+  link.wait(ready);
+  g.send(1, t.buffer(), t.bytes(), link, {.async = true, .name = name});
+  Event done;
+  link.record(done);
+  return done;
 }
 
-Tensor PipelineLinks::recv_forward(const layers::Shape& shape, layers::DType dt, Stream& s) {
-  return recv(fwd_in_, shape, dt, s, "recv_forward");
+PipelineLinks::Received PipelineLinks::recv_forward(const layers::Shape& shape, layers::DType dt,
+                                                    Stream& posting) {
+  return recv(fwd_in_, recv_prev_, shape, dt, posting, "recv_forward");
 }
-void PipelineLinks::send_forward(const Tensor& t, const Event& ready) {
-  send(fwd_out_, send_next_, t, ready, "send_forward");
+PipelineLinks::Received PipelineLinks::recv_backward(const layers::Shape& shape, layers::DType dt,
+                                                     Stream& posting) {
+  return recv(bwd_in_, recv_next_, shape, dt, posting, "recv_backward");
 }
-Tensor PipelineLinks::recv_backward(const layers::Shape& shape, layers::DType dt, Stream& s) {
-  return recv(bwd_in_, shape, dt, s, "recv_backward");
+Event PipelineLinks::send_forward(const Tensor& t, const Event& ready, Stream& posting) {
+  return send(fwd_out_, send_next_, t, ready, posting, "send_forward");
 }
-void PipelineLinks::send_backward(const Tensor& t, const Event& ready) {
-  send(bwd_out_, send_prev_, t, ready, "send_backward");
+Event PipelineLinks::send_backward(const Tensor& t, const Event& ready, Stream& posting) {
+  return send(bwd_out_, send_prev_, t, ready, posting, "send_backward");
 }
 
 // --- StepContext::Impl ---
@@ -98,36 +113,94 @@ layers::ChunkPlan& StepContext::Impl::existing(PlanId id, const char* what) {
   return plan(id);
 }
 
-void StepContext::Impl::recv_forward(PlanId id) {
-  layers::ChunkPlan& p = plan(id);
-  if (first_stage(id.chunk)) return;
-  p.input = links_.recv_forward(activation_shape_, chunks_[0]->config().dtype, ctx_.compute);
-  // The receive joins the plan's chain: the first node waits for it.
-  ctx_.compute.record(p.event);
+void StepContext::Impl::communicate(const P2pCall& call, layers::StreamKind from) {
+  Stream& posting = ctx_.stream(from);
+  const layers::DType dt = chunks_[0]->config().dtype;
+  std::vector<Event> sends;
+  std::vector<std::pair<PlanId, bool>> received;  // (plan, forward)
+  // Megatron's _communicate posts send-prev, recv-prev, send-next, recv-next; each link is its own
+  // group here, so the order between links does not matter, only the order on each.
+  if (call.send_backward && !first_stage(call.send_backward->chunk)) {
+    layers::ChunkPlan& p = existing(*call.send_backward, "send_backward");
+    sends.push_back(links_.send_backward(p.grad_input(), p.event, posting));
+  }
+  if (call.recv_forward && !first_stage(call.recv_forward->chunk)) {
+    const PlanId id = *call.recv_forward;
+    const Key key{id.microbatch, id.chunk};
+    if (fwd_pending_.count(key) || fwd_arrived_.count(key))
+      throw UsageError("schedule: recv_forward of " + describe(id) + " posted twice");
+    auto r = links_.recv_forward(activation_shape_, dt, posting);
+    plan(id).input = r.tensor;
+    fwd_pending_[key] = r.done;
+    received.emplace_back(id, true);
+  }
+  if (call.send_forward && !last_stage(call.send_forward->chunk)) {
+    layers::ChunkPlan& p = existing(*call.send_forward, "send_forward");
+    sends.push_back(links_.send_forward(p.output(), p.event, posting));
+  }
+  if (call.recv_backward && !last_stage(call.recv_backward->chunk)) {
+    const PlanId id = *call.recv_backward;
+    const Key key{id.microbatch, id.chunk};
+    if (bwd_pending_.count(key) || bwd_arrived_.count(key))
+      throw UsageError("schedule: recv_backward of " + describe(id) + " posted twice");
+    layers::ChunkPlan& p = existing(id, "recv_backward");
+    auto r = links_.recv_backward(activation_shape_, dt, posting);
+    p.grad_output = r.tensor;
+    bwd_pending_[key] = r.done;
+    received.emplace_back(id, false);
+  }
+  // The comm stream's post_forward (the combined 1F1B; schedules.py pp_post_forward): after
+  // posting this send it waits on the previous forward send's handle (send_next_wait_handle)
+  // before deallocate_output_tensor frees that output, so the comm stream's next work queues
+  // behind the transfer one step back.
+  if (from == layers::StreamKind::Comm && !sends.empty()) {
+    if (comm_send_in_flight_) posting.wait(*comm_send_in_flight_);
+    comm_send_in_flight_ = sends.back();
+  }
+  if (links_.mode().overlap) return;
+  // wait_on_reqs: req.wait() on each request makes the posting stream wait for it.
+  for (const Event& e : sends) posting.wait(e);
+  for (const auto& [id, forward] : received) forward ? recv_forward(id) : recv_backward(id);
+  if (links_.mode().batch && (!sends.empty() || !received.empty()))
+    posting.device().synchronize();  // batch_p2p_sync: torch.cuda.synchronize()
 }
 
-void StepContext::Impl::send_forward(PlanId id) {
-  layers::ChunkPlan& p = existing(id, "send_forward");
-  if (last_stage(id.chunk)) return;
-  links_.send_forward(p.output(), p.event);
+void StepContext::Impl::consume(std::map<Key, Event>& pending, std::set<Key>& arrived, Key key,
+                                PlanId id, bool forward) {
+  if (arrived.count(key)) return;
+  auto it = pending.find(key);
+  if (it == pending.end()) {
+    // Not posted ahead: a call of its own.
+    P2pCall c;
+    (forward ? c.recv_forward : c.recv_backward) = id;
+    communicate(c);
+    if (arrived.count(key)) return;  // a blocking call consumed it
+    it = pending.find(key);
+  }
+  // The receive joins the plan's chain: the plan's next node waits for it.
+  ctx_.compute.wait(it->second);
+  ctx_.compute.record(plan(id).event);
+  pending.erase(it);
+  arrived.insert(key);
+}
+
+void StepContext::Impl::recv_forward(PlanId id) {
+  plan(id);
+  if (first_stage(id.chunk)) return;
+  consume(fwd_pending_, fwd_arrived_, {id.microbatch, id.chunk}, id, true);
 }
 
 void StepContext::Impl::recv_backward(PlanId id) {
-  layers::ChunkPlan& p = existing(id, "recv_backward");
+  existing(id, "recv_backward");
   if (last_stage(id.chunk)) return;
-  p.grad_output = links_.recv_backward(activation_shape_, chunks_[0]->config().dtype, ctx_.compute);
-  ctx_.compute.record(p.event);
-}
-
-void StepContext::Impl::send_backward(PlanId id) {
-  layers::ChunkPlan& p = existing(id, "send_backward");
-  if (first_stage(id.chunk)) return;
-  links_.send_backward(p.grad_input(), p.event);
+  consume(bwd_pending_, bwd_arrived_, {id.microbatch, id.chunk}, id, false);
 }
 
 void StepContext::Impl::release(PlanId id) {
   existing(id, "release");
   const auto key = std::make_pair(id.microbatch, id.chunk);
+  if (fwd_pending_.count(key) || bwd_pending_.count(key))
+    throw UsageError("schedule: " + describe(id) + " is released with a receive not waited for");
   plans_.erase(key);
   released_[key] = true;
 }
@@ -168,17 +241,23 @@ layers::ExecContext& StepContext::exec() {
 layers::ChunkPlan& StepContext::plan(PlanId id) {
   return impl_.plan(id);
 }
+void StepContext::communicate(const P2pCall& call) {
+  impl_.communicate(call);
+}
+const PipelineComm& StepContext::pipeline_comm() const {
+  return impl_.pipeline_comm();
+}
 void StepContext::recv_forward(PlanId id) {
   impl_.recv_forward(id);
-}
-void StepContext::send_forward(PlanId id) {
-  impl_.send_forward(id);
 }
 void StepContext::recv_backward(PlanId id) {
   impl_.recv_backward(id);
 }
+void StepContext::send_forward(PlanId id, layers::StreamKind from) {
+  impl_.communicate({.send_forward = id}, from);
+}
 void StepContext::send_backward(PlanId id) {
-  impl_.send_backward(id);
+  impl_.communicate({.send_backward = id});
 }
 void StepContext::release(PlanId id) {
   impl_.release(id);

@@ -4,6 +4,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -18,28 +20,38 @@ namespace nodeemu::emu {
 // order of transfers on a link is the order its sender produces them, which every valid schedule
 // also consumes them in.
 //
-// Sends go on a stream of their own per direction and receives on the compute stream. Megatron
-// puts the combined 1F1B's forward send on the comm stream and the backward send on the compute
-// stream; on GPUs NCCL's receives are posted ahead of the step so those sends never block a
-// stream for long, while here a transfer starts when both sides reach it, and a send queued in
-// front of an all-to-all could hold the all-to-all back until the peer's schedule reaches the
-// matching receive. Separate send streams keep the schedules' streams free of that coupling.
+// Each link has a stream of its own on each side, as NCCL runs a communicator's point-to-point
+// work on its own stream (ProcessGroupNCCL), which first waits for the posting stream's queued
+// work. A transfer completes when both sides have posted it; who waits for that completion, and
+// where, is the schedule's (StepContext::communicate): posting receives a step ahead
+// (overlap_p2p_comm) is what keeps a send from holding its stream until the peer catches up.
 class PipelineLinks {
  public:
-  PipelineLinks(Communicator& comm, const ProcessGroups& pg, int rank, Device& device);
-  // Returns a tensor of `shape` that the receive, enqueued on `s`, fills.
-  layers::Tensor recv_forward(const layers::Shape& shape, layers::DType dt, Stream& s);
-  void send_forward(const layers::Tensor& t, const Event& ready);
-  layers::Tensor recv_backward(const layers::Shape& shape, layers::DType dt, Stream& s);
-  void send_backward(const layers::Tensor& t, const Event& ready);
+  PipelineLinks(Communicator& comm, const ProcessGroups& pg, int rank, Device& device,
+                PipelineComm mode);
+  const PipelineComm& mode() const { return mode_; }
+  // A receive into a new tensor of `shape`, posted after `posting`'s queued work; `done` fires
+  // when it has arrived.
+  struct Received {
+    layers::Tensor tensor;
+    Event done;
+  };
+  Received recv_forward(const layers::Shape& shape, layers::DType dt, Stream& posting);
+  Received recv_backward(const layers::Shape& shape, layers::DType dt, Stream& posting);
+  // A send of `t` once `ready` has fired and `posting`'s queued work is done; returns the event of
+  // its completion.
+  Event send_forward(const layers::Tensor& t, const Event& ready, Stream& posting);
+  Event send_backward(const layers::Tensor& t, const Event& ready, Stream& posting);
 
  private:
-  layers::Tensor recv(Group& g, const layers::Shape& shape, layers::DType dt, Stream& s,
-                      const char* name);
-  void send(Group& g, Stream& s, const layers::Tensor& t, const Event& ready, const char* name);
+  Received recv(Group& g, Stream& link, const layers::Shape& shape, layers::DType dt,
+                Stream& posting, const char* name);
+  Event send(Group& g, Stream& link, const layers::Tensor& t, const Event& ready, Stream& posting,
+             const char* name);
   Device& device_;
+  PipelineComm mode_;
   Group fwd_in_, fwd_out_, bwd_in_, bwd_out_;
-  Stream send_next_, send_prev_;
+  Stream send_next_, send_prev_, recv_prev_, recv_next_;
 };
 
 class StepContext::Impl {
@@ -55,10 +67,10 @@ class StepContext::Impl {
   int pp_size() const { return pp_size_; }
   layers::ExecContext& exec() { return ctx_; }
   layers::ChunkPlan& plan(PlanId id);
+  void communicate(const P2pCall& call, layers::StreamKind from = layers::StreamKind::Compute);
+  const PipelineComm& pipeline_comm() const { return links_.mode(); }
   void recv_forward(PlanId id);
-  void send_forward(PlanId id);
   void recv_backward(PlanId id);
-  void send_backward(PlanId id);
   void release(PlanId id);
   // Throws UsageError naming the schedule's omission when a micro-batch's forward or backward
   // never ran.
@@ -72,6 +84,11 @@ class StepContext::Impl {
     return chunk * pp_size_ + pp_rank_ == pp_size_ * chunks() - 1;
   }
   layers::ChunkPlan& existing(PlanId id, const char* what);
+  // A receive posted and not yet waited for, per direction; and what has arrived (or needs no
+  // transfer), so that a later recv_forward/recv_backward of it is a no-op.
+  using Key = std::pair<int, int>;
+  void consume(std::map<Key, Event>& pending, std::set<Key>& arrived, Key key, PlanId id,
+               bool forward);
   layers::ExecContext& ctx_;
   std::vector<std::unique_ptr<layers::ModelChunk>>& chunks_;
   PipelineLinks& links_;
@@ -82,6 +99,9 @@ class StepContext::Impl {
   std::map<std::pair<int, int>, std::unique_ptr<layers::ChunkPlan>> plans_;
   std::map<std::pair<int, int>, bool> released_;
   std::map<int, std::shared_ptr<const double>> losses_;
+  std::map<Key, Event> fwd_pending_, bwd_pending_;
+  std::set<Key> fwd_arrived_, bwd_arrived_;
+  std::optional<Event> comm_send_in_flight_;  // the comm stream's last forward send
 };
 
 }  // namespace nodeemu::emu

@@ -147,7 +147,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
       std::lock_guard<std::mutex> lock(name_mutex);
       schedule_name = schedule->name();
     }
-    PipelineLinks links(comm, pg, r, dev);
+    PipelineLinks links(comm, pg, r, dev, pipeline_comm(recipe));
     Group dp = comm.group_of(pg, GroupKind::DP, r), edp = comm.group_of(pg, GroupKind::EDP, r);
     const bool owns_dense = d == 0, owns_experts = pg.rank_in(GroupKind::EDP, r) == 0;
     const int shard = pg.rank_in(GroupKind::EP, r);

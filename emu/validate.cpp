@@ -5,6 +5,7 @@
 
 #include "devices/errors.hpp"
 #include "emu/recipe_views.hpp"
+#include "emu/schedule.hpp"
 
 namespace nodeemu::emu {
 
@@ -19,6 +20,7 @@ class Rules {
     required();
     if (!out_.empty()) return out_;  // nothing else can be read sensibly
     layout();
+    pipeline_transfers();
     ep_overlap();
     delay_wgrad();
     kernels();
@@ -138,6 +140,34 @@ class Rules {
                      ", fewer than PP: make M a multiple of the group "
                      "or leave at least PP over" +
                      counts);
+  }
+
+  // Megatron-Core's p2p_communication and schedules.py; the defaults are Bridge's (schedule.hpp
+  // PipelineComm).
+  void pipeline_transfers() {
+    const char* overlap = "comm_overlap.overlap_p2p_comm";
+    const char* batch = "comm_overlap.batch_p2p_comm";
+    const int pp = pipeline_size(r_), vpp = virtual_chunks(r_);
+    for (const char* k : {overlap, batch})
+      if (pp == 1 && set(k) && b(k))
+        error(k,
+              "has no effect without pipeline parallelism (pipeline_model_parallel_size = 1); "
+              "unset it");
+    if (pp == 1) return;
+    const PipelineComm c = pipeline_comm(r_);
+    // _communicate asserts wait_on_reqs for batched transfers: they cannot be left in flight.
+    if (c.overlap && c.batch)
+      error(batch,
+            "cannot be true with overlap_p2p_comm (Megatron batches only transfers it "
+            "waits for at once); set one of them false");
+    if (c.overlap && vpp == 1)
+      error(overlap,
+            "needs the interleaved schedule (virtual_pipeline_model_parallel_size): "
+            "Megatron's non-interleaved 1F1B raises on it");
+    if (!c.overlap && vpp > 1 && b("comm_overlap.overlap_moe_expert_parallel_comm"))
+      error(overlap,
+            "must be true with EP overlap and PP > 1: NodeEmu's combined 1F1B posts each "
+            "receive a step ahead, as Bridge configures it");
   }
 
   // REFERENCE section 4: overlap_moe_expert_parallel_comm.
