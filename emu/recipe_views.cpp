@@ -4,6 +4,7 @@
 
 #include "devices/errors.hpp"
 #include "emu/cli.hpp"
+#include "emu/routing_trace.hpp"
 
 namespace nodeemu::emu {
 
@@ -225,6 +226,30 @@ int microbatches_per_rank(const Recipe& r, int world) {
                                : std::int64_t(mbs) * dp;
   if (dp < 1 || mbs < 1 || gbs % (std::int64_t(mbs) * dp)) return 0;
   return static_cast<int>(gbs / (std::int64_t(mbs) * dp));
+}
+
+layers::RecordedLoads routing_trace(const Recipe& r, const layers::ModelConfig& c) {
+  layers::RecordedLoads loads =
+      load_routing_trace(r.resolve(r.text("emulator.routing_trace")), c.num_moe_experts);
+  for (int l = 0; l < c.num_layers; ++l)
+    if (c.is_moe_layer(l) && !loads.by_layer.count(l))
+      throw ConfigError(r.name(), "emulator.routing_trace",
+                        loads.source + " has no records of MoE layer " + std::to_string(l) +
+                            "; replay a trace of the same model and pipeline layout");
+  return loads;
+}
+
+std::shared_ptr<const layers::MetaRouting> meta_routing(const Recipe& r,
+                                                        const layers::ModelConfig& c,
+                                                        int microbatches) {
+  if (r.text("emulator.mode") != "meta" || c.num_moe_experts == 0) return nullptr;
+  const auto seed = std::uint64_t(r.integer("emulator.seed"));
+  if (r.is_set("emulator.routing_trace"))
+    return layers::MetaRouting::replay(c.router, routing_trace(r, c), microbatches);
+  if (r.is_set("emulator.routing_skew"))
+    return layers::MetaRouting::skewed(c.router, seed, r.real("emulator.routing_skew"));
+  if (c.router.force_load_balancing) return layers::MetaRouting::forced(c.router, seed);
+  return nullptr;
 }
 
 }  // namespace nodeemu::emu

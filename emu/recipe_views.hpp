@@ -53,5 +53,13 @@ Recipe without_memory_savers(const Recipe& r);
 bool has_memory_savers(const Recipe& r);
 // global_batch_size / (micro_batch_size * DP).
 int microbatches_per_rank(const Recipe& r, int world);
+// Meta mode's routing (layers/meta_routing.hpp): emulator.routing_trace, emulator.routing_skew,
+// or Megatron's forced balance; none in functional mode. One per run: every rank shares it.
+std::shared_ptr<const layers::MetaRouting> meta_routing(const Recipe& r,
+                                                        const layers::ModelConfig& c,
+                                                        int microbatches);
+// The recipe's emulator.routing_trace, loaded and checked against the model: every MoE layer
+// must have records. Throws ConfigError naming the file (or the key) and what is missing.
+layers::RecordedLoads routing_trace(const Recipe& r, const layers::ModelConfig& c);
 
 }  // namespace nodeemu::emu

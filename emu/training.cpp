@@ -77,7 +77,11 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
   NodeOptions node_opts = node_options(recipe);
   node_opts.record_trace = !options.trace_path.empty();
   const int world = node_opts.nodes * node_opts.topology->gpus;
-  const layers::ModelConfig cfg = model_config(recipe, node_opts.topology->gpu);
+  const layers::ModelConfig cfg = [&] {
+    layers::ModelConfig c = model_config(recipe, node_opts.topology->gpu);
+    c.meta_routing = meta_routing(recipe, c, microbatches_per_rank(recipe, world));
+    return c;
+  }();
   cfg.validate();
   const CudaGraphs graphs = cuda_graphs(recipe);
   const ProcessGroups pg(parallel_layout(recipe, world));

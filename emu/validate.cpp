@@ -416,10 +416,35 @@ class Rules {
       error("emulator.cuda_device_max_connections", "must be between 1 and 32 (CUDA's range)");
     if (i("emulator.warmup_iterations") < 0)
       error("emulator.warmup_iterations", "must be 0 or more");
-    if (r_.text("emulator.mode") == "meta" && set("model.num_moe_experts") &&
-        !b("model.moe_router_force_load_balancing"))
+    routing();
+  }
+
+  // Where meta mode's routing comes from (layers/meta_routing.hpp).
+  void routing() {
+    const char* trace = "emulator.routing_trace";
+    const char* skew = "emulator.routing_skew";
+    const bool meta = r_.text("emulator.mode") == "meta";
+    const bool forced = b("model.moe_router_force_load_balancing");
+    for (const char* k : {trace, skew})
+      if (set(k) && !meta)
+        error(k, "is meta mode's routing; functional mode routes its own tokens (unset it)");
+    if (set(trace) && set(skew)) error(skew, "and routing_trace are exclusive; set one");
+    for (const char* k : {trace, skew})
+      if (set(k) && forced)
+        error(k, "replaces forced balancing: set model.moe_router_force_load_balancing=false");
+    if (set(skew) && r_.real(skew) < 0) error(skew, "must be >= 0 (0 is uniform popularity)");
+    if (meta && set("model.num_moe_experts") && !forced && !set(trace) && !set(skew))
       error("model.moe_router_force_load_balancing",
-            "meta mode has no logits to route on; set it to true so the routing is known");
+            "meta mode has no logits to route on; set it to true (Megatron's random-logit "
+            "balancing), or replay a router trace (emulator.routing_trace), or give a skew "
+            "(emulator.routing_skew)");
+    if (meta && set(trace) && set("model.num_moe_experts")) {
+      try {
+        routing_trace(r_, model_config(r_, gpu_));
+      } catch (const ConfigError& e) {
+        error(trace, e.file() + ": " + (e.key() == trace ? "" : e.key() + ": ") + e.detail());
+      }
+    }
   }
 
   // What NodeEmu does not emulate yet: refused rather than silently ignored.

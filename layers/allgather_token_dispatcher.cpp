@@ -14,12 +14,13 @@ class AllgatherTokenDispatcher final : public TokenDispatcher {
  public:
   AllgatherTokenDispatcher(const ModelConfig& cfg, Group ep, Mode mode, int rank)
       : TokenDispatcher(cfg, ep, rank), cfg_(cfg), ep_(std::move(ep)), mode_(mode) {
-    if (mode == Mode::Meta && !cfg.router.force_load_balancing)
+    if (mode == Mode::Meta && !cfg.meta_routing && !cfg.router.force_load_balancing)
       throw ConfigError("model", "moe_router_force_load_balancing",
                         "meta mode has no routing data: the allgather dispatcher needs "
-                        "moe_router_force_load_balancing=true to know its local counts");
+                        "moe_router_force_load_balancing=true, emulator.routing_trace or "
+                        "emulator.routing_skew to know its local counts");
   }
-  std::unique_ptr<DispatchPlan> plan(std::int64_t tokens, std::int64_t) override;
+  std::unique_ptr<DispatchPlan> plan(std::int64_t tokens, std::int64_t, int microbatch) override;
   const ModelConfig cfg_;
   Group ep_;
   Mode mode_;
@@ -27,8 +28,10 @@ class AllgatherTokenDispatcher final : public TokenDispatcher {
 
 class AllgatherPlan final : public DispatchPlan {
  public:
-  AllgatherPlan(AllgatherTokenDispatcher& d, std::int64_t tokens)
-      : d_(d), tokens_(tokens), all_(tokens * d.ep_.size()) {}
+  // meta_counts: every EP rank's counts, meta mode.
+  AllgatherPlan(AllgatherTokenDispatcher& d, std::int64_t tokens,
+                std::vector<std::int64_t> meta_counts)
+      : d_(d), tokens_(tokens), all_(tokens * d.ep_.size()), meta_counts_(std::move(meta_counts)) {}
 
   void preprocess(ops::At) override {}
 
@@ -46,10 +49,13 @@ class AllgatherPlan final : public DispatchPlan {
     ep.all_gather(io.topk_probs.buffer(), gprobs_.buffer(), io.topk_probs.bytes(), at.stream,
                   {.async = true, .name = "moe_allgather_probs"});
     if (d_.mode_ == Mode::Meta) {
-      auto one = balanced_counts(tokens_, k, c.num_moe_experts);
-      io.rows_per_expert.assign(one.begin() + d_.first_expert(),
-                                one.begin() + d_.first_expert() + d_.local_experts());
-      for (auto& n : io.rows_per_expert) n *= d_.ep_.size();
+      // The gathered routing: each local expert's rows from every EP rank.
+      io.rows_per_expert.assign(std::size_t(d_.local_experts()), 0);
+      for (int r = 0; r < d_.ep_.size(); ++r)
+        for (int e = 0; e < d_.local_experts(); ++e)
+          io.rows_per_expert[std::size_t(e)] +=
+              meta_counts_[std::size_t(r) * std::size_t(c.num_moe_experts) +
+                           std::size_t(d_.first_expert() + e)];
     } else {
       at.stream.synchronize();  // the local counts go to the host
       io.rows_per_expert = count_per_expert(gidx_.data<std::int64_t>(), all_, k, d_.first_expert(),
@@ -122,11 +128,15 @@ class AllgatherPlan final : public DispatchPlan {
 
   AllgatherTokenDispatcher& d_;
   std::int64_t tokens_, all_, rows_ = 0;
+  std::vector<std::int64_t> meta_counts_;  // [ep][experts], meta mode
   Tensor gathered_, gidx_, gprobs_, slots_, y_all_, g_all_, packed_all_, packed_;
 };
 
-std::unique_ptr<DispatchPlan> AllgatherTokenDispatcher::plan(std::int64_t tokens, std::int64_t) {
-  return std::make_unique<AllgatherPlan>(*this, tokens);
+std::unique_ptr<DispatchPlan> AllgatherTokenDispatcher::plan(std::int64_t tokens, std::int64_t,
+                                                             int microbatch) {
+  std::vector<std::int64_t> counts;
+  if (mode_ == Mode::Meta) counts = meta_counts(cfg_, ep_.size(), tokens, microbatch);
+  return std::make_unique<AllgatherPlan>(*this, tokens, std::move(counts));
 }
 
 }  // namespace

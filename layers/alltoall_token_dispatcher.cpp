@@ -25,7 +25,9 @@ class AlltoallTokenDispatcher;
 
 class AlltoallPlan final : public DispatchPlan {
  public:
-  AlltoallPlan(const AlltoallTokenDispatcher& d, std::int64_t tokens);
+  // meta_counts: every EP rank's counts in meta mode (empty alone, or padded to capacity).
+  AlltoallPlan(const AlltoallTokenDispatcher& d, std::int64_t tokens,
+               std::vector<std::int64_t> meta_counts);
   void preprocess(ops::At at) override;
   void dispatch(ops::At at) override;
   void sort(ops::At at) override;
@@ -68,14 +70,19 @@ class AlltoallTokenDispatcher final : public TokenDispatcher {
   AlltoallTokenDispatcher(const ModelConfig& cfg, Group ep, Mode mode, int rank)
       : TokenDispatcher(cfg, ep, rank), cfg_(cfg), ep_(std::move(ep)), mode_(mode) {
     ep_size_ = ep_->size();
-    if (mode == Mode::Meta && !cfg.router.force_load_balancing && !cfg.router.pad_to_capacity)
+    if (mode == Mode::Meta && !cfg.meta_routing && !cfg.router.force_load_balancing &&
+        !cfg.router.pad_to_capacity)
       throw ConfigError("model", "moe_router_force_load_balancing",
                         "meta mode has no routing data: the alltoall dispatcher needs "
-                        "moe_router_force_load_balancing=true or "
-                        "moe_pad_expert_input_to_capacity=true to know its splits");
+                        "moe_router_force_load_balancing=true, emulator.routing_trace, "
+                        "emulator.routing_skew or moe_pad_expert_input_to_capacity=true to know "
+                        "its splits");
   }
-  std::unique_ptr<DispatchPlan> plan(std::int64_t tokens, std::int64_t) override {
-    return std::make_unique<AlltoallPlan>(*this, tokens);
+  std::unique_ptr<DispatchPlan> plan(std::int64_t tokens, std::int64_t, int microbatch) override {
+    std::vector<std::int64_t> counts;
+    if (mode_ == Mode::Meta && !cfg_.router.pad_to_capacity && ep_)
+      counts = meta_counts(cfg_, ep_size_, tokens, microbatch);
+    return std::make_unique<AlltoallPlan>(*this, tokens, std::move(counts));
   }
   const ModelConfig& cfg() const { return cfg_; }
   const std::optional<Group>& ep() const { return ep_; }
@@ -98,8 +105,12 @@ std::optional<std::size_t> capacity_of(const ModelConfig& c, std::int64_t tokens
   return std::size_t(c.router.capacity(long(tokens)));
 }
 
-AlltoallPlan::AlltoallPlan(const AlltoallTokenDispatcher& d, std::int64_t tokens)
-    : d_(d), tokens_(tokens), capacity_(std::int64_t(capacity_of(d.cfg(), tokens).value_or(0))) {
+AlltoallPlan::AlltoallPlan(const AlltoallTokenDispatcher& d, std::int64_t tokens,
+                           std::vector<std::int64_t> meta_counts)
+    : d_(d),
+      tokens_(tokens),
+      capacity_(std::int64_t(capacity_of(d.cfg(), tokens).value_or(0))),
+      meta_counts_(std::move(meta_counts)) {
   if (!d.ep()) return;
   rows_.emplace(*d.ep(), d.cfg().num_moe_experts, row_bytes(d.cfg()), capacity_of(d.cfg(), tokens));
   probs_.emplace(*d.ep(), d.cfg().num_moe_experts, sizeof(float), capacity_of(d.cfg(), tokens));
@@ -108,10 +119,11 @@ AlltoallPlan::AlltoallPlan(const AlltoallTokenDispatcher& d, std::int64_t tokens
 void AlltoallPlan::preprocess(ops::At at) {
   const auto& c = d_.cfg();
   const int E = c.num_moe_experts, k = c.router.topk;
-  if (d_.mode() == Mode::Meta) {
+  if (d_.mode() == Mode::Meta && meta_counts_.empty()) {
+    // Padded to capacity, or alone (`nodeemu layer`: forced balance's expectation, tokens x topk
+    // x EP / experts rows per expert).
     const auto one = capacity_ ? std::vector<std::int64_t>(std::size_t(E), capacity_)
-                               : balanced_counts(tokens_, k, E);  // every rank routes the same way
-    meta_counts_.clear();
+                               : balanced_counts(tokens_, k, E);
     for (int r = 0; r < d_.ep_size(); ++r)
       meta_counts_.insert(meta_counts_.end(), one.begin(), one.end());
   }

@@ -30,7 +30,7 @@ class FlexTokenDispatcher final : public TokenDispatcher {
                         "the flex dispatcher needs routing data and meta mode has none; use "
                         "alltoall with moe_router_force_load_balancing=true in meta mode");
   }
-  std::unique_ptr<DispatchPlan> plan(std::int64_t tokens, std::int64_t) override;
+  std::unique_ptr<DispatchPlan> plan(std::int64_t tokens, std::int64_t, int) override;
   const ModelConfig cfg_;
   FlexDispatcher rows_;    // [tokens][hidden] rows
   FlexDispatcher packed_;  // [tokens][hidden + topk]: gradients and the probs' gradients
@@ -128,7 +128,7 @@ class FlexPlan final : public DispatchPlan {
   Tensor x32_, recv_x_, recv_idx_, recv_w_, slots_, y_rows_, g_rows_, packed_rows_, packed_;
 };
 
-std::unique_ptr<DispatchPlan> FlexTokenDispatcher::plan(std::int64_t tokens, std::int64_t) {
+std::unique_ptr<DispatchPlan> FlexTokenDispatcher::plan(std::int64_t tokens, std::int64_t, int) {
   return std::make_unique<FlexPlan>(*this, tokens);
 }
 

@@ -1,12 +1,14 @@
 // The model's architecture, by Megatron-Core's TransformerConfig names, so that a recipe can copy
 // them across (emu/ maps the YAML keys onto this struct).
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/flex_dispatcher.hpp"
 #include "layers/dtype.hpp"
 #include "layers/kernel_choices.hpp"
+#include "layers/meta_routing.hpp"
 #include "layers/router_config.hpp"
 
 namespace nodeemu::layers {
@@ -34,6 +36,9 @@ struct ModelConfig {
   // moe_layer_freq as a pattern: 1 = every layer is MoE; N = every Nth layer (0, N, 2N...).
   int moe_layer_freq = 1;
   RouterConfig router;  // num_experts/topk mirror num_moe_experts/moe_router_topk
+  // Meta mode's routing (layers/meta_routing.hpp): shared by every rank of a run, so that each
+  // rank reads its peers' counts from one memo. None in functional mode.
+  std::shared_ptr<const MetaRouting> meta_routing;
   DispatcherType moe_token_dispatcher_type = DispatcherType::AllToAll;
   FlexBackend moe_flex_dispatcher_backend = FlexBackend::DeepEP;
   int mtp_num_layers = 0;

@@ -5,7 +5,7 @@
 namespace nodeemu::layers {
 
 std::unique_ptr<TokenDispatcher> TokenDispatcher::create(const ModelConfig& cfg, Group ep,
-                                                         Mode mode, int rank) {
+                                                         Mode mode, int rank, int layer) {
   if (ep.index_of(rank) < 0)
     throw UsageError("token dispatcher: rank " + std::to_string(rank) + " is not in group '" +
                      ep.name() + "'");
@@ -14,15 +14,45 @@ std::unique_ptr<TokenDispatcher> TokenDispatcher::create(const ModelConfig& cfg,
                       "num_moe_experts (" + std::to_string(cfg.num_moe_experts) +
                           ") must divide over expert_model_parallel_size (" +
                           std::to_string(ep.size()) + ")");
+  std::unique_ptr<TokenDispatcher> d;
   switch (cfg.moe_token_dispatcher_type) {
     case DispatcherType::AllToAll:
-      return detail::make_alltoall(cfg, std::move(ep), mode, rank);
+      d = detail::make_alltoall(cfg, std::move(ep), mode, rank);
+      break;
     case DispatcherType::AllGather:
-      return detail::make_allgather(cfg, std::move(ep), mode, rank);
+      d = detail::make_allgather(cfg, std::move(ep), mode, rank);
+      break;
     case DispatcherType::Flex:
-      return detail::make_flex(cfg, std::move(ep), mode, rank);
+      d = detail::make_flex(cfg, std::move(ep), mode, rank);
+      break;
   }
-  return nullptr;
+  if (d) d->layer_ = layer;
+  return d;
+}
+
+std::vector<std::int64_t> TokenDispatcher::meta_counts(const ModelConfig& cfg, int ep_size,
+                                                       std::int64_t tokens, int microbatch) {
+  // A config built without emu/ (tests, programs against layers/) and forced balancing: this
+  // dispatcher's own forced routing, seed 0; the same counts on every rank, only not shared.
+  if (!cfg.meta_routing && !own_routing_ && cfg.router.force_load_balancing)
+    own_routing_ = MetaRouting::forced(cfg.router, 0);
+  const MetaRouting* routing = cfg.meta_routing ? cfg.meta_routing.get() : own_routing_.get();
+  if (!routing)
+    throw ConfigError("model", "moe_router_force_load_balancing",
+                      "meta mode has no routing data: set moe_router_force_load_balancing=true, "
+                      "emulator.routing_trace or emulator.routing_skew");
+  RoutingKey key;
+  key.layer = layer_;
+  key.iteration = planned_[microbatch]++;
+  key.microbatch = microbatch;
+  key.tokens = tokens;
+  std::vector<std::int64_t> all;
+  all.reserve(std::size_t(ep_size) * std::size_t(cfg.num_moe_experts));
+  for (key.ep_rank = 0; key.ep_rank < ep_size; ++key.ep_rank) {
+    const auto c = routing->counts(key);
+    all.insert(all.end(), c.begin(), c.end());
+  }
+  return all;
 }
 
 std::unique_ptr<TokenDispatcher> TokenDispatcher::alone(const ModelConfig& cfg, int ep_size) {

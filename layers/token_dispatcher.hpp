@@ -13,6 +13,7 @@
 // received counts, the allgather dispatcher's local counts).
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -73,13 +74,16 @@ class TokenDispatcher {
   // Throws ConfigError for what the chosen one cannot do (meta mode without host-known
   // routing, flex in meta mode, experts that do not divide EP).
   // `rank` is this rank's global device id.
+  // `layer`: the layer's global index (meta mode's routing is per layer).
   static std::unique_ptr<TokenDispatcher> create(const ModelConfig& cfg, Group ep, Mode mode,
-                                                 int rank);
+                                                 int rank, int layer = 0);
   // Rank 0 of an EP group of `ep_size` with communication left out, in meta mode: the tokens
   // arrive and leave as if the all-to-alls had run, routed as forced balance routes them (or
   // padded to capacity). Its local work is the alltoall dispatcher's. For `nodeemu layer`.
   static std::unique_ptr<TokenDispatcher> alone(const ModelConfig& cfg, int ep_size);
-  virtual std::unique_ptr<DispatchPlan> plan(std::int64_t tokens, std::int64_t seq) = 0;
+  // One micro-batch's dispatch; called once per micro-batch and iteration.
+  virtual std::unique_ptr<DispatchPlan> plan(std::int64_t tokens, std::int64_t seq,
+                                             int microbatch) = 0;
   int local_experts() const { return local_experts_; }
   int first_expert() const { return first_expert_; }
 
@@ -89,7 +93,16 @@ class TokenDispatcher {
         first_expert_(ep.index_of(rank) * local_experts_) {}
   TokenDispatcher(int local_experts, int first_expert)
       : local_experts_(local_experts), first_expert_(first_expert) {}
+  // Meta mode: every EP rank's tokens per expert for the micro-batch planned now, rank-major
+  // (cfg.meta_routing; the iteration is how often this micro-batch was planned before).
+  std::vector<std::int64_t> meta_counts(const ModelConfig& cfg, int ep_size, std::int64_t tokens,
+                                        int microbatch);
   int local_experts_, first_expert_;
+
+ private:
+  int layer_ = 0;
+  std::map<int, int> planned_;  // micro-batch -> plans made
+  std::shared_ptr<const MetaRouting> own_routing_;
 };
 
 namespace detail {

@@ -25,7 +25,7 @@ TransformerLayer::TransformerLayer(const ModelConfig& cfg, int layer, Device& de
     : cfg_(cfg), layer_(layer) {
   cfg.validate();
   if (cfg.is_moe_layer(layer))
-    dispatcher_ = TokenDispatcher::create(cfg, ep, device.node().mode(), rank);
+    dispatcher_ = TokenDispatcher::create(cfg, ep, device.node().mode(), rank, layer);
   make_parameters(device, seed);
 }
 
@@ -118,7 +118,7 @@ LayerPlan::LayerPlan(TransformerLayer& layer, ExecContext& ctx, Event* plan_even
       n + "mlp", StreamKind::Compute, &ctx, plan_event, [this](Stream& s) { mlp_forward(s); },
       [this](Stream& s) { mlp_backward(s); }, [this](Stream& s) { mlp_dw(s); });
   if (L_.is_moe()) {
-    st_->dispatch = L_.dispatcher_->plan(batch * seq, seq);
+    st_->dispatch = L_.dispatcher_->plan(batch * seq, seq, microbatch);
     dispatch = ScheduleNode(
         n + "dispatch", StreamKind::Comm, &ctx, plan_event,
         [this](Stream& s) {

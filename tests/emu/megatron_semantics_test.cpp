@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "devices/errors.hpp"
 #include "emu/training.hpp"
 #include "tests/emu/emu_test_support.hpp"
 
@@ -185,6 +187,74 @@ TEST(MegatronSemantics, BatchedPipelineCallsSynchronizeTheDevice) {
       train(tiny(pp2({"comm_overlap.batch_p2p_comm=false"}, false)), {.iterations = 1});
   EXPECT_EQ(a.numerics_hash, b.numerics_hash);
   EXPECT_NE(a.timeline_hash, b.timeline_hash);
+}
+
+// router.py apply_random_logits / moe_utils.py RandomSTE: forced balancing draws random logits
+// per micro-batch on each EP rank, so the ranks' expert loads differ and the busiest sets the
+// pace; NodeEmu's meta mode used to hand every rank the same exact round-robin counts.
+const std::vector<std::string> kSmallQwen3 = {"model.num_layers=2", "train.global_batch_size=32",
+                                              "emulator.mode=meta"};
+RunReport qwen3(std::vector<std::string> more) {
+  more.insert(more.begin(), kSmallQwen3.begin(), kSmallQwen3.end());
+  return train(Recipe::load(testing::recipe_path("qwen3_30b_a3b"), more), {.iterations = 1});
+}
+
+TEST(MegatronSemantics, MetaModeForcedBalanceDrawsEachRanksLoad) {
+  const RunReport a = qwen3({});
+  double lo = 1e9, hi = 0;
+  for (const auto& d : a.devices)
+    lo = std::min(lo, d.compute_busy_s), hi = std::max(hi, d.compute_busy_s);
+  EXPECT_GT(hi, lo * 1.001) << "every rank got the same counts";
+  EXPECT_EQ(a.timeline_hash, qwen3({}).timeline_hash);  // the draws follow the seed
+  EXPECT_NE(a.timeline_hash, qwen3({"emulator.seed=7"}).timeline_hash);
+}
+
+// A Megatron router trace (router_trace.py's JSONL) replays a real run's imbalance; a skew is a
+// what-if. Both let meta mode run with moe_router_force_load_balancing=false.
+TEST(MegatronSemantics, MetaModeReplaysARouterTraceOrASkew) {
+  const std::string dir = ::testing::TempDir() + "nodeemu_router_trace";
+  std::filesystem::create_directories(dir);
+  {
+    // Two layers, two ranks; 64 tokens whose 8 picks favour experts 0-7 three times in four.
+    std::ofstream f(dir + "/router_trace_rank0.jsonl");
+    for (int layer = 0; layer < 2; ++layer)
+      for (int rank = 0; rank < 2; ++rank) {
+        nlohmann::json rec = {
+            {"step", 0},    {"stage", "pre_dispatch"}, {"block", "decoder"}, {"layer", layer},
+            {"rank", rank}, {"num_tokens", 64},        {"topk", 8}};
+        nlohmann::json idx = nlohmann::json::array();
+        for (int t = 0; t < 64; ++t) {
+          std::vector<int> picks;
+          for (int j = 0; j < 8; ++j) picks.push_back(t % 4 ? j : 8 + (t * 8 + j) % 120);
+          idx.push_back(picks);
+        }
+        rec["top_indices"] = idx;
+        f << rec.dump() << "\n";
+      }
+  }
+  const RunReport forced = qwen3({});
+  const RunReport replay =
+      qwen3({"model.moe_router_force_load_balancing=false", "emulator.routing_trace=" + dir});
+  EXPECT_GT(replay.step_time_s, forced.step_time_s * 1.05);
+  const RunReport skew =
+      qwen3({"model.moe_router_force_load_balancing=false", "emulator.routing_skew=1.5"});
+  EXPECT_GT(skew.step_time_s, forced.step_time_s * 1.05);
+  // A record that names an expert the model does not have: one line naming file and line.
+  {
+    std::ofstream f(dir + "/router_trace_rank1.jsonl");
+    f << R"({"step": 0, "layer": 0, "rank": 1, "top_indices": [[0, 200]]})"
+      << "\n";
+  }
+  try {
+    qwen3({"model.moe_router_force_load_balancing=false", "emulator.routing_trace=" + dir});
+    ADD_FAILURE() << "no error for expert 200";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("router_trace_rank1.jsonl"), std::string::npos) << m;
+    EXPECT_NE(m.find("line 1"), std::string::npos) << m;
+    EXPECT_NE(m.find("num_moe_experts"), std::string::npos) << m;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

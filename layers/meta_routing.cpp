@@ -1,0 +1,275 @@
+#include "layers/meta_routing.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "devices/check.hpp"
+#include "layers/router.hpp"
+
+namespace nodeemu::layers {
+
+namespace {
+
+std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// One generator per decision, from the seed and the decision's coordinates: Megatron draws from
+// the expert-parallel RNG tracker, seeded seed + 1024 + 100 * ep_rank (+ 100 * pp_rank), so DP
+// replicas of an EP rank draw the same logits; the layer, iteration and micro-batch stand for
+// the tracker's position (one draw per router call).
+std::mt19937_64 generator(std::uint64_t seed, const RoutingKey& k, std::uint64_t stream) {
+  std::uint64_t h = mix(seed ^ mix(stream));
+  for (std::int64_t v : {std::int64_t(k.layer), std::int64_t(k.iteration),
+                         std::int64_t(k.microbatch), std::int64_t(k.ep_rank)})
+    h = mix(h ^ std::uint64_t(v));
+  return std::mt19937_64(h);
+}
+
+// Uniform integers from splitmix64, 32 bits at a time, by Lemire's multiply-and-shift with its
+// rejection step (exactly uniform).
+class FastBits {
+ public:
+  explicit FastBits(std::uint64_t seed) : state_(seed) {}
+  int below(std::uint32_t n) {
+    while (true) {
+      const std::uint64_t m = std::uint64_t(next32()) * n;
+      const std::uint32_t low = std::uint32_t(m);
+      if (low >= n || low >= std::uint32_t(-n) % n) return int(m >> 32);
+    }
+  }
+
+ private:
+  std::uint32_t next32() {
+    if (have_) {
+      have_ = false;
+      return std::uint32_t(spare_ >> 32);
+    }
+    state_ += 0x9e3779b97f4a7c15ULL;
+    spare_ = mix(state_);
+    have_ = true;
+    return std::uint32_t(spare_);
+  }
+  std::uint64_t state_, spare_ = 0;
+  bool have_ = false;
+};
+
+class Forced final : public MetaRouting {
+ public:
+  Forced(const RouterConfig& cfg, std::uint64_t seed) : MetaRouting(cfg), seed_(seed) {}
+  std::string describe() const override {
+    return "forced balance (Megatron's random logits, then the router's top-" +
+           std::to_string(cfg_.topk) + ")";
+  }
+
+ protected:
+  std::vector<std::int64_t> draw(const RoutingKey& key) const override {
+    auto rng = generator(seed_, key, 1);
+    return cfg_.num_groups > 0 ? group_limited(key.tokens, rng) : plain(key.tokens, rng);
+  }
+
+ private:
+  // Plain top-k of iid continuous scores (softmax and sigmoid keep the order) picks a uniformly
+  // random set of k experts per token: drawn here directly, expert by expert without
+  // replacement (a repeat is drawn again, which keeps every set equally likely), from a fast
+  // counter-based generator. Drawing the E logits per token would cost E / k times more.
+  std::vector<std::int64_t> plain(std::int64_t tokens, std::mt19937_64& rng) const {
+    const int E = cfg_.num_experts, k = cfg_.topk;
+    std::vector<std::int64_t> out(static_cast<std::size_t>(E), 0);
+    std::vector<std::uint64_t> taken(static_cast<std::size_t>((E + 63) / 64), 0);
+    std::vector<int> picks(static_cast<std::size_t>(k));
+    FastBits bits(rng());
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      for (int j = 0; j < k;) {
+        const int e = bits.below(std::uint32_t(E));
+        std::uint64_t& word = taken[std::size_t(e) / 64];
+        const std::uint64_t bit = std::uint64_t(1) << (e % 64);
+        if (word & bit) continue;
+        word |= bit;
+        picks[std::size_t(j++)] = e;
+      }
+      for (int e : picks) {
+        ++out[std::size_t(e)];
+        taken[std::size_t(e) / 64] = 0;
+      }
+    }
+    return out;
+  }
+
+  // With a group limit the choice depends on the scores' values, not only their order: the
+  // router's own code routes drawn standard-normal logits.
+  std::vector<std::int64_t> group_limited(std::int64_t tokens, std::mt19937_64& rng) const {
+    const int E = cfg_.num_experts;
+    std::vector<float> logits(std::size_t(tokens) * std::size_t(E));
+    std::normal_distribution<float> normal;
+    for (float& l : logits) l = normal(rng);
+    RouterConfig c = cfg_;
+    c.force_load_balancing = false;
+    c.capacity_factor.reset();  // drops are applied by counts(), as for the plain draw
+    c.pad_to_capacity = false;
+    c.aux_loss_coeff = c.z_loss_coeff = 0;
+    c.load_balancing = LoadBalancing::None;
+    const Routing<float> r = route<float>(c, logits.data(), tokens, tokens, nullptr);
+    return r.tokens_per_expert;
+  }
+
+  std::uint64_t seed_;
+};
+
+class Skewed final : public MetaRouting {
+ public:
+  Skewed(const RouterConfig& cfg, std::uint64_t seed, double skew)
+      : MetaRouting(cfg), seed_(seed), skew_(skew) {}
+  std::string describe() const override {
+    return "skewed what-if: expert popularities 1 / (1 + rank)^" + std::to_string(skew_) +
+           " per layer";
+  }
+
+ protected:
+  std::vector<std::int64_t> draw(const RoutingKey& key) const override {
+    const int E = cfg_.num_experts;
+    // The layer's popularity order: the same on every rank and micro-batch.
+    RoutingKey layer_only;
+    layer_only.layer = key.layer;
+    auto order_rng = generator(seed_, layer_only, 2);
+    std::vector<int> rank(static_cast<std::size_t>(E));
+    std::iota(rank.begin(), rank.end(), 0);
+    std::shuffle(rank.begin(), rank.end(), order_rng);
+    std::vector<double> w(static_cast<std::size_t>(E));
+    for (int e = 0; e < E; ++e) w[std::size_t(e)] = std::pow(1.0 + rank[std::size_t(e)], -skew_);
+    // tokens x topk picks, multinomial over the popularities (sequential binomials), each expert
+    // capped at one pick per token by scale_counts.
+    auto rng = generator(seed_, key, 3);
+    const std::int64_t picks = key.tokens * cfg_.topk;
+    std::vector<std::int64_t> out(std::size_t(E), 0);
+    std::int64_t left = picks;
+    double mass = std::accumulate(w.begin(), w.end(), 0.0);
+    for (int e = 0; e < E && left > 0; ++e) {
+      const double p = e == E - 1 ? 1.0 : std::min(1.0, w[std::size_t(e)] / mass);
+      const std::int64_t x =
+          p >= 1.0 ? left : std::binomial_distribution<std::int64_t>(left, p)(rng);
+      out[std::size_t(e)] = x;
+      left -= x;
+      mass -= w[std::size_t(e)];
+    }
+    return scale_counts(out, picks, key.tokens);
+  }
+
+ private:
+  std::uint64_t seed_;
+  double skew_;
+};
+
+class Replay final : public MetaRouting {
+ public:
+  Replay(const RouterConfig& cfg, RecordedLoads loads, int microbatches)
+      : MetaRouting(cfg), loads_(std::move(loads)), microbatches_(microbatches) {}
+  std::string describe() const override {
+    return "replayed from " + loads_.source + " (" + std::to_string(loads_.by_layer.size()) +
+           " layers)";
+  }
+
+ protected:
+  std::vector<std::int64_t> draw(const RoutingKey& key) const override {
+    auto layer = loads_.by_layer.find(key.layer);
+    NE_CHECK(layer != loads_.by_layer.end(), "replay: a layer the loader did not check");
+    const auto& ranks = layer->second;
+    auto it = ranks.begin();
+    std::advance(it, key.ep_rank % int(ranks.size()));
+    const auto& calls = it->second;
+    const std::size_t call =
+        std::size_t(std::int64_t(key.iteration) * microbatches_ + key.microbatch) % calls.size();
+    return scale_counts(calls[call], key.tokens * cfg_.topk, key.tokens);
+  }
+
+ private:
+  RecordedLoads loads_;
+  int microbatches_;
+};
+
+}  // namespace
+
+std::vector<std::int64_t> MetaRouting::counts(const RoutingKey& key) const {
+  const MemoKey mk{key.iteration, key.layer, key.microbatch, key.ep_rank, key.tokens};
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = memo_.find(mk); it != memo_.end()) return it->second;
+  }
+  std::vector<std::int64_t> c = draw(key);
+  NE_CHECK(c.size() == std::size_t(cfg_.num_experts), "meta routing: one count per expert");
+  // A capacity factor without padding drops what exceeds each expert's capacity (get_capacity,
+  // from this rank's tokens); with padding the dispatcher sends the capacity itself.
+  if (cfg_.capacity_factor && !cfg_.pad_to_capacity) {
+    const std::int64_t cap = cfg_.capacity(long(key.tokens));
+    for (auto& n : c) n = std::min(n, cap);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Ranks are at most an iteration apart (the optimizer step joins them): older draws are done.
+  if (key.iteration > newest_iteration_) {
+    newest_iteration_ = key.iteration;
+    memo_.erase(memo_.begin(), memo_.lower_bound(MemoKey{newest_iteration_ - 1, 0, 0, 0, 0}));
+  }
+  return memo_.emplace(mk, std::move(c)).first->second;
+}
+
+std::shared_ptr<const MetaRouting> MetaRouting::forced(const RouterConfig& cfg,
+                                                       std::uint64_t seed) {
+  return std::make_shared<Forced>(cfg, seed);
+}
+std::shared_ptr<const MetaRouting> MetaRouting::skewed(const RouterConfig& cfg, std::uint64_t seed,
+                                                       double skew) {
+  return std::make_shared<Skewed>(cfg, seed, skew);
+}
+std::shared_ptr<const MetaRouting> MetaRouting::replay(const RouterConfig& cfg, RecordedLoads loads,
+                                                       int microbatches) {
+  return std::make_shared<Replay>(cfg, std::move(loads), std::max(1, microbatches));
+}
+
+std::vector<std::int64_t> scale_counts(const std::vector<std::int64_t>& counts, std::int64_t total,
+                                       std::int64_t cap) {
+  const std::size_t E = counts.size();
+  NE_CHECK(E > 0 && cap * std::int64_t(E) >= total, "scale_counts: the total does not fit");
+  const double sum = double(std::accumulate(counts.begin(), counts.end(), std::int64_t(0)));
+  std::vector<std::int64_t> out(E, 0);
+  std::vector<double> want(E);
+  for (std::size_t e = 0; e < E; ++e)
+    want[e] = sum > 0 ? double(counts[e]) * double(total) / sum : double(total) / double(E);
+  // Cap, then hand the capped excess to the others in proportion (a few rounds settle it).
+  for (int round = 0; round < 64; ++round) {
+    double excess = 0, free_mass = 0;
+    for (std::size_t e = 0; e < E; ++e) {
+      if (want[e] > double(cap)) excess += want[e] - double(cap), want[e] = double(cap);
+      if (want[e] < double(cap)) free_mass += want[e] > 0 ? want[e] : 1.0;
+    }
+    if (excess <= 1e-9 || free_mass <= 0) break;
+    for (std::size_t e = 0; e < E; ++e)
+      if (want[e] < double(cap)) want[e] += excess * (want[e] > 0 ? want[e] : 1.0) / free_mass;
+  }
+  std::int64_t given = 0;
+  std::vector<std::pair<double, std::size_t>> rest;
+  for (std::size_t e = 0; e < E; ++e) {
+    out[e] = std::min(cap, std::int64_t(std::floor(want[e])));
+    given += out[e];
+    rest.emplace_back(want[e] - double(out[e]), e);
+  }
+  // Largest remainders first; ties to the lower expert, so the result is deterministic.
+  std::stable_sort(rest.begin(), rest.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (std::size_t i = 0; given < total; i = (i + 1) % E) {
+    const std::size_t e = rest[i].second;
+    if (out[e] < cap) ++out[e], ++given;
+  }
+  // Rounding can leave one over: take it from the smallest remainders.
+  for (std::size_t i = E; given > total; i = i == 0 ? E : i) {
+    const std::size_t e = rest[--i].second;
+    if (out[e] > 0) --out[e], --given;
+  }
+  return out;
+}
+
+}  // namespace nodeemu::layers

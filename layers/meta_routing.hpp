@@ -1,0 +1,80 @@
+// Where meta mode's routing comes from. Meta mode runs shapes without data, so the router's
+// choices cannot be computed; the dispatchers still need each EP rank's tokens per expert, which
+// decide the all-to-all splits and every expert's GEMM. Three sources:
+//
+//  - forced: Megatron-Core's moe_router_force_load_balancing (router.py apply_random_logits /
+//    moe_utils.py RandomSTE): every micro-batch draws fresh standard-normal logits from the
+//    expert-parallel RNG and routes them with the router's own top-k. Balanced only on average:
+//    each EP rank's counts scatter, and the slowest rank sets the step.
+//  - replay: tokens per expert recorded from a real run (Megatron's router trace), so a user
+//    replays the imbalance their model really has.
+//  - skewed: a what-if: each layer's experts have Zipf popularities 1 / (1 + r)^skew, r a
+//    per-layer random popularity rank.
+//
+// Every source is a pure function of (layer, iteration, micro-batch, EP rank) and the seed, so
+// any rank that asks for another rank's counts gets the same answer, in any order and at any
+// thread count. Answers are memoised (the EP group's ranks each need every peer's counts).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "layers/router_config.hpp"
+
+namespace nodeemu::layers {
+
+struct RoutingKey {
+  int layer = 0;  // the layer's global index
+  int iteration = 0;
+  int microbatch = 0;
+  int ep_rank = 0;
+  std::int64_t tokens = 0;  // tokens of the micro-batch on this rank
+};
+
+// Recorded tokens per expert: by the trace's layer number, then by the trace's rank (the EP ranks
+// take the trace's ranks in ascending order, cycling if it has fewer), each a list of count
+// vectors in the order the router ran (micro-batches, then steps).
+struct RecordedLoads {
+  std::string source;  // the file(s), for messages
+  std::map<int, std::map<int, std::vector<std::vector<std::int64_t>>>> by_layer;
+};
+
+class MetaRouting {
+ public:
+  virtual ~MetaRouting() = default;
+  // Tokens routed to each expert, summing to tokens x topk. Thread-safe.
+  std::vector<std::int64_t> counts(const RoutingKey& key) const;
+  // One line for the run summary.
+  virtual std::string describe() const = 0;
+
+  static std::shared_ptr<const MetaRouting> forced(const RouterConfig& cfg, std::uint64_t seed);
+  static std::shared_ptr<const MetaRouting> skewed(const RouterConfig& cfg, std::uint64_t seed,
+                                                   double skew);
+  // `microbatches`: per rank per iteration, to number the router's calls as the trace does.
+  static std::shared_ptr<const MetaRouting> replay(const RouterConfig& cfg, RecordedLoads loads,
+                                                   int microbatches);
+
+ protected:
+  explicit MetaRouting(const RouterConfig& cfg) : cfg_(cfg) {}
+  virtual std::vector<std::int64_t> draw(const RoutingKey& key) const = 0;
+  RouterConfig cfg_;
+
+ private:
+  // Ordered by iteration first, so that finished iterations drop off the front.
+  using MemoKey =
+      std::tuple<int, int, int, int, std::int64_t>;  // iteration, layer, mb, rank, tokens
+  mutable std::mutex mutex_;
+  mutable std::map<MemoKey, std::vector<std::int64_t>> memo_;
+  mutable int newest_iteration_ = 0;
+};
+
+// Scales `counts` to sum to `total` by largest remainders, keeping each at most `cap` (a token
+// picks an expert at most once). Exposed for tests.
+std::vector<std::int64_t> scale_counts(const std::vector<std::int64_t>& counts, std::int64_t total,
+                                       std::int64_t cap);
+
+}  // namespace nodeemu::layers

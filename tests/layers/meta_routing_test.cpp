@@ -1,0 +1,120 @@
+// Meta mode's routing (layers/meta_routing.hpp): Megatron's forced balancing draws fresh random
+// logits per micro-batch and routes them with top-k, so each rank's counts scatter around the
+// mean; the draws are a pure function of their coordinates; skew and replay keep the totals.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "layers/meta_routing.hpp"
+
+namespace nodeemu::layers {
+namespace {
+
+RouterConfig qwen3_router() {
+  RouterConfig c;
+  c.num_experts = 128;
+  c.topk = 8;
+  return c;
+}
+
+std::int64_t sum(const std::vector<std::int64_t>& v) {
+  return std::accumulate(v.begin(), v.end(), std::int64_t(0));
+}
+
+TEST(MetaRouting, ForcedBalanceIsBalancedOnlyOnAverage) {
+  const auto r = MetaRouting::forced(qwen3_router(), 1234);
+  RoutingKey key{.layer = 3, .iteration = 0, .microbatch = 0, .ep_rank = 0, .tokens = 4096};
+  // Each token picks 8 distinct experts out of 128, so one expert's count over 4096 tokens is
+  // Binomial(4096, 1/16): mean 256, variance 240. Over many micro-batches:
+  double mean = 0, sq = 0;
+  const int draws = 400;
+  bool any_unbalanced = false;
+  for (int mb = 0; mb < draws; ++mb) {
+    key.microbatch = mb;
+    const auto c = r->counts(key);
+    ASSERT_EQ(c.size(), 128u);
+    EXPECT_EQ(sum(c), 4096 * 8);
+    for (auto n : c) EXPECT_LE(n, 4096);
+    any_unbalanced |= *std::max_element(c.begin(), c.end()) > 256;
+    mean += double(c[7]);
+    sq += double(c[7]) * double(c[7]);
+  }
+  mean /= draws;
+  const double var = sq / draws - mean * mean;
+  EXPECT_NEAR(mean, 256, 4.0);  // 5 standard errors of the mean
+  EXPECT_NEAR(var, 240, 60);
+  EXPECT_TRUE(any_unbalanced);
+}
+
+TEST(MetaRouting, ADrawIsAFunctionOfItsCoordinates) {
+  const auto a = MetaRouting::forced(qwen3_router(), 1234);
+  const auto b = MetaRouting::forced(qwen3_router(), 1234);
+  RoutingKey key{.layer = 5, .iteration = 1, .microbatch = 2, .ep_rank = 3, .tokens = 1024};
+  const auto first = a->counts(key);
+  EXPECT_EQ(first, b->counts(key));  // another instance, same answer
+  EXPECT_EQ(first, a->counts(key));  // memoised
+  for (auto change : {&RoutingKey::layer, &RoutingKey::iteration, &RoutingKey::microbatch,
+                      &RoutingKey::ep_rank}) {
+    RoutingKey other = key;
+    other.*change += 1;
+    EXPECT_NE(a->counts(other), first);
+  }
+  EXPECT_NE(MetaRouting::forced(qwen3_router(), 99)->counts(key), first);
+}
+
+TEST(MetaRouting, GroupLimitedForcedRoutingUsesTheRoutersOwnTopK) {
+  RouterConfig c;
+  c.num_experts = 32;
+  c.topk = 4;
+  c.num_groups = 4;
+  c.group_topk = 2;
+  c.score = ScoreFunction::Sigmoid;
+  const auto r = MetaRouting::forced(c, 7);
+  const RoutingKey key{.layer = 0, .iteration = 0, .microbatch = 0, .ep_rank = 0, .tokens = 512};
+  const auto counts = r->counts(key);
+  EXPECT_EQ(sum(counts), 512 * 4);
+  // Every token's experts come from 2 of the 4 groups of 8: no group takes more than all tokens'
+  // picks, and each group is chosen about half the time.
+  for (int g = 0; g < 4; ++g) {
+    const std::int64_t in_group =
+        std::accumulate(counts.begin() + 8 * g, counts.begin() + 8 * (g + 1), std::int64_t(0));
+    EXPECT_GT(in_group, 512 * 4 / 4 / 2);
+    EXPECT_LT(in_group, 512 * 4 / 4 * 2);
+  }
+}
+
+TEST(MetaRouting, SkewConcentratesTheLoadAndKeepsTheTotal) {
+  const RoutingKey key{.layer = 1, .iteration = 0, .microbatch = 0, .ep_rank = 0, .tokens = 4096};
+  const auto flat = MetaRouting::skewed(qwen3_router(), 1, 0.0)->counts(key);
+  const auto hot = MetaRouting::skewed(qwen3_router(), 1, 1.2)->counts(key);
+  EXPECT_EQ(sum(flat), 4096 * 8);
+  EXPECT_EQ(sum(hot), 4096 * 8);
+  EXPECT_LE(*std::max_element(hot.begin(), hot.end()), 4096);  // one pick per token at most
+  EXPECT_GT(*std::max_element(hot.begin(), hot.end()),
+            2 * *std::max_element(flat.begin(), flat.end()));
+}
+
+TEST(MetaRouting, ReplayScalesARecordedLoadToTheMicroBatch) {
+  RecordedLoads loads;
+  loads.source = "test";
+  std::vector<std::int64_t> rec(128, 0);
+  rec[0] = 300;  // a hot expert
+  rec[1] = 100;
+  for (int e = 2; e < 128; ++e) rec[std::size_t(e)] = 1;
+  loads.by_layer[0][10] = {rec};
+  const auto r = MetaRouting::replay(qwen3_router(), loads, 4);
+  const auto c =
+      r->counts({.layer = 0, .iteration = 2, .microbatch = 3, .ep_rank = 5, .tokens = 1024});
+  EXPECT_EQ(sum(c), 1024 * 8);
+  // Scaled x15.6: the two hot experts are capped at one pick per token, and what they cannot
+  // take is shared by the others in proportion ((8192 - 2048) / 126 = 48.8 each).
+  EXPECT_EQ(c[0], 1024);
+  EXPECT_EQ(c[1], 1024);
+  for (int e = 2; e < 128; ++e) EXPECT_NEAR(double(c[std::size_t(e)]), 48.8, 1.0) << e;
+  EXPECT_EQ(scale_counts({1, 1, 2}, 8, 8), (std::vector<std::int64_t>{2, 2, 4}));
+  EXPECT_EQ(sum(scale_counts({5, 3, 1}, 7, 7)), 7);
+}
+
+}  // namespace
+}  // namespace nodeemu::layers
