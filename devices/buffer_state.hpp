@@ -27,6 +27,7 @@ struct BufferState : std::enable_shared_from_this<BufferState> {
   std::vector<std::int64_t> shape;
   numa::Placement placement;  // ptr is null for meta buffers
   std::vector<OpId> uses;     // operations that used it and may still be running (engine-pruned)
+  int pool_track = -1;        // the stream whose pool it came from; -1: the compute stream
   ~BufferState() {
     if (placement.ptr) numa::recycle(placement);
   }

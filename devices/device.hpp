@@ -45,8 +45,11 @@ class Device {
   // device, the size asked for, the size in use and the capacity. Zero-filled.
   Buffer allocate(std::size_t bytes, std::vector<std::int64_t> shape = {});
   // The same without the zero-fill, for memory the caller overwrites before reading (a copy's
-  // destination). Its contents are unspecified.
-  Buffer allocate_uninitialized(std::size_t bytes, std::vector<std::int64_t> shape = {});
+  // destination). Its contents are unspecified. `pool_stream`: the stream it is allocated for,
+  // as an allocation inside `with torch.cuda.stream(s)` takes its block from s's pool (a
+  // reload's destination on the H2D stream); by default the device's compute stream.
+  Buffer allocate_uninitialized(std::size_t bytes, std::vector<std::int64_t> shape = {},
+                                const Stream* pool_stream = nullptr);
   MemoryStats memory() const;
   // The peak over a window of virtual time (seconds): e.g. one phase of a step.
   std::uint64_t peak_memory(double from_s, double to_s) const;
@@ -62,7 +65,8 @@ class Device {
   Device(Node* node, DevicePlacement placement, const GpuSpec* spec, WorkerPool* pool);
 
  private:
-  Buffer allocate_impl(std::size_t bytes, std::vector<std::int64_t> shape, bool zeroed);
+  Buffer allocate_impl(std::size_t bytes, std::vector<std::int64_t> shape, bool zeroed,
+                       const Stream* pool_stream);
   Node* node_;
   DevicePlacement placement_;
   const GpuSpec* spec_;

@@ -121,6 +121,7 @@ OpId Engine::new_op(StreamState& s, OpKind kind, std::string name, ResourceKind 
   op.priority = static_cast<int>(s.priority);
   op.device = s.device;
   op.track = s.track;
+  op.stream_track = s.track;
   op.host = current().id;
   op.sms = 0;
   op.name = std::move(name);

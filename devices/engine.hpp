@@ -88,7 +88,8 @@ struct Op {
   ResourceKind res;
   int priority;
   int device;
-  int track;
+  int track;         // where the trace draws it: its stream's, or a copy engine's
+  int stream_track;  // its stream's track (copies run on an engine but queue on a stream)
   int host;
   int sms;  // > 0: a communication kernel holding this many SMs
   OpClass cls = OpClass::Other;
@@ -283,7 +284,9 @@ class Engine {
   // --- memory ---
   void account_alloc(int device, std::uint64_t bytes);
   // `uses`: the operations that used the buffer; those still running hold the bytes.
-  void account_free(int device, std::uint64_t bytes, const std::vector<OpId>& uses);
+  // pool_track: the stream the block was allocated for (-1: the compute stream).
+  void account_free(int device, std::uint64_t bytes, const std::vector<OpId>& uses,
+                    int pool_track = -1);
   std::uint64_t peak_memory(int device) const;
   // The peak over virtual time [from, to).
   std::uint64_t peak_memory(int device, VTime from, VTime to) const;

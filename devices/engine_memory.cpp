@@ -23,18 +23,21 @@ void Engine::account_alloc(int device, std::uint64_t bytes) {
   d.mem.deltas.emplace_back(a.clock, static_cast<std::int64_t>(bytes));
 }
 
-void Engine::account_free(int device, std::uint64_t bytes, const std::vector<OpId>& uses) {
+void Engine::account_free(int device, std::uint64_t bytes, const std::vector<OpId>& uses,
+                          int pool_track) {
   auto r =
       std::make_shared<PendingRelease>(PendingRelease{device, bytes, current().clock, 0, false});
-  // PyTorch's caching allocator returns a block when the host drops it: later work on the
-  // compute (default) stream runs after its uses anyway, so those do not hold it. A use on any
-  // other stream (a collective, a copy engine, a side stream) holds it until it completes, as
-  // record_stream does for Megatron's comm and offload buffers.
+  // PyTorch's caching allocator returns a block to its stream's pool when the host drops it:
+  // later work on that stream runs after its uses anyway, so those do not hold it (kernels on
+  // the compute stream; any use on the stream a side-stream block was allocated for, such as a
+  // reload's copy). A use on any other stream (a collective, a copy engine, a side stream)
+  // holds it until it completes, as record_stream does for Megatron's comm and offload buffers.
   const DeviceState& d = devices_[static_cast<size_t>(device)];
   const int compute_track = d.streams.empty() ? -1 : d.streams.front()->track;
   for (OpId u : uses) {
     if (ops_[u].complete()) continue;
     if (ops_[u].track == compute_track && ops_[u].kind == OpKind::Kernel) continue;
+    if (pool_track >= 0 && ops_[u].stream_track == pool_track) continue;
     ++r->ops_left;
     ops_[u].releases.push_back(r);
   }

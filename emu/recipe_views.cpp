@@ -50,6 +50,14 @@ std::optional<offload::OffloadConfig> offload_config(const Recipe& r, int pp_ran
     c.max_inflight = r.int32("model.max_inflight_offloads");
   c.delta_bytes_across_pp_ranks = r.integer("model.delta_offload_bytes_across_pp_ranks");
   c.pp_rank = pp_rank;
+  // Chunk v of this rank is virtual stage v x PP + pp_rank.
+  const std::vector<int> stages = layers_per_virtual_stage(r);
+  const int pp = pipeline_size(r);
+  for (int v = 0; v < virtual_chunks(r); ++v) {
+    const int stage = v * pp + pp_rank;
+    if (stage < int(stages.size()))
+      c.chunk_first_layers.push_back(std::accumulate(stages.begin(), stages.begin() + stage, 0));
+  }
   return c;
 }
 

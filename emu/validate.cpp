@@ -384,8 +384,9 @@ class Rules {
                                              "moe (it is recomputed); remove one");
     const double f = r_.real("model.activation_offload_fraction");
     if (f < 0 || f > 1) error("model.activation_offload_fraction", "must be in [0, 1]");
-    if (set("model.max_inflight_offloads") && i("model.max_inflight_offloads") < 1)
-      error("model.max_inflight_offloads", "must be at least 1 (or unset)");
+    if (set("model.max_inflight_offloads") && i("model.max_inflight_offloads") < 0)
+      error("model.max_inflight_offloads",
+            "must be 0 or more (0: wait for each offload; unset: never wait)");
     if (r_.integer("model.min_offloaded_tensor_size") < 0)
       error("model.min_offloaded_tensor_size", "must be 0 or more elements");
     if (r_.integer("model.delta_offload_bytes_across_pp_ranks") < 0)

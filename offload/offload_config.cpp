@@ -41,8 +41,9 @@ void OffloadConfig::validate() const {
     throw ConfigError("offload", "min_offloaded_tensor_size", "must be 0 or more elements");
   if (!(fraction >= 0 && fraction <= 1))
     throw ConfigError("offload", "activation_offload_fraction", "must be in [0, 1]");
-  if (max_inflight < 0)
-    throw ConfigError("offload", "max_inflight_offloads", "must be at least 1 (0 = unbounded)");
+  if (max_inflight && *max_inflight < 0)
+    throw ConfigError("offload", "max_inflight_offloads",
+                      "must be 0 or more (0: wait for each offload; unset: never wait)");
   if (delta_bytes_across_pp_ranks < 0)
     throw ConfigError("offload", "delta_offload_bytes_across_pp_ranks", "must be 0 or more");
   if (pp_rank < 0) throw ConfigError("offload", "pp_rank", "must be 0 or more");

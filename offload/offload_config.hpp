@@ -3,6 +3,7 @@
 // Buffer checks its Config: a bad value is a ConfigError naming the key.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,11 +20,16 @@ struct OffloadConfig {
   std::int64_t min_tensor_elements = 1 << 20;
   // After warm-up, the share of eligible groups offloaded, by count, the earliest first.
   double fraction = 1.0;
-  // At most this many groups' D2H copies in flight; 0 = unbounded.
-  int max_inflight = 0;
+  // Megatron's max_inflight_offloads: after each group's offload, the compute stream waits for
+  // the older offloads of the same group name while more than this many are pending (0: waits
+  // for each one; unset: never).
+  std::optional<int> max_inflight;
   // Pipeline balance: rank p keeps p x delta bytes more on the device.
   std::int64_t delta_bytes_across_pp_ranks = 0;
   int pp_rank = 0;
+  // The first global layer of each of this rank's model chunks, ascending (one chunk: {} or
+  // {first}): a chunk handler is one micro-batch's forward through one chunk.
+  std::vector<int> chunk_first_layers;
   // Checksum every offloaded tensor and every reload (functional mode): a reload that does not
   // give back the bytes that left is reported, never used.
   bool verify = true;

@@ -75,6 +75,7 @@ struct Entry {
 struct Group {
   GroupKey key;
   int microbatch = 0;
+  int chunk = 0;  // of this rank: the handler is (microbatch, chunk)
   std::deque<Entry> entries;
   std::uint64_t bytes = 0;
   bool offloaded = false, reload_issued = false;
@@ -106,23 +107,61 @@ struct OffloadEngine::Impl {
 
   bool warm = false;  // the warm-up iteration has ended
   OffloadPlan plan;
-  std::vector<GroupRecord> records;
-  std::map<GroupKey, std::pair<std::uint64_t, int>> warm_bytes;  // sum, passes
+  WarmupRecord record;                                    // what the warm-up saw
+  std::map<std::pair<int, int>, std::size_t> handler_of;  // (micro-batch, chunk) -> record index
   std::vector<IterationStats> done;
   IterationStats now;
+  // This iteration: how far backward has gone through record.backward_order (Megatron's
+  // _cached_chunks_index_backward), and the offload events pending per group name.
+  std::size_t backward_index = 0;
+  std::map<std::string, std::deque<Event*>> pending_by_name;
 
   std::deque<Group> groups;  // this iteration's, in commit order (stable addresses)
   Group* open = nullptr;
   std::map<TensorKey, std::pair<Group*, Entry*>> index;
   std::map<int, std::vector<Group*>> stacks;  // per micro-batch, commit order
-  std::deque<Group*> inflight;                // offloaded groups whose D2H may still run
   std::shared_ptr<Verification> verification = std::make_shared<Verification>();
 
-  Group& new_group(GroupKey key, int microbatch) {
+  Group& new_group(int layer, std::string name, int microbatch) {
     Group& g = groups.emplace_back();
-    g.key = std::move(key);
+    g.key = {microbatch, layer, std::move(name)};
     g.microbatch = microbatch;
+    const auto& firsts = cfg.chunk_first_layers;
+    g.chunk = int(std::upper_bound(firsts.begin(), firsts.end(), layer) - firsts.begin()) - 1;
+    g.chunk = std::max(g.chunk, 0);
     return g;
+  }
+
+  std::size_t handler(const Group& g) {
+    auto [it, fresh] = handler_of.emplace(std::make_pair(g.microbatch, g.chunk), 0);
+    if (fresh) {
+      NE_CHECK(!warm, "offload: a chunk handler the warm-up did not see");
+      it->second = record.handlers.size();
+      record.handlers.push_back({g.microbatch, g.chunk, {}});
+    }
+    return it->second;
+  }
+
+  // ChunkOffloadHandler.should_bulk_offload's run-time rule: the last group of its name in the
+  // handler whose backward runs next stays, its reload would be needed at once.
+  bool needed_next(const Group& g) {
+    const std::size_t h = handler(g);
+    std::size_t front = record.handlers.size();
+    for (std::size_t i = backward_index; i < record.backward_order.size(); ++i) {
+      const auto& groups = record.handlers[record.backward_order[i]].groups;
+      if (std::any_of(groups.begin(), groups.end(),
+                      [&](const GroupRecord& r) { return r.key.name == g.key.name; })) {
+        front = record.backward_order[i];
+        break;
+      }
+    }
+    if (front != h) return false;
+    const auto& groups = record.handlers[h].groups;
+    auto at = std::find_if(groups.begin(), groups.end(),
+                           [&](const GroupRecord& r) { return r.key == g.key; });
+    return at != groups.end() && std::none_of(at + 1, groups.end(), [&](const GroupRecord& r) {
+             return r.key.name == g.key.name;
+           });
   }
 
   // Takes `t` into `g` (the layer keeps an empty handle; tensor_needed gives it back).
@@ -143,7 +182,7 @@ struct OffloadEngine::Impl {
     s.wait(e);
     checker.wait(s, e);
   }
-  void record(Stream& s, Event& e) {
+  void record_event(Stream& s, Event& e) {
     s.record(e);
     checker.record(s, e);
   }
@@ -151,23 +190,13 @@ struct OffloadEngine::Impl {
   void commit(Group& g, Stream& s) {
     if (g.entries.empty()) return;
     stacks[g.microbatch].push_back(&g);
-    if (!warm) {
-      auto& [sum, n] = warm_bytes[g.key];
-      if (n == 0) records.push_back({g.key, 0});
-      sum += g.bytes;
-      ++n;
-    }
-    if (warm && !plan.offloads(g.key)) {
+    const std::size_t h = handler(g);
+    if (!warm) record.handlers[h].groups.push_back({g.key, g.bytes});
+    if (warm && (!plan.offloads(g.key) || needed_next(g))) {
       ++now.groups_kept;
       return;
     }
-    // max_inflight_offloads: the compute stream waits for the oldest D2H still running.
-    while (!inflight.empty() && inflight.front()->offloaded_ev.query()) inflight.pop_front();
-    if (cfg.max_inflight > 0 && int(inflight.size()) >= cfg.max_inflight) {
-      wait(s, inflight.front()->offloaded_ev);
-      inflight.pop_front();
-    }
-    record(s, g.produced);
+    record_event(s, g.produced);
     wait(d2h, g.produced);
     for (Entry& e : g.entries) {
       e.host = pool.acquire(e.bytes);
@@ -183,11 +212,20 @@ struct OffloadEngine::Impl {
       g.d2h = checker.issue(d2h);
       e.device = Tensor();  // released: the memory returns once the copy has read it
     }
-    record(d2h, g.offloaded_ev);
+    record_event(d2h, g.offloaded_ev);
     g.offloaded = true;
-    inflight.push_back(&g);
     ++now.groups_offloaded;
     now.bytes_offloaded += g.bytes;
+    // max_inflight_offloads (_drain_offload_pending): the committing stream waits for this
+    // name's older offloads while more than the cap are pending.
+    if (cfg.max_inflight) {
+      auto& q = pending_by_name[g.key.name];
+      q.push_back(&g.offloaded_ev);
+      while (int(q.size()) > *cfg.max_inflight) {
+        wait(s, *q.front());
+        q.pop_front();
+      }
+    }
   }
 
   void reload(Group& g) {
@@ -200,8 +238,11 @@ struct OffloadEngine::Impl {
     auto read_done = std::make_shared<Event>();
     for (Entry& e : g.entries) {
       // The H2D overwrites every byte: no zero-fill (a caching allocator's block).
-      e.reloaded = Tensor(device.allocate_uninitialized(std::max<std::size_t>(e.bytes, 1), e.shape),
-                          e.shape, e.dtype);
+      // Allocated for the H2D stream, as Megatron's reload allocates inside its stream context:
+      // the block goes back to that stream's pool when backward drops it.
+      e.reloaded =
+          Tensor(device.allocate_uninitialized(std::max<std::size_t>(e.bytes, 1), e.shape, &h2d),
+                 e.shape, e.dtype);
       std::function<void()> then;
       if (functional && cfg.verify) {
         const void* p = e.reloaded.buffer().data();
@@ -221,8 +262,8 @@ struct OffloadEngine::Impl {
                "reload L" + std::to_string(g.key.layer) + " " + label(e.id), std::move(then));
       g.h2d = checker.issue(h2d);
     }
-    record(h2d, g.reloaded_ev);
-    record(h2d, *read_done);
+    record_event(h2d, g.reloaded_ev);
+    record_event(h2d, *read_done);
     for (Entry& e : g.entries) {
       e.host.last_read = read_done;
       pool.release(std::move(e.host));
@@ -230,6 +271,20 @@ struct OffloadEngine::Impl {
     }
     g.reload_issued = true;
     now.bytes_reloaded += g.bytes;
+  }
+
+  // Backward has reached g's handler: in the warm-up it joins the backward order; after, the
+  // handlers before it in that order are done (pop_backward_chunk).
+  void backward_reached(const Group& g) {
+    const std::size_t h = handler(g);
+    auto& order = record.backward_order;
+    auto at = std::find(order.begin(), order.end(), h);
+    if (!warm && at == order.end()) {
+      order.push_back(h);
+      at = order.end() - 1;
+    }
+    if (at != order.end())
+      backward_index = std::max(backward_index, std::size_t(at - order.begin()) + 1);
   }
 
   // The group's backward is over: prefetch the next offloaded group of its micro-batch.
@@ -241,7 +296,7 @@ struct OffloadEngine::Impl {
       Group& p = **--it;
       if (!p.offloaded || p.reload_issued) continue;
       if (g.last_stream.state()) {
-        record(g.last_stream, g.backward_end);
+        record_event(g.last_stream, g.backward_end);
         wait(h2d, g.backward_end);
       }
       reload(p);
@@ -262,7 +317,8 @@ void OffloadEngine::begin_iteration() {
   m.groups.clear();
   m.index.clear();
   m.stacks.clear();
-  m.inflight.clear();
+  m.pending_by_name.clear();
+  m.backward_index = 0;
   m.open = nullptr;
   m.now = {};
 }
@@ -284,11 +340,7 @@ void OffloadEngine::end_iteration() {
   m.now.tensors_verified = m.verification->verified.exchange(0);
   m.done.push_back(m.now);
   if (!m.warm) {
-    for (GroupRecord& r : m.records) {
-      const auto& [sum, n] = m.warm_bytes[r.key];
-      r.bytes = sum / std::uint64_t(n);
-    }
-    m.plan = plan_after_warmup(m.records, m.cfg);
+    m.plan = plan_after_warmup(m.record, m.cfg);
     m.warm = true;
   }
   begin_iteration();
@@ -300,8 +352,8 @@ bool OffloadEngine::warming_up() const {
 const OffloadPlan& OffloadEngine::plan() const {
   return impl_->plan;
 }
-const std::vector<GroupRecord>& OffloadEngine::warmup_groups() const {
-  return impl_->records;
+const WarmupRecord& OffloadEngine::warmup() const {
+  return impl_->record;
 }
 const std::vector<IterationStats>& OffloadEngine::iterations() const {
   return impl_->done;
@@ -324,8 +376,7 @@ void OffloadEngine::inject_fault(Fault f) {
 
 void OffloadEngine::module_start(const ModuleId& m, Stream&) {
   Impl& im = *impl_;
-  if (contains(im.cfg.modules, m.module))
-    im.open = &im.new_group({m.layer, m.module}, m.microbatch);
+  if (contains(im.cfg.modules, m.module)) im.open = &im.new_group(m.layer, m.module, m.microbatch);
 }
 
 void OffloadEngine::module_end(const ModuleId& m, Stream& s) {
@@ -344,7 +395,7 @@ void OffloadEngine::tensor_saved(const SavedTensorId& id, Tensor& t, Stream& s) 
       g->microbatch == id.owner.microbatch) {
     im.capture(*g, id, t);
   } else if (contains(im.cfg.tensors, id.tensor)) {
-    Group& own = im.new_group({id.owner.layer, id.tensor}, id.owner.microbatch);
+    Group& own = im.new_group(id.owner.layer, id.tensor, id.owner.microbatch);
     im.capture(own, id, t);
     im.commit(own, s);
   }
@@ -356,6 +407,7 @@ void OffloadEngine::tensor_needed(const SavedTensorId& id, Tensor& t, Stream& s)
   if (it == im.index.end()) return;
   auto [g, e] = it->second;
   g->last_stream = s;
+  im.backward_reached(*g);
   if (!g->offloaded) {
     t = e->device;
     return;

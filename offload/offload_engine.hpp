@@ -11,6 +11,13 @@
 // backward ends (all its tensors released), the H2D stream waits on compute and reloads the next
 // group of that micro-batch in LIFO order: one group of prefetch. Every H2D waits for its own D2H.
 //
+// Decisions follow Megatron's chunk handlers (ChunkOffloadHandler): one per micro-batch's forward
+// through one model chunk. The warm-up iteration offloads every group and records the handlers
+// in forward order and the order their backward ran; then plan_after_warmup decides each group
+// of each handler (offload_policy.hpp), and at commit the last group of a name in the handler
+// whose backward runs next also stays (should_bulk_offload). max_inflight caps, per group name,
+// the offloads the committing stream has not waited for (_drain_offload_pending).
+//
 //   offload::OffloadEngine engine(device, {.modules = {"expert_fc1", "moe_act"}});
 //   ctx.hooks = &engine;
 //   for (int it = 0; it < iterations; ++it) {
@@ -52,8 +59,8 @@ class OffloadEngine final : public layers::ActivationHooks {
   // match. The first call ends the warm-up and fixes the plan.
   void end_iteration();
   bool warming_up() const;
-  const OffloadPlan& plan() const;                        // empty until warm-up ends
-  const std::vector<GroupRecord>& warmup_groups() const;  // forward order, mean bytes
+  const OffloadPlan& plan() const;     // empty until warm-up ends
+  const WarmupRecord& warmup() const;  // the chunk handlers and groups the warm-up saw
   const std::vector<IterationStats>& iterations() const;  // one per finished iteration
   const OffloadConfig& config() const;
   Stream d2h_stream() const;

@@ -155,3 +155,35 @@ TEST(Streams, HostProgramsRunPerRankWithTheirOwnClocks) {
 
 }  // namespace
 }  // namespace nodeemu
+
+namespace nodeemu {
+namespace {
+
+// PyTorch's caching allocator: a block goes back to the pool of the stream it was allocated for
+// when the host drops it, because later work on that stream runs after its uses; a use on any
+// other stream holds it until that use completes (record_stream). A reload's destination is
+// allocated for the H2D stream, so it does not outlive the host's last handle for the copy
+// that fills it.
+TEST(Memory, ABlockGoesBackToItsStreamsPoolWhenTheHostDropsIt) {
+  Node node(testing::options(testing::round_h100(), 8, 1, Mode::Meta));
+  Device& dev = node.device(0);
+  Stream h2d = dev.create_stream(Priority::Normal, "h2d");
+  const std::size_t bytes = 256 << 20;
+  Buffer host = node.allocate_host(bytes, 0);
+  auto held_for = [&](const Stream* pool) {
+    Buffer b = dev.allocate_uninitialized(bytes, {}, pool);
+    const double issued = node.host().now_s();
+    h2d.copy(b, host, bytes, "slow copy");  // ~5 ms over PCIe
+    b = Buffer();                           // the host drops it at once
+    dev.synchronize();
+    return std::pair(issued, dev.peak_memory(issued + 1e-3, node.host().now_s()));
+  };
+  // Allocated for the compute stream: the copy on the H2D stream holds it until it completes,
+  // so 1 ms after the host dropped it the block is still in use.
+  EXPECT_EQ(held_for(nullptr).second, bytes);
+  // Allocated for the H2D stream itself: free for that stream's next allocation at once.
+  EXPECT_EQ(held_for(&h2d).second, 0u);
+}
+
+}  // namespace
+}  // namespace nodeemu

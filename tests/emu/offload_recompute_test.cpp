@@ -41,6 +41,29 @@ TEST(OffloadRun, ListOverridesReachTheEngine) {
   EXPECT_FALSE(offload_config(tiny(), 0));
 }
 
+// fine_grained_activation_offload.py: a chunk handler per micro-batch's forward through each
+// model chunk, so with VPP every chunk's groups are decided on their own; and
+// _drain_offload_pending: max_inflight_offloads=0 makes the compute stream wait for each
+// offload, unset never (the two differ only in the timeline).
+TEST(OffloadRun, HandlersPerChunkAndTheInflightCap) {
+  const std::vector<std::string> vpp = {
+      "emulator.gpus_per_node=8", "model.pipeline_model_parallel_size=2",
+      "model.virtual_pipeline_model_parallel_size=2", "train.global_batch_size=32"};
+  const Recipe r = tiny(with(vpp, kOffload));
+  const auto c = offload_config(r, 1);
+  ASSERT_TRUE(c);
+  // Four layers over PP2 x VPP2: rank 1 holds virtual stages 1 and 3, layers 1 and 3.
+  EXPECT_EQ(c->chunk_first_layers, (std::vector<int>{1, 3}));
+  const RunReport base = train(tiny(with(vpp, {"train.train_iters=3"})));
+  const RunReport off = train(r);
+  EXPECT_EQ(off.numerics_hash, base.numerics_hash);
+  const RunReport never = train(tiny(kOffload));
+  const RunReport each = train(tiny(with(kOffload, {"model.max_inflight_offloads=0"})));
+  EXPECT_EQ(each.numerics_hash, never.numerics_hash);
+  EXPECT_NE(each.timeline_hash, never.timeline_hash);
+  EXPECT_GE(each.step_time_s, never.step_time_s);
+}
+
 TEST(OffloadRun, OffloadAndRecomputeKeepTheNumericsHash) {
   const RunReport base = train(tiny({"train.train_iters=3"}));
   const RunReport off = train(tiny(kOffload));

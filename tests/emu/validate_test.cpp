@@ -144,6 +144,13 @@ const Rule kRules[] = {
      {"comm_overlap.overlap_grad_reduce=true"},
      "error: comm_overlap.overlap_grad_reduce: overlapping the gradient reduction with the "
      "backward (NodeEmu reduces after the step) is not modelled by NodeEmu yet\n"},
+    {"max_inflight_offloads_zero_waits_for_each",
+     {"model.fine_grained_activation_offloading=true", "model.offload_modules=[expert_fc1]",
+      "model.max_inflight_offloads=0"},
+     {"model.fine_grained_activation_offloading=true", "model.offload_modules=[expert_fc1]",
+      "model.max_inflight_offloads=-1"},
+     "error: model.max_inflight_offloads: must be 0 or more (0: wait for each offload; unset: "
+     "never wait)\n"},
     // --- pipeline transfers (p2p_communication, schedules.py) ---
     {"p2p_keys_need_pp",
      {"comm_overlap.overlap_p2p_comm=false"},

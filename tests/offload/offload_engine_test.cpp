@@ -94,7 +94,9 @@ TEST(OffloadEngine, BitIdenticalWithEveryReloadChecksummed) {
   EXPECT_GT(w.bytes_offloaded, 0u);
   EXPECT_EQ(w.bytes_reloaded, w.bytes_offloaded);
   EXPECT_GT(w.tensors_verified, 2u * 4 * 8);  // attn_norm and core_attn keep two tensors each
-  // After it, the last layer's group of each name stays on the device.
+  // After it, the last layer's group of each name stays on the device: in the first micro-batch
+  // to run backward by the plan, in the other because its backward runs right after its forward
+  // (should_bulk_offload's run-time rule).
   const IterationStats& s = on.stats[1];
   EXPECT_EQ(s.groups_offloaded, 2 * 3 * 8);
   EXPECT_EQ(s.groups_kept, 2 * 8);
@@ -108,7 +110,9 @@ TEST(OffloadEngine, FractionAndInflightBoundKeepNumerics) {
   const Outcome on = run(c, 3);
   const Outcome off = run(std::nullopt, 3);
   EXPECT_EQ(on.grads, off.grads);
-  EXPECT_EQ(on.stats[2].groups_offloaded, 2 * 12);  // half of the 24 eligible per micro-batch
+  // Micro-batch 0, first in backward, keeps its last layer (8 groups) and switches int(24 x 0.5)
+  // of the 24 others off; micro-batch 1 switches int(32 x 0.5) off, its last layer among them.
+  EXPECT_EQ(on.stats[2].groups_offloaded, 12 + 16);
 }
 
 // Expects `fault` to be reported, naming a tensor, its layer and micro-batch.
@@ -168,7 +172,7 @@ TEST(OffloadEngine, MetaPeakMemoryDropsByThePlannedBytes) {
   cfg.num_layers = 4;
   const std::int64_t T = 1024;
   constexpr int kMicrobatches = 8;
-  auto peak = [&](bool offload, OffloadPlan* plan, std::vector<GroupRecord>* records) {
+  auto peak = [&](bool offload, OffloadPlan* plan, WarmupRecord* record) {
     Node node(testing::model_options(1, 1, 1, Mode::Meta));
     Communicator comm(node);
     std::uint64_t p = 0;
@@ -208,21 +212,26 @@ TEST(OffloadEngine, MetaPeakMemoryDropsByThePlannedBytes) {
         engine.end_iteration();
       }
       if (plan) *plan = engine.plan();
-      if (records) *records = engine.warmup_groups();
+      if (record) *record = engine.warmup();
     });
     return p;
   };
   OffloadPlan plan;
-  std::vector<GroupRecord> records;
-  const std::uint64_t with = peak(true, &plan, &records);
+  WarmupRecord record;
+  const std::uint64_t with = peak(true, &plan, &record);
   const std::uint64_t without = peak(false, nullptr, nullptr);
-  // Layer 3 keeps both groups (the last of each name); of the six eligible groups of layers 0-2,
-  // the fraction 0.5 offloads the first three: layer 0's expert_fc1 (the dispatched tokens, T x
-  // top-k x hidden) and moe_act (fc1's output, T x top-k x 2 x ffn), and layer 1's expert_fc1.
-  // The router probabilities are under min_offloaded_tensor_size and stay.
-  const std::uint64_t expected = plan.bytes_offloaded_per_pass(records);
-  EXPECT_EQ(expected, std::uint64_t(T) * 8 * (2048 + 2 * 768 + 2048) * 2);
-  EXPECT_EQ(without - with, kMicrobatches * expected);
+  // One handler per micro-batch; backward runs micro-batch 7 first. Its layer 3 keeps both groups
+  // (the last of each name); of its six eligible groups the fraction 0.5 switches int(3) off,
+  // offloading layer 0's expert_fc1 (the dispatched tokens, T x top-k x hidden) and moe_act
+  // (fc1's output, T x top-k x 2 x ffn), and layer 1's expert_fc1. The other seven handlers keep
+  // nothing back: of their eight groups, four are offloaded, layers 0 and 1. The router
+  // probabilities are under min_offloaded_tensor_size and stay.
+  ASSERT_EQ(record.handlers.size(), std::size_t(kMicrobatches));
+  ASSERT_EQ(record.backward_order.front(), std::size_t(kMicrobatches - 1));
+  const std::uint64_t fc1 = std::uint64_t(T) * 8 * 2048 * 2,
+                      act = std::uint64_t(T) * 8 * 2 * 768 * 2;
+  EXPECT_EQ(plan.bytes_offloaded(record), (2 * fc1 + act) + (kMicrobatches - 1) * 2 * (fc1 + act));
+  EXPECT_EQ(without - with, plan.bytes_offloaded(record));
 }
 
 }  // namespace
