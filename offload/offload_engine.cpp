@@ -119,7 +119,8 @@ struct OffloadEngine::Impl {
   std::deque<Group> groups;  // this iteration's, in commit order (stable addresses)
   Group* open = nullptr;
   std::map<TensorKey, std::pair<Group*, Entry*>> index;
-  std::map<int, std::vector<Group*>> stacks;  // per micro-batch, commit order
+  std::map<std::size_t, std::vector<Group*>> stacks;  // per chunk handler, commit order
+  std::map<std::size_t, std::size_t> committed;        // per chunk handler, this iteration
   std::shared_ptr<Verification> verification = std::make_shared<Verification>();
 
   Group& new_group(int layer, std::string name, int microbatch) {
@@ -189,8 +190,9 @@ struct OffloadEngine::Impl {
 
   void commit(Group& g, Stream& s) {
     if (g.entries.empty()) return;
-    stacks[g.microbatch].push_back(&g);
     const std::size_t h = handler(g);
+    stacks[h].push_back(&g);
+    ++committed[h];
     if (!warm) record.handlers[h].groups.push_back({g.key, g.bytes});
     if (warm && (!plan.offloads(g.key) || needed_next(g))) {
       ++now.groups_kept;
@@ -287,21 +289,33 @@ struct OffloadEngine::Impl {
       backward_index = std::max(backward_index, std::size_t(at - order.begin()) + 1);
   }
 
-  // The group's backward is over: prefetch the next offloaded group of its micro-batch.
+  // The group's backward is over: prefetch the next offloaded group of its handler, LIFO
+  // (bulk_reload). With none left, pre-reload the last offloaded group of the handler whose
+  // backward runs next, if its forward is done (pre_reload_last_layer), so that the first reload
+  // of a handler is hidden too.
   void prefetch_after(Group& g) {
-    auto& stack = stacks[g.microbatch];
+    const std::size_t h = handler(g);
+    auto& stack = stacks[h];
     auto it = std::find(stack.begin(), stack.end(), &g);
-    NE_CHECK(it != stack.end(), "offload: ended group not on its micro-batch's stack");
-    while (it != stack.begin()) {
+    NE_CHECK(it != stack.end(), "offload: ended group not on its handler's stack");
+    Group* next = nullptr;
+    while (it != stack.begin() && !next) {
       Group& p = **--it;
-      if (!p.offloaded || p.reload_issued) continue;
-      if (g.last_stream.state()) {
-        record_event(g.last_stream, g.backward_end);
-        wait(h2d, g.backward_end);
-      }
-      reload(p);
-      return;
+      if (p.offloaded && !p.reload_issued) next = &p;
     }
+    if (!next && warm && backward_index < record.backward_order.size()) {
+      const std::size_t n = record.backward_order[backward_index];
+      auto& later = stacks[n];
+      if (n != h && committed[n] == record.handlers[n].groups.size())
+        for (auto p = later.rbegin(); p != later.rend() && !next; ++p)
+          if ((*p)->offloaded && !(*p)->reload_issued) next = *p;
+    }
+    if (!next) return;
+    if (g.last_stream.state()) {
+      record_event(g.last_stream, g.backward_end);
+      wait(h2d, g.backward_end);
+    }
+    reload(*next);
   }
 };
 
@@ -317,6 +331,7 @@ void OffloadEngine::begin_iteration() {
   m.groups.clear();
   m.index.clear();
   m.stacks.clear();
+  m.committed.clear();
   m.pending_by_name.clear();
   m.backward_index = 0;
   m.open = nullptr;
@@ -418,6 +433,7 @@ void OffloadEngine::tensor_needed(const SavedTensorId& id, Tensor& t, Stream& s)
                           "backward reads the device copy that was released when its group was "
                           "offloaded; no reload was issued for it");
     im.reload(*g);
+    ++im.now.reloads_on_demand;
   }
   if (std::find(g->waited.begin(), g->waited.end(), s.state()) == g->waited.end()) {
     if (im.fault != Fault::ComputeWithoutReloadWait) im.wait(s, g->reloaded_ev);

@@ -9,7 +9,8 @@
 // the device copy (its memory returns when the copy is done). When backward first needs a group,
 // the compute stream waits for its reload (issued then if no prefetch did it). When a group's
 // backward ends (all its tensors released), the H2D stream waits on compute and reloads the next
-// group of that micro-batch in LIFO order: one group of prefetch. Every H2D waits for its own D2H.
+// group of that chunk handler in LIFO order: one group of prefetch; with none left, the last
+// offloaded group of the handler whose backward runs next. Every H2D waits for its own D2H.
 //
 // Decisions follow Megatron's chunk handlers (ChunkOffloadHandler): one per micro-batch's forward
 // through one model chunk. The warm-up iteration offloads every group and records the handlers
@@ -44,6 +45,7 @@ struct IterationStats {
   int groups_offloaded = 0;
   int groups_kept = 0;                 // committed but left on the device by the plan
   std::uint64_t tensors_verified = 0;  // reloads whose checksum matched what left (functional)
+  int reloads_on_demand = 0;           // issued when backward needed them: no prefetch had
 };
 
 class OffloadEngine final : public layers::ActivationHooks {

@@ -172,6 +172,7 @@ TEST(OffloadEngine, MetaPeakMemoryDropsByThePlannedBytes) {
   cfg.num_layers = 4;
   const std::int64_t T = 1024;
   constexpr int kMicrobatches = 8;
+  std::vector<IterationStats> stats;
   auto peak = [&](bool offload, OffloadPlan* plan, WarmupRecord* record) {
     Node node(testing::model_options(1, 1, 1, Mode::Meta));
     Communicator comm(node);
@@ -213,12 +214,19 @@ TEST(OffloadEngine, MetaPeakMemoryDropsByThePlannedBytes) {
       }
       if (plan) *plan = engine.plan();
       if (record) *record = engine.warmup();
+      if (offload) stats = engine.iterations();
     });
     return p;
   };
   OffloadPlan plan;
   WarmupRecord record;
   const std::uint64_t with = peak(true, &plan, &record);
+  // Every handler's first reload is hidden behind the handler before it (pre_reload_last_layer:
+  // its forward is done when the one before it ends its backward); only the warm-up, which has
+  // no backward order yet, reloads on demand, once per handler.
+  ASSERT_EQ(stats.size(), 2u);
+  EXPECT_EQ(stats[0].reloads_on_demand, kMicrobatches);
+  EXPECT_EQ(stats[1].reloads_on_demand, 0);
   const std::uint64_t without = peak(false, nullptr, nullptr);
   // One handler per micro-batch; backward runs micro-batch 7 first. Its layer 3 keeps both groups
   // (the last of each name); of its six eligible groups the fraction 0.5 switches int(3) off,
