@@ -120,7 +120,7 @@ struct OffloadEngine::Impl {
   Group* open = nullptr;
   std::map<TensorKey, std::pair<Group*, Entry*>> index;
   std::map<std::size_t, std::vector<Group*>> stacks;  // per chunk handler, commit order
-  std::map<std::size_t, std::size_t> committed;        // per chunk handler, this iteration
+  std::map<std::size_t, std::size_t> committed;       // per chunk handler, this iteration
   std::shared_ptr<Verification> verification = std::make_shared<Verification>();
 
   Group& new_group(int layer, std::string name, int microbatch) {
@@ -149,18 +149,18 @@ struct OffloadEngine::Impl {
     const std::size_t h = handler(g);
     std::size_t front = record.handlers.size();
     for (std::size_t i = backward_index; i < record.backward_order.size(); ++i) {
-      const auto& groups = record.handlers[record.backward_order[i]].groups;
-      if (std::any_of(groups.begin(), groups.end(),
+      const auto& recorded = record.handlers[record.backward_order[i]].groups;
+      if (std::any_of(recorded.begin(), recorded.end(),
                       [&](const GroupRecord& r) { return r.key.name == g.key.name; })) {
         front = record.backward_order[i];
         break;
       }
     }
     if (front != h) return false;
-    const auto& groups = record.handlers[h].groups;
-    auto at = std::find_if(groups.begin(), groups.end(),
+    const auto& mine = record.handlers[h].groups;
+    auto at = std::find_if(mine.begin(), mine.end(),
                            [&](const GroupRecord& r) { return r.key == g.key; });
-    return at != groups.end() && std::none_of(at + 1, groups.end(), [&](const GroupRecord& r) {
+    return at != mine.end() && std::none_of(at + 1, mine.end(), [&](const GroupRecord& r) {
              return r.key.name == g.key.name;
            });
   }
