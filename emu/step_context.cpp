@@ -124,31 +124,29 @@ void StepContext::Impl::communicate(const P2pCall& call, layers::StreamKind from
     layers::ChunkPlan& p = existing(*call.send_backward, "send_backward");
     sends.push_back(links_.send_backward(p.grad_input(), p.event, posting));
   }
-  if (call.recv_forward && !first_stage(call.recv_forward->chunk)) {
-    const PlanId id = *call.recv_forward;
+  // A receive into a new tensor of the plan, left pending until the consumer waits for it.
+  auto receive = [&](PlanId id, bool forward) {
     const Key key{id.microbatch, id.chunk};
-    if (fwd_pending_.count(key) || fwd_arrived_.count(key))
-      throw UsageError("schedule: recv_forward of " + describe(id) + " posted twice");
-    auto r = links_.recv_forward(activation_shape_, dt, posting);
-    plan(id).input = r.tensor;
-    fwd_pending_[key] = r.done;
-    received.emplace_back(id, true);
-  }
+    auto& pending = forward ? fwd_pending_ : bwd_pending_;
+    auto& arrived = forward ? fwd_arrived_ : bwd_arrived_;
+    if (pending.count(key) || arrived.count(key))
+      throw UsageError(std::string("schedule: ") + (forward ? "recv_forward" : "recv_backward") +
+                       " of " + describe(id) + " posted twice");
+    layers::ChunkPlan& p = forward ? plan(id) : existing(id, "recv_backward");
+    auto r = forward ? links_.recv_forward(activation_shape_, dt, posting)
+                     : links_.recv_backward(activation_shape_, dt, posting);
+    (forward ? p.input : p.grad_output) = r.tensor;
+    pending[key] = r.done;
+    received.emplace_back(id, forward);
+  };
+  if (call.recv_forward && !first_stage(call.recv_forward->chunk))
+    receive(*call.recv_forward, true);
   if (call.send_forward && !last_stage(call.send_forward->chunk)) {
     layers::ChunkPlan& p = existing(*call.send_forward, "send_forward");
     sends.push_back(links_.send_forward(p.output(), p.event, posting));
   }
-  if (call.recv_backward && !last_stage(call.recv_backward->chunk)) {
-    const PlanId id = *call.recv_backward;
-    const Key key{id.microbatch, id.chunk};
-    if (bwd_pending_.count(key) || bwd_arrived_.count(key))
-      throw UsageError("schedule: recv_backward of " + describe(id) + " posted twice");
-    layers::ChunkPlan& p = existing(id, "recv_backward");
-    auto r = links_.recv_backward(activation_shape_, dt, posting);
-    p.grad_output = r.tensor;
-    bwd_pending_[key] = r.done;
-    received.emplace_back(id, false);
-  }
+  if (call.recv_backward && !last_stage(call.recv_backward->chunk))
+    receive(*call.recv_backward, false);
   // The comm stream's post_forward (the combined 1F1B; schedules.py pp_post_forward): after
   // posting this send it waits on the previous forward send's handle (send_next_wait_handle)
   // before deallocate_output_tensor frees that output, so the comm stream's next work queues
