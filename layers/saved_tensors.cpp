@@ -24,6 +24,14 @@ void SavedTensors::release(const std::string& module, const std::string& name) {
   if (saved_.erase({module, name}) && hooks_) hooks_->tensor_released({this->module(module), name});
 }
 
+void SavedTensors::start_module(const std::string& name, Stream& s) {
+  if (hooks_) hooks_->module_start(module(name), s);
+}
+
+void SavedTensors::end_module(const std::string& name, Stream& s) {
+  if (hooks_) hooks_->module_end(module(name), s);
+}
+
 ModuleScope::ModuleScope(SavedTensors& saved, const std::string& module, Stream& s)
     : saved_(saved), id_(saved.module(module)), stream_(s) {
   if (saved_.hooks()) saved_.hooks()->module_start(id_, stream_);

@@ -20,6 +20,10 @@ class SavedTensors {
   Tensor need(const std::string& module, const std::string& name, Stream& s);
   void release(const std::string& module, const std::string& name);
   ModuleId module(const std::string& name) const { return {layer_, microbatch_, name}; }
+  // A module's start and end for the hooks, where a scope cannot span them (an offload group
+  // that commits in another node, on another stream).
+  void start_module(const std::string& name, Stream& s);
+  void end_module(const std::string& name, Stream& s);
   ActivationHooks* hooks() const { return hooks_; }
 
  private:

@@ -160,12 +160,12 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
   detail::GraphRegions graph(s);
   graph.enter(gs.attn);
   Tensor ln1, rstd1, qkv, ctx, lse;
-  {
-    ModuleScope m(sv, "attn_norm", s);
-    ops::rmsnorm_forward(at, "input_layernorm", x, L_.input_norm_, c.layernorm_epsilon, ln1, rstd1);
-    sv.save("attn_norm", "input", x, s);
-    sv.save("attn_norm", "rstd", rstd1, s);
-  }
+  // The attn_norm group commits after the attention's residual add, which still reads its input
+  // (transformer_layer.py: attn_norm_manager.group_offload after self_attn_bda).
+  sv.start_module("attn_norm", s);
+  ops::rmsnorm_forward(at, "input_layernorm", x, L_.input_norm_, c.layernorm_epsilon, ln1, rstd1);
+  sv.save("attn_norm", "input", x, s);
+  sv.save("attn_norm", "rstd", rstd1, s);
   {
     ModuleScope m(sv, "qkv_linear", s);
     qkv = ops::linear_forward(at, "linear_qkv", ln1, L_.qkv_.value, ops::one_group(ln1), c.dtype);
@@ -190,15 +190,17 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
     if (!re.attn_out) sv.save("attn_proj", "input", ctx, s);
   }
   st.h = ops::add(at, "attn_residual_add", x, attn_out);
+  sv.end_module("attn_norm", s);
   graph.enter(L_.is_moe() ? gs.moe || gs.moe_router : gs.mlp);
   Tensor ln2, rstd2;
-  {
-    ModuleScope m(sv, "mlp_norm", s);
-    ops::rmsnorm_forward(at, "pre_mlp_layernorm", st.h, L_.mlp_norm_, c.layernorm_epsilon, ln2,
-                         rstd2);
-    sv.save("mlp_norm", "input", st.h, s);
-    sv.save("mlp_norm", "rstd", rstd2, s);
-  }
+  // The mlp_norm group commits after the MLP's residual add, inside the combine node for a MoE
+  // layer (fine_grained_callables.py: "Delay the offload of the mlp norm until after the
+  // mlp_bda", on the combine's stream).
+  sv.start_module("mlp_norm", s);
+  ops::rmsnorm_forward(at, "pre_mlp_layernorm", st.h, L_.mlp_norm_, c.layernorm_epsilon, ln2,
+                       rstd2);
+  sv.save("mlp_norm", "input", st.h, s);
+  sv.save("mlp_norm", "rstd", rstd2, s);
   if (!L_.is_moe()) {
     st.dense_in = ln2;
     return;
@@ -308,6 +310,7 @@ void LayerPlan::mlp_forward(Stream& s) {
     return;
   }
   output = ops::add(at, "mlp_residual_add", y, st.h);
+  st.saved.end_module("mlp_norm", s);
   st.h = Tensor();
 }
 
@@ -372,6 +375,7 @@ void LayerPlan::combine_forward(Stream& s) {
                      st.shared_out ? st.shared_out : st.h, st.shared_out ? st.h : Tensor(),
                      L_.cfg_.dtype);
   st.dispatch->io.moe_out = Tensor();
+  st.saved.end_module("mlp_norm", s);
   st.shared_out = st.h = Tensor();
   if (st.dispatch->frees_dispatch_input()) st.dispatch->io.hidden = Tensor();
 }

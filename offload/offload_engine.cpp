@@ -117,7 +117,8 @@ struct OffloadEngine::Impl {
   std::map<std::string, std::deque<Event*>> pending_by_name;
 
   std::deque<Group> groups;  // this iteration's, in commit order (stable addresses)
-  Group* open = nullptr;
+  // Groups started and not yet committed: a norm's group spans the modules after it.
+  std::map<std::tuple<int, int, std::string>, Group*> open;  // layer, micro-batch, name
   std::map<TensorKey, std::pair<Group*, Entry*>> index;
   std::map<std::size_t, std::vector<Group*>> stacks;  // per chunk handler, commit order
   std::map<std::size_t, std::size_t> committed;       // per chunk handler, this iteration
@@ -130,6 +131,8 @@ struct OffloadEngine::Impl {
     const auto& firsts = cfg.chunk_first_layers;
     g.chunk = int(std::upper_bound(firsts.begin(), firsts.end(), layer) - firsts.begin()) - 1;
     g.chunk = std::max(g.chunk, 0);
+    // Megatron's handler lists a group when it starts (on_group_start_forward), empty or not.
+    if (!warm) record.handlers[handler(g)].groups.push_back({g.key, 0});
     return g;
   }
 
@@ -189,11 +192,13 @@ struct OffloadEngine::Impl {
   }
 
   void commit(Group& g, Stream& s) {
-    if (g.entries.empty()) return;
     const std::size_t h = handler(g);
+    ++committed[h];  // every group started in the handler, for pre_reload's "forward done"
+    if (g.entries.empty()) return;
     stacks[h].push_back(&g);
-    ++committed[h];
-    if (!warm) record.handlers[h].groups.push_back({g.key, g.bytes});
+    if (!warm)
+      for (auto& r : record.handlers[h].groups)
+        if (r.key == g.key) r.bytes = g.bytes;
     if (warm && (!plan.offloads(g.key) || needed_next(g))) {
       ++now.groups_kept;
       return;
@@ -334,7 +339,7 @@ void OffloadEngine::begin_iteration() {
   m.committed.clear();
   m.pending_by_name.clear();
   m.backward_index = 0;
-  m.open = nullptr;
+  m.open.clear();
   m.now = {};
 }
 
@@ -391,24 +396,24 @@ void OffloadEngine::inject_fault(Fault f) {
 
 void OffloadEngine::module_start(const ModuleId& m, Stream&) {
   Impl& im = *impl_;
-  if (contains(im.cfg.modules, m.module)) im.open = &im.new_group(m.layer, m.module, m.microbatch);
+  if (contains(im.cfg.modules, m.module))
+    im.open[{m.layer, m.microbatch, m.module}] = &im.new_group(m.layer, m.module, m.microbatch);
 }
 
 void OffloadEngine::module_end(const ModuleId& m, Stream& s) {
   Impl& im = *impl_;
-  Group* g = im.open;
-  if (!g || g->key.layer != m.layer || g->key.name != m.module || g->microbatch != m.microbatch)
-    return;
-  im.open = nullptr;
+  auto it = im.open.find({m.layer, m.microbatch, m.module});
+  if (it == im.open.end()) return;
+  Group* g = it->second;
+  im.open.erase(it);
   im.commit(*g, s);
 }
 
 void OffloadEngine::tensor_saved(const SavedTensorId& id, Tensor& t, Stream& s) {
   Impl& im = *impl_;
-  Group* g = im.open;
-  if (g && g->key.layer == id.owner.layer && g->key.name == id.owner.module &&
-      g->microbatch == id.owner.microbatch) {
-    im.capture(*g, id, t);
+  auto it = im.open.find({id.owner.layer, id.owner.microbatch, id.owner.module});
+  if (it != im.open.end()) {
+    im.capture(*it->second, id, t);
   } else if (contains(im.cfg.tensors, id.tensor)) {
     Group& own = im.new_group(id.owner.layer, id.tensor, id.owner.microbatch);
     im.capture(own, id, t);

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "emu/recipe_views.hpp"
@@ -122,6 +123,23 @@ TEST(OffloadRun, TraceShowsTheD2HAndH2DTracks) {
   EXPECT_NE(text.str().find("offload_d2h"), std::string::npos);
   EXPECT_NE(text.str().find("offload_h2d"), std::string::npos);
   EXPECT_NE(text.str().find("reload L0 attn_norm.input"), std::string::npos);
+  // The norm groups commit where Megatron commits them: attn_norm after the attention's residual
+  // add (so after attn_proj's group), mlp_norm after the MLP's residual add, inside the combine
+  // node (so after the experts' groups). The host issues the D2H copies in that order.
+  const auto doc = nlohmann::json::parse(text.str());
+  std::vector<std::string> order;
+  for (const auto& e : doc.at("traceEvents"))
+    if (e.value("pid", -1) == 0 && e.value("cat", "") == "host" &&
+        e.value("name", "").rfind("offload L0 ", 0) == 0 && order.size() < 11)
+      order.push_back(e.value("name", "").substr(11));
+  ASSERT_GE(order.size(), 11u);  // micro-batch 0's tensors of layer 0
+  auto at = [&](const std::string& prefix) {
+    for (std::size_t i = 0; i < order.size(); ++i)
+      if (order[i].rfind(prefix, 0) == 0) return int(i);
+    return -1;
+  };
+  EXPECT_GT(at("attn_norm."), at("attn_proj."));
+  EXPECT_GT(at("mlp_norm."), at("moe_act."));
   std::filesystem::remove(path);
 }
 
