@@ -160,8 +160,7 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
   detail::GraphRegions graph(s);
   graph.enter(gs.attn);
   Tensor ln1, rstd1, qkv, ctx, lse;
-  // The attn_norm group commits after the attention's residual add, which still reads its input
-  // (transformer_layer.py: attn_norm_manager.group_offload after self_attn_bda).
+  // attn_norm's group commits after self_attn_bda, which still reads x (transformer_layer.py).
   sv.start_module("attn_norm", s);
   ops::rmsnorm_forward(at, "input_layernorm", x, L_.input_norm_, c.layernorm_epsilon, ln1, rstd1);
   sv.save("attn_norm", "input", x, s);
@@ -193,9 +192,8 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
   sv.end_module("attn_norm", s);
   graph.enter(L_.is_moe() ? gs.moe || gs.moe_router : gs.mlp);
   Tensor ln2, rstd2;
-  // The mlp_norm group commits after the MLP's residual add, inside the combine node for a MoE
-  // layer (fine_grained_callables.py: "Delay the offload of the mlp norm until after the
-  // mlp_bda", on the combine's stream).
+  // The mlp_norm group commits after the MLP's residual add: in the combine node for a MoE layer
+  // (fine_grained_callables.py delays the mlp norm's offload until after mlp_bda).
   sv.start_module("mlp_norm", s);
   ops::rmsnorm_forward(at, "pre_mlp_layernorm", st.h, L_.mlp_norm_, c.layernorm_epsilon, ln2,
                        rstd2);
