@@ -1,0 +1,244 @@
+// LayerPlan's backward bodies: each node's dgrad and, where it has weights, its wgrad
+// (transformer_layer.hpp). Split from transformer_layer.cpp, which keeps the forward.
+#include "devices/errors.hpp"
+#include "layers/detail/graph_regions.hpp"
+#include "layers/detail/layer_plan_state.hpp"
+#include "layers/router.hpp"
+#include "layers/transformer_layer.hpp"
+
+namespace nodeemu::layers {
+
+namespace {
+
+Tensor grad_output_of(const Tensor* slot, int layer) {
+  if (!slot || !*slot)
+    throw UsageError("layer " + std::to_string(layer) +
+                     ": backward before its output gradient exists");
+  return *slot;
+}
+
+}  // namespace
+
+// The shared experts' dgrad on `s` (the compute stream, or the side stream once the layer's
+// output gradient is ready), into st.g_shared_in.
+void LayerPlan::shared_experts_backward(Stream& s) {
+  if (!L_.shared_fc1_.value) return;
+  const ModelConfig& c = L_.cfg_;
+  State& st = *st_;
+  ops::At at = at_(s);
+  SavedTensors& sv = st.saved;
+  if (overlap_shared()) s.wait(st.shared_ready);
+  const std::vector<std::int64_t> rows = {st.grad_out.dim(0)};
+  st.g_shared_out = st.grad_out;
+  Tensor ga = ops::linear_dgrad(at, "shared_fc2", st.grad_out, L_.shared_fc2_.value, rows, c.dtype);
+  Tensor dummy;
+  ops::swiglu_backward(at, "shared_act", ga, shared_fc1_out(s), Tensor(), st.g_shared_fc1, dummy);
+  sv.release("shared_experts", "fc1_output");
+  st.re_shared_f1 = Tensor();
+  st.g_shared_in =
+      ops::linear_dgrad(at, "shared_fc1", st.g_shared_fc1, L_.shared_fc1_.value, rows, c.dtype);
+  if (overlap_shared()) s.record(st.shared_done);
+}
+
+void LayerPlan::combine_backward(Stream& s) {
+  State& st = *st_;
+  st.grad_out = grad_output_of(st.grad_output, L_.layer_);
+  st.dispatch->io.grad_moe_out = st.grad_out;
+  if (overlap_shared()) s.record(st.shared_ready);  // the output gradient exists
+  detail::GraphRegions graph(s);
+  graph.enter(ctx_.graphs.moe);
+  st.dispatch->combine_backward(at_(s));
+  st.dispatch->io.grad_moe_out = Tensor();
+  if (overlap_shared()) shared_experts_backward(ctx_.shared_experts);
+}
+
+void LayerPlan::mlp_backward(Stream& s) {
+  const ModelConfig& c = L_.cfg_;
+  State& st = *st_;
+  ops::At at = at_(s);
+  SavedTensors& sv = st.saved;
+  const bool moe = L_.is_moe();
+  detail::GraphRegions graph(s);
+  graph.enter(moe ? ctx_.graphs.moe : ctx_.graphs.mlp);
+  Tensor gy;
+  std::vector<std::int64_t> rows;
+  if (moe) {
+    st.dispatch->unsort_backward(at);
+    gy = st.dispatch->io.grad_expert_out;
+    st.dispatch->io.grad_expert_out = Tensor();
+    rows = st.dispatch->io.rows_per_expert;
+  } else {
+    st.grad_out = grad_output_of(st.grad_output, L_.layer_);
+    gy = st.grad_out;
+    rows = {st.batch * st.seq};
+  }
+  const char* act = moe ? "moe_act" : "dense_act";
+  Tensor ga =
+      ops::linear_dgrad(at, moe ? "expert_fc2" : "dense_fc2", gy, L_.fc2_.value, rows, c.dtype);
+  Tensor g1, gprobs;
+  {
+    ops::swiglu_backward(at, act, ga, fc1_out(s), probs(s), g1, gprobs, rows);
+    // A recomputed activation output is made now, while its input is still here: the wgrad
+    // may run later (delay_wgrad_compute).
+    if (re_act()) (void)act_out(s);
+    sv.release(act, "input");
+    sv.release(act, "probs");
+    st.re_h1 = Tensor();
+  }
+  Tensor gin =
+      ops::linear_dgrad(at, moe ? "expert_fc1" : "dense_fc1", g1, L_.fc1_.value, rows, c.dtype);
+  st.g_fc2_out = gy;
+  st.g_fc1_out = g1;
+  if (moe) {
+    st.dispatch->io.grad_expert_in = gin;
+    st.dispatch->io.grad_expert_probs = gprobs;
+    st.dispatch->sort_backward(at);
+    st.dispatch->io.grad_expert_in = st.dispatch->io.grad_expert_probs = Tensor();
+  } else {
+    st.g_dense_ln2 = gin;
+  }
+}
+
+void LayerPlan::mlp_dw(Stream& s) {
+  State& st = *st_;
+  ops::At at = at_(s);
+  SavedTensors& sv = st.saved;
+  const bool moe = L_.is_moe();
+  detail::GraphRegions graph(s);
+  graph.enter(moe ? ctx_.graphs.moe : ctx_.graphs.mlp);
+  const std::vector<std::int64_t> rows =
+      moe ? st.dispatch->io.rows_per_expert : std::vector<std::int64_t>{st.batch * st.seq};
+  const char* fc1 = moe ? "expert_fc1" : "dense_fc1";
+  const char* fc2 = moe ? "expert_fc2" : "dense_fc2";
+  // fc2 first, then fc1 (the order Megatron's delayed expert wgrad runs them in).
+  ops::linear_wgrad(at, fc2, st.g_fc2_out, act_out(s), rows, L_.fc2_);
+  sv.release(fc2, "input");
+  st.re_a = Tensor();
+  ops::linear_wgrad(at, fc1, st.g_fc1_out, fc1_in(s), rows, L_.fc1_);
+  if (moe) sv.release(fc1, "dispatched_input");
+  st.g_fc2_out = st.g_fc1_out = Tensor();
+}
+
+void LayerPlan::pre_dispatch_backward(Stream& s) {
+  const ModelConfig& c = L_.cfg_;
+  State& st = *st_;
+  ops::At at = at_(s);
+  SavedTensors& sv = st.saved;
+  if (!st.grad_out) st.grad_out = grad_output_of(st.grad_output, L_.layer_);
+  const GraphScopes& gs = ctx_.graphs;
+  detail::GraphRegions graph(s);
+  Tensor g_ln2;
+  if (L_.is_moe()) {
+    MoeTokens& io = st.dispatch->io;
+    graph.enter(gs.moe || gs.moe_preprocess);
+    st.dispatch->preprocess_backward(at);
+    graph.enter(gs.moe || gs.moe_router);
+    const std::int64_t T = st.batch * st.seq, E = c.num_moe_experts;
+    Tensor logits = sv.need("router", "logits", s);
+    st.g_logits = at.empty({T, E}, DType::F32);
+    {
+      View vl = view(logits), vg = view(io.grad_probs), vd = view(st.g_logits);
+      auto routing = st.routing;
+      const RouterConfig rc = c.router;
+      const double scale = st.loss_scale;
+      const std::int64_t seq = st.seq;
+      launch(
+          s, "router_topk_bwd",
+          Work{.flops = 12.0 * double(T * E),
+               .bytes = 2.0 * double(st.g_logits.bytes()),
+               .precision = Precision::FP32,
+               .shape = KernelShape::memory(MemoryOp::Elementwise)},
+          [=] {
+            route_backward(rc, vl.as<const float>(), *routing, vg.as<const float>(), scale, seq,
+                           vd.as<float>());
+          },
+          {logits, io.grad_probs, st.g_logits}, ctx_.tally);
+    }
+    Tensor g_router = ops::linear_dgrad(router_at(s), "router_gating", st.g_logits,
+                                        L_.router_.value, {T}, c.dtype);
+    if (overlap_shared())
+      s.wait(st.shared_done);
+    else
+      shared_experts_backward(s);
+    const Tensor g_shared = st.g_shared_in;
+    st.g_shared_in = Tensor();
+    g_ln2 = ops::add3(at, "pre_mlp_grad_sum", io.grad_hidden, g_router, g_shared, c.dtype);
+    io.grad_hidden = io.grad_probs = Tensor();
+  } else {
+    graph.enter(gs.mlp);
+    g_ln2 = st.g_dense_ln2;
+    st.g_dense_ln2 = Tensor();
+  }
+  st.g_ln2 = g_ln2;
+  Tensor h = sv.need("mlp_norm", "input", s);
+  Tensor g_hn = ops::rmsnorm_dgrad(at, "pre_mlp_layernorm", g_ln2, h, L_.mlp_norm_,
+                                   sv.need("mlp_norm", "rstd", s));
+  // Autograd sums the residual's two gradients between the captured regions.
+  graph.enter(false);
+  st.g_h = ops::add(at, "attn_residual_add_bwd", g_hn, st.grad_out);
+  graph.enter(gs.attn);
+  Tensor g_ctx =
+      ops::linear_dgrad(at, "linear_proj", st.g_h, L_.proj_.value, ops::one_group(st.g_h), c.dtype);
+  Tensor g_qkv = ops::attention_backward(at, g_ctx, qkv(s), attn_out(s), attn_lse(s), attn_probs(s),
+                                         st.attn());
+  sv.release("core_attn", "input");
+  sv.release("core_attn", "lse");
+  sv.release("core_attn", "probs");
+  st.re_qkv = st.re_lse = st.re_probs = Tensor();
+  ops::rope(at, "rotary_pos_emb_bwd", g_qkv, st.attn(), c.rotary_base, true);
+  st.g_qkv = g_qkv;
+  st.g_ln1 =
+      ops::linear_dgrad(at, "linear_qkv", g_qkv, L_.qkv_.value, ops::one_group(g_qkv), c.dtype);
+  const Tensor x = sv.need("attn_norm", "input", s);
+  Tensor g_xn = ops::rmsnorm_dgrad(at, "input_layernorm", st.g_ln1, x, L_.input_norm_,
+                                   sv.need("attn_norm", "rstd", s));
+  grad_input = ops::add(at, "input_residual_bwd", g_xn, st.g_h);
+  st.grad_out = Tensor();
+}
+
+void LayerPlan::pre_dispatch_dw(Stream& s) {
+  State& st = *st_;
+  ops::At at = at_(s);
+  SavedTensors& sv = st.saved;
+  const GraphScopes& gs = ctx_.graphs;
+  detail::GraphRegions graph(s);
+  graph.enter(L_.is_moe() ? gs.moe || gs.moe_router : gs.mlp);
+  if (L_.is_moe()) {
+    const Tensor ln2 = this->ln2(s);
+    ops::linear_wgrad(router_at(s), "router_gating", st.g_logits, ln2, ops::one_group(ln2),
+                      L_.router_);
+    sv.release("router", "logits");
+    if (L_.shared_fc1_.value) {
+      ops::linear_wgrad(at, "shared_fc2", st.g_shared_out, shared_act_out(s), ops::one_group(ln2),
+                        L_.shared_fc2_);
+      ops::linear_wgrad(at, "shared_fc1", st.g_shared_fc1, ln2, ops::one_group(ln2),
+                        L_.shared_fc1_);
+      sv.release("shared_experts", "act_output");
+      st.re_shared_a = Tensor();
+    }
+    st.g_logits = st.g_shared_out = st.g_shared_fc1 = Tensor();
+  }
+  sv.release(ln2_owner(), "pre_mlp_layernorm_output");
+  st.re_ln2 = Tensor();
+  ops::rmsnorm_wgrad(at, "pre_mlp_layernorm", st.g_ln2, sv.need("mlp_norm", "input", s),
+                     sv.need("mlp_norm", "rstd", s), L_.mlp_norm_);
+  sv.release("mlp_norm", "input");
+  sv.release("mlp_norm", "rstd");
+  graph.enter(gs.attn);
+  const Tensor ctxt = attn_out(s);
+  ops::linear_wgrad(at, "linear_proj", st.g_h, ctxt, ops::one_group(ctxt), L_.proj_);
+  sv.release("attn_proj", "input");
+  st.re_ctx = Tensor();
+  const Tensor ln1 = this->ln1(s);
+  ops::linear_wgrad(at, "linear_qkv", st.g_qkv, ln1, ops::one_group(ln1), L_.qkv_);
+  sv.release("qkv_linear", "input");
+  st.re_ln1 = Tensor();
+  st.attn_recomputed = false;
+  ops::rmsnorm_wgrad(at, "input_layernorm", st.g_ln1, sv.need("attn_norm", "input", s),
+                     sv.need("attn_norm", "rstd", s), L_.input_norm_);
+  sv.release("attn_norm", "input");
+  sv.release("attn_norm", "rstd");
+  st.g_ln2 = st.g_h = st.g_qkv = st.g_ln1 = Tensor();
+}
+
+}  // namespace nodeemu::layers
