@@ -4,8 +4,15 @@
 // stream it runs on, and every tensor it keeps for backward passes through tensor_saved when it
 // is kept, tensor_needed just before backward reads it (each time it does), and tensor_released
 // once backward is done with it. tensor_saved and tensor_needed may replace the tensor: the
-// offload engine keeps its own handle and hands back the device copy, or the reloaded one. A
-// module's group of tensors has ended its backward when all of them are released.
+// offload engine keeps its own handle and hands back the device copy, or the reloaded one.
+//
+// In backward a module reports where autograd would cross Megatron's offload group boundaries
+// (fine_grained_activation_offload.py): module_backward_start before its first backward kernel
+// (FineGrainedOffloadingGroupCommitFunction.backward, on_group_commit_backward, where the compute
+// stream waits for the group's reload), and module_backward_end once the gradient of its input
+// exists (the group-start function's backward, on_group_start_backward, which prefetches the next
+// group). A module's autograd node runs its dgrad and, unless delay_wgrad_compute defers it, its
+// wgrad, so the end comes after the wgrad, or after the dgrad when the wgrad is delayed.
 #pragma once
 #include <string>
 
@@ -33,6 +40,8 @@ class ActivationHooks {
   virtual void tensor_saved(const SavedTensorId&, Tensor&, Stream&) {}
   virtual void tensor_needed(const SavedTensorId&, Tensor&, Stream&) {}
   virtual void tensor_released(const SavedTensorId&) {}
+  virtual void module_backward_start(const ModuleId&, Stream&) {}
+  virtual void module_backward_end(const ModuleId&, Stream&) {}
 };
 
 }  // namespace nodeemu::layers

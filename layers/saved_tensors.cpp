@@ -32,6 +32,14 @@ void SavedTensors::end_module(const std::string& name, Stream& s) {
   if (hooks_) hooks_->module_end(module(name), s);
 }
 
+void SavedTensors::backward_start(const std::string& name, Stream& s) {
+  if (hooks_) hooks_->module_backward_start(module(name), s);
+}
+
+void SavedTensors::backward_end(const std::string& name, Stream& s) {
+  if (hooks_) hooks_->module_backward_end(module(name), s);
+}
+
 ModuleScope::ModuleScope(SavedTensors& saved, const std::string& module, Stream& s)
     : saved_(saved), id_(saved.module(module)), stream_(s) {
   if (saved_.hooks()) saved_.hooks()->module_start(id_, stream_);

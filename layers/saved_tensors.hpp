@@ -24,6 +24,9 @@ class SavedTensors {
   // that commits in another node, on another stream).
   void start_module(const std::string& name, Stream& s);
   void end_module(const std::string& name, Stream& s);
+  // A module's backward boundaries for the hooks (hooks.hpp).
+  void backward_start(const std::string& name, Stream& s);
+  void backward_end(const std::string& name, Stream& s);
   ActivationHooks* hooks() const { return hooks_; }
 
  private:

@@ -93,6 +93,12 @@ class LayerPlan {
   void shared_experts_forward(Stream& s);
   void shared_experts_backward(Stream& s);
   bool overlap_shared() const;
+  // A module's backward boundaries for the offload hooks (hooks.hpp): the start before its first
+  // backward kernel, the end after its dgrad when there is no wgrad or it is delayed
+  // (dgrad_end), else after its wgrad (wgrad_end).
+  void backward_start(const char* module, Stream& s);
+  void dgrad_end(const char* module, Stream& s, bool has_wgrad = true);
+  void wgrad_end(const char* module, Stream& s);
   // What backward reads, kept by forward or recomputed here (selective recompute); a recomputed
   // tensor is held from its first use until its last.
   ops::At at_(Stream& s) const;
@@ -114,6 +120,8 @@ class LayerPlan {
   Tensor probs(Stream& s);
   bool re_fc1() const;
   bool re_act() const;
+  const char* fc1_name() const { return L_.is_moe() ? "expert_fc1" : "dense_fc1"; }
+  const char* fc2_name() const { return L_.is_moe() ? "expert_fc2" : "dense_fc2"; }
   const char* ln2_owner() const { return L_.is_moe() ? "router" : "dense_fc1"; }
   TransformerLayer& L_;
   ExecContext& ctx_;

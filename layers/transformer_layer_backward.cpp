@@ -30,6 +30,7 @@ void LayerPlan::shared_experts_backward(Stream& s) {
   if (overlap_shared()) s.wait(st.shared_ready);
   const std::vector<std::int64_t> rows = {st.grad_out.dim(0)};
   st.g_shared_out = st.grad_out;
+  backward_start("shared_experts", s);
   Tensor ga = ops::linear_dgrad(at, "shared_fc2", st.grad_out, L_.shared_fc2_.value, rows, c.dtype);
   Tensor dummy;
   ops::swiglu_backward(at, "shared_act", ga, shared_fc1_out(s), Tensor(), st.g_shared_fc1, dummy);
@@ -37,6 +38,7 @@ void LayerPlan::shared_experts_backward(Stream& s) {
   st.re_shared_f1 = Tensor();
   st.g_shared_in =
       ops::linear_dgrad(at, "shared_fc1", st.g_shared_fc1, L_.shared_fc1_.value, rows, c.dtype);
+  dgrad_end("shared_experts", s);
   if (overlap_shared()) s.record(st.shared_done);
 }
 
@@ -45,6 +47,8 @@ void LayerPlan::combine_backward(Stream& s) {
   st.grad_out = grad_output_of(st.grad_output, L_.layer_);
   st.dispatch->io.grad_moe_out = st.grad_out;
   if (overlap_shared()) s.record(st.shared_ready);  // the output gradient exists
+  // The mlp_norm group committed in combine's forward: its commit's backward is here.
+  backward_start("mlp_norm", s);
   detail::GraphRegions graph(s);
   graph.enter(ctx_.graphs.moe);
   st.dispatch->combine_backward(at_(s));
@@ -69,14 +73,19 @@ void LayerPlan::mlp_backward(Stream& s) {
     rows = st.dispatch->io.rows_per_expert;
   } else {
     st.grad_out = grad_output_of(st.grad_output, L_.layer_);
+    backward_start("mlp_norm", s);  // committed after the dense MLP's residual add
     gy = st.grad_out;
     rows = {st.batch * st.seq};
   }
+  const char* fc1 = fc1_name();
+  const char* fc2 = fc2_name();
   const char* act = moe ? "moe_act" : "dense_act";
-  Tensor ga =
-      ops::linear_dgrad(at, moe ? "expert_fc2" : "dense_fc2", gy, L_.fc2_.value, rows, c.dtype);
+  backward_start(fc2, s);
+  Tensor ga = ops::linear_dgrad(at, fc2, gy, L_.fc2_.value, rows, c.dtype);
+  dgrad_end(fc2, s);
   Tensor g1, gprobs;
   {
+    backward_start(act, s);
     ops::swiglu_backward(at, act, ga, fc1_out(s), probs(s), g1, gprobs, rows);
     // A recomputed activation output is made now, while its input is still here: the wgrad
     // may run later (delay_wgrad_compute).
@@ -84,9 +93,11 @@ void LayerPlan::mlp_backward(Stream& s) {
     sv.release(act, "input");
     sv.release(act, "probs");
     st.re_h1 = Tensor();
+    dgrad_end(act, s, false);
   }
-  Tensor gin =
-      ops::linear_dgrad(at, moe ? "expert_fc1" : "dense_fc1", g1, L_.fc1_.value, rows, c.dtype);
+  backward_start(fc1, s);
+  Tensor gin = ops::linear_dgrad(at, fc1, g1, L_.fc1_.value, rows, c.dtype);
+  dgrad_end(fc1, s);
   st.g_fc2_out = gy;
   st.g_fc1_out = g1;
   if (moe) {
@@ -108,14 +119,16 @@ void LayerPlan::mlp_dw(Stream& s) {
   graph.enter(moe ? ctx_.graphs.moe : ctx_.graphs.mlp);
   const std::vector<std::int64_t> rows =
       moe ? st.dispatch->io.rows_per_expert : std::vector<std::int64_t>{st.batch * st.seq};
-  const char* fc1 = moe ? "expert_fc1" : "dense_fc1";
-  const char* fc2 = moe ? "expert_fc2" : "dense_fc2";
+  const char* fc1 = fc1_name();
+  const char* fc2 = fc2_name();
   // fc2 first, then fc1 (the order Megatron's delayed expert wgrad runs them in).
   ops::linear_wgrad(at, fc2, st.g_fc2_out, act_out(s), rows, L_.fc2_);
   sv.release(fc2, "input");
   st.re_a = Tensor();
+  wgrad_end(fc2, s);
   ops::linear_wgrad(at, fc1, st.g_fc1_out, fc1_in(s), rows, L_.fc1_);
   if (moe) sv.release(fc1, "dispatched_input");
+  wgrad_end(fc1, s);
   st.g_fc2_out = st.g_fc1_out = Tensor();
 }
 
@@ -133,6 +146,7 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
     graph.enter(gs.moe || gs.moe_preprocess);
     st.dispatch->preprocess_backward(at);
     graph.enter(gs.moe || gs.moe_router);
+    backward_start("router", s);
     const std::int64_t T = st.batch * st.seq, E = c.num_moe_experts;
     Tensor logits = sv.need("router", "logits", s);
     st.g_logits = at.empty({T, E}, DType::F32);
@@ -156,6 +170,7 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
     }
     Tensor g_router = ops::linear_dgrad(router_at(s), "router_gating", st.g_logits,
                                         L_.router_.value, {T}, c.dtype);
+    dgrad_end("router", s);
     if (overlap_shared())
       s.wait(st.shared_done);
     else
@@ -173,25 +188,34 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
   Tensor h = sv.need("mlp_norm", "input", s);
   Tensor g_hn = ops::rmsnorm_dgrad(at, "pre_mlp_layernorm", g_ln2, h, L_.mlp_norm_,
                                    sv.need("mlp_norm", "rstd", s));
+  dgrad_end("mlp_norm", s);
   // Autograd sums the residual's two gradients between the captured regions.
   graph.enter(false);
+  backward_start("attn_norm", s);  // committed after the attention's residual add
   st.g_h = ops::add(at, "attn_residual_add_bwd", g_hn, st.grad_out);
   graph.enter(gs.attn);
+  backward_start("attn_proj", s);
   Tensor g_ctx =
       ops::linear_dgrad(at, "linear_proj", st.g_h, L_.proj_.value, ops::one_group(st.g_h), c.dtype);
+  dgrad_end("attn_proj", s);
+  backward_start("core_attn", s);
   Tensor g_qkv = ops::attention_backward(at, g_ctx, qkv(s), attn_out(s), attn_lse(s), attn_probs(s),
                                          st.attn());
   sv.release("core_attn", "input");
   sv.release("core_attn", "lse");
   sv.release("core_attn", "probs");
   st.re_qkv = st.re_lse = st.re_probs = Tensor();
+  dgrad_end("core_attn", s, false);
   ops::rope(at, "rotary_pos_emb_bwd", g_qkv, st.attn(), c.rotary_base, true);
   st.g_qkv = g_qkv;
+  backward_start("qkv_linear", s);
   st.g_ln1 =
       ops::linear_dgrad(at, "linear_qkv", g_qkv, L_.qkv_.value, ops::one_group(g_qkv), c.dtype);
+  dgrad_end("qkv_linear", s);
   const Tensor x = sv.need("attn_norm", "input", s);
   Tensor g_xn = ops::rmsnorm_dgrad(at, "input_layernorm", st.g_ln1, x, L_.input_norm_,
                                    sv.need("attn_norm", "rstd", s));
+  dgrad_end("attn_norm", s);
   grad_input = ops::add(at, "input_residual_bwd", g_xn, st.g_h);
   st.grad_out = Tensor();
 }
@@ -208,6 +232,7 @@ void LayerPlan::pre_dispatch_dw(Stream& s) {
     ops::linear_wgrad(router_at(s), "router_gating", st.g_logits, ln2, ops::one_group(ln2),
                       L_.router_);
     sv.release("router", "logits");
+    wgrad_end("router", s);
     if (L_.shared_fc1_.value) {
       ops::linear_wgrad(at, "shared_fc2", st.g_shared_out, shared_act_out(s), ops::one_group(ln2),
                         L_.shared_fc2_);
@@ -215,6 +240,7 @@ void LayerPlan::pre_dispatch_dw(Stream& s) {
                         L_.shared_fc1_);
       sv.release("shared_experts", "act_output");
       st.re_shared_a = Tensor();
+      wgrad_end("shared_experts", s);
     }
     st.g_logits = st.g_shared_out = st.g_shared_fc1 = Tensor();
   }
@@ -224,21 +250,37 @@ void LayerPlan::pre_dispatch_dw(Stream& s) {
                      sv.need("mlp_norm", "rstd", s), L_.mlp_norm_);
   sv.release("mlp_norm", "input");
   sv.release("mlp_norm", "rstd");
+  wgrad_end("mlp_norm", s);
   graph.enter(gs.attn);
   const Tensor ctxt = attn_out(s);
   ops::linear_wgrad(at, "linear_proj", st.g_h, ctxt, ops::one_group(ctxt), L_.proj_);
   sv.release("attn_proj", "input");
   st.re_ctx = Tensor();
+  wgrad_end("attn_proj", s);
   const Tensor ln1 = this->ln1(s);
   ops::linear_wgrad(at, "linear_qkv", st.g_qkv, ln1, ops::one_group(ln1), L_.qkv_);
   sv.release("qkv_linear", "input");
   st.re_ln1 = Tensor();
+  wgrad_end("qkv_linear", s);
   st.attn_recomputed = false;
   ops::rmsnorm_wgrad(at, "input_layernorm", st.g_ln1, sv.need("attn_norm", "input", s),
                      sv.need("attn_norm", "rstd", s), L_.input_norm_);
   sv.release("attn_norm", "input");
   sv.release("attn_norm", "rstd");
+  wgrad_end("attn_norm", s);
   st.g_ln2 = st.g_h = st.g_qkv = st.g_ln1 = Tensor();
+}
+
+void LayerPlan::backward_start(const char* module, Stream& s) {
+  st_->saved.backward_start(module, s);
+}
+
+void LayerPlan::dgrad_end(const char* module, Stream& s, bool has_wgrad) {
+  if (!has_wgrad || ctx_.delay_wgrad) st_->saved.backward_end(module, s);
+}
+
+void LayerPlan::wgrad_end(const char* module, Stream& s) {
+  if (!ctx_.delay_wgrad) st_->saved.backward_end(module, s);
 }
 
 }  // namespace nodeemu::layers

@@ -79,6 +79,7 @@ struct Group {
   std::deque<Entry> entries;
   std::uint64_t bytes = 0;
   bool offloaded = false, reload_issued = false;
+  bool prefetched = false;  // its backward's end has prefetched the next group
   std::size_t released = 0;
   Event produced, offloaded_ev, reloaded_ev, backward_end;
   HazardChecker::Stamp d2h, h2d;
@@ -120,6 +121,9 @@ struct OffloadEngine::Impl {
   // Groups started and not yet committed: a norm's group spans the modules after it.
   std::map<std::tuple<int, int, std::string>, Group*> open;  // layer, micro-batch, name
   std::map<TensorKey, std::pair<Group*, Entry*>> index;
+  // The groups holding a module's tensors (its own group, or a tensor name's), for the module's
+  // backward boundaries.
+  std::map<std::tuple<int, int, std::string>, std::vector<Group*>> by_owner;  // layer, mb, module
   std::map<std::size_t, std::vector<Group*>> stacks;  // per chunk handler, commit order
   std::map<std::size_t, std::size_t> committed;       // per chunk handler, this iteration
   std::shared_ptr<Verification> verification = std::make_shared<Verification>();
@@ -180,6 +184,33 @@ struct OffloadEngine::Impl {
     t = Tensor();
     g.bytes += e.bytes;
     index[key_of(id)] = {&g, &e};
+    auto& owned = by_owner[{id.owner.layer, id.owner.microbatch, id.owner.module}];
+    if (owned.empty() || owned.back() != &g) owned.push_back(&g);
+  }
+
+  // Backward is about to read g's tensors on `s`: its reload is issued if no prefetch did it,
+  // and `s` waits for it (once per stream).
+  void make_resident(Group& g, Stream& s, const SavedTensorId& id) {
+    g.last_stream = s;
+    backward_reached(g);
+    if (!g.offloaded) return;
+    if (!g.reload_issued) {
+      if (fault == Fault::SkipReload)
+        throw OffloadHazard(label(id), id.owner.layer, id.owner.microbatch,
+                            "backward reads the device copy that was released when its group was "
+                            "offloaded; no reload was issued for it");
+      reload(g);
+      ++now.reloads_on_demand;
+    }
+    if (std::find(g.waited.begin(), g.waited.end(), s.state()) == g.waited.end()) {
+      if (fault != Fault::ComputeWithoutReloadWait) wait(s, g.reloaded_ev);
+      g.waited.push_back(s.state());
+    }
+  }
+
+  std::vector<Group*>* owned_by(const layers::ModuleId& m) {
+    auto it = by_owner.find({m.layer, m.microbatch, m.module});
+    return it == by_owner.end() ? nullptr : &it->second;
   }
 
   void wait(Stream& s, Event& e) {
@@ -294,11 +325,13 @@ struct OffloadEngine::Impl {
       backward_index = std::max(backward_index, std::size_t(at - order.begin()) + 1);
   }
 
-  // The group's backward is over: prefetch the next offloaded group of its handler, LIFO
-  // (bulk_reload). With none left, pre-reload the last offloaded group of the handler whose
-  // backward runs next, if its forward is done (pre_reload_last_layer), so that the first reload
-  // of a handler is hidden too.
-  void prefetch_after(Group& g) {
+  // The group's backward is over on `s` (on_group_start_backward): the H2D stream waits for it
+  // and prefetches the next offloaded group of its handler, LIFO (bulk_reload). With none left,
+  // it pre-reloads the last offloaded group of the handler whose backward runs next, if its
+  // forward is done (pre_reload_last_layer), so that the first reload of a handler is hidden too.
+  void prefetch_after(Group& g, Stream& s) {
+    if (g.prefetched) return;
+    g.prefetched = true;
     const std::size_t h = handler(g);
     auto& stack = stacks[h];
     auto it = std::find(stack.begin(), stack.end(), &g);
@@ -316,8 +349,8 @@ struct OffloadEngine::Impl {
           if ((*p)->offloaded && !(*p)->reload_issued) next = *p;
     }
     if (!next) return;
-    if (g.last_stream.state()) {
-      record_event(g.last_stream, g.backward_end);
+    if (s.state()) {  // unset when backward never read the group
+      record_event(s, g.backward_end);
       wait(h2d, g.backward_end);
     }
     reload(*next);
@@ -335,6 +368,7 @@ void OffloadEngine::begin_iteration() {
   Impl& m = *impl_;
   m.groups.clear();
   m.index.clear();
+  m.by_owner.clear();
   m.stacks.clear();
   m.committed.clear();
   m.pending_by_name.clear();
@@ -426,23 +460,10 @@ void OffloadEngine::tensor_needed(const SavedTensorId& id, Tensor& t, Stream& s)
   auto it = im.index.find(key_of(id));
   if (it == im.index.end()) return;
   auto [g, e] = it->second;
-  g->last_stream = s;
-  im.backward_reached(*g);
+  im.make_resident(*g, s, id);
   if (!g->offloaded) {
     t = e->device;
     return;
-  }
-  if (!g->reload_issued) {
-    if (im.fault == Fault::SkipReload)
-      throw OffloadHazard(label(id), id.owner.layer, id.owner.microbatch,
-                          "backward reads the device copy that was released when its group was "
-                          "offloaded; no reload was issued for it");
-    im.reload(*g);
-    ++im.now.reloads_on_demand;
-  }
-  if (std::find(g->waited.begin(), g->waited.end(), s.state()) == g->waited.end()) {
-    if (im.fault != Fault::ComputeWithoutReloadWait) im.wait(s, g->reloaded_ev);
-    g->waited.push_back(s.state());
   }
   if (!im.checker.ordered(g->h2d, s))
     throw OffloadHazard(label(id), id.owner.layer, id.owner.microbatch,
@@ -459,7 +480,21 @@ void OffloadEngine::tensor_released(const SavedTensorId& id) {
   auto [g, e] = it->second;
   im.index.erase(it);
   e->device = e->reloaded = Tensor();
-  if (++g->released == g->entries.size()) im.prefetch_after(*g);
+  // A group whose module reported no backward end prefetches once its tensors are all released.
+  if (++g->released == g->entries.size()) im.prefetch_after(*g, g->last_stream);
+}
+
+void OffloadEngine::module_backward_start(const ModuleId& m, Stream& s) {
+  Impl& im = *impl_;
+  if (auto* owned = im.owned_by(m))
+    for (Group* g : *owned)
+      if (!g->entries.empty()) im.make_resident(*g, s, g->entries.front().id);
+}
+
+void OffloadEngine::module_backward_end(const ModuleId& m, Stream& s) {
+  Impl& im = *impl_;
+  if (auto* owned = im.owned_by(m))
+    for (Group* g : *owned) im.prefetch_after(*g, s);
 }
 
 }  // namespace nodeemu::offload

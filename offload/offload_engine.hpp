@@ -7,10 +7,13 @@
 // name is a group of its own. At the module's end the group commits: the D2H stream waits on the
 // compute stream, copies each tensor into the pinned pool, records the group's event and drops
 // the device copy (its memory returns when the copy is done). When backward first needs a group,
-// the compute stream waits for its reload (issued then if no prefetch did it). When a group's
-// backward ends (all its tensors released), the H2D stream waits on compute and reloads the next
-// group of that chunk handler in LIFO order: one group of prefetch; with none left, the last
-// offloaded group of the handler whose backward runs next. Every H2D waits for its own D2H.
+// the stream waits for its reload (issued then if no prefetch did it): at its module's backward
+// start (Megatron's commit backward), or at the first read of one of its tensors. When the
+// module's backward ends (after its dgrad, and its wgrad unless delayed: Megatron's group-start
+// backward; hooks.hpp), or else when all its tensors are released, the H2D stream waits on that
+// stream and reloads the next group of that chunk handler in LIFO order: one group of prefetch;
+// with none left, the last offloaded group of the handler whose backward runs next. Every H2D
+// waits for its own D2H.
 //
 // Decisions follow Megatron's chunk handlers (ChunkOffloadHandler): one per micro-batch's forward
 // through one model chunk. The warm-up iteration offloads every group and records the handlers
@@ -83,6 +86,8 @@ class OffloadEngine final : public layers::ActivationHooks {
   void tensor_saved(const layers::SavedTensorId& id, layers::Tensor& t, Stream& s) override;
   void tensor_needed(const layers::SavedTensorId& id, layers::Tensor& t, Stream& s) override;
   void tensor_released(const layers::SavedTensorId& id) override;
+  void module_backward_start(const layers::ModuleId& m, Stream& s) override;
+  void module_backward_end(const layers::ModuleId& m, Stream& s) override;
 
  private:
   struct Impl;

@@ -3,6 +3,9 @@
 // hazard checker catching deliberately broken reloads.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+
 #include "devices/node.hpp"
 #include "offload/hazard_checker.hpp"
 #include "offload/offload_engine.hpp"
@@ -240,6 +243,94 @@ TEST(OffloadEngine, MetaPeakMemoryDropsByThePlannedBytes) {
                       act = std::uint64_t(T) * 8 * 2 * 768 * 2;
   EXPECT_EQ(plan.bytes_offloaded(record), (2 * fc1 + act) + (kMicrobatches - 1) * 2 * (fc1 + act));
   EXPECT_EQ(without - with, plan.bytes_offloaded(record));
+}
+
+// Megatron's reload points (fine_grained_activation_offload.py): the stream waits for a group's
+// reload at its module's backward start (on_group_commit_backward), and the next group's
+// prefetch starts when the module's backward has produced its input gradient
+// (on_group_start_backward). With delay_wgrad_compute that is after the dgrad: the delayed wgrad,
+// which still reads the tensors, does not hold the prefetch back. Meta mode, four MoE layers,
+// one micro-batch, expert_fc1 offloaded (layer 3's group stays: its reload would be needed at
+// once), every wgrad delayed until all the dgrads have run.
+TEST(OffloadEngine, DelayedWgradPrefetchesAfterTheDgradAndWaitsBeforeIt) {
+  layers::ModelConfig cfg = testing::qwen3_30b_a3b_layer();
+  cfg.num_layers = 4;
+  const std::int64_t T = 1024;
+  NodeOptions options = testing::model_options(1, 1, 1, Mode::Meta);
+  options.record_trace = true;
+  Node node(options);
+  Communicator comm(node);
+  VTime second = 0;  // when the planned iteration starts
+  std::vector<IterationStats> stats;
+  node.run([&](Host& host) {
+    Device& dev = host.device();
+    ModelChunk chunk(cfg, {0, cfg.num_layers, false, false}, dev, 1, comm.group({0}, "ep"), 0);
+    ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
+    ctx.delay_wgrad = true;
+    OffloadConfig oc;
+    oc.modules = {"expert_fc1"};
+    OffloadEngine engine(dev, oc);
+    ctx.hooks = &engine;
+    layers::MicroBatch mb;
+    mb.seq = T;
+    mb.tokens.assign(std::size_t(T), 0);
+    mb.labels.assign(std::size_t(T), 0);
+    for (int it = 0; it < 2; ++it) {
+      second = host.now();
+      engine.begin_iteration();
+      auto plan = chunk.plan(ctx, 0, mb, 1.0 / double(T));
+      plan->input = layers::Tensor::empty(dev, {T, cfg.hidden_size}, layers::DType::BF16);
+      plan->forward_all();
+      plan->grad_output = layers::Tensor::empty(dev, {T, cfg.hidden_size}, layers::DType::BF16);
+      plan->backward_all();
+      for (auto l = plan->layers.rbegin(); l != plan->layers.rend(); ++l) {
+        (*l)->mlp.backward_dw();
+        (*l)->pre_dispatch.backward_dw();
+      }
+      dev.synchronize();
+      engine.end_iteration();
+    }
+    stats = engine.iterations();
+  });
+  ASSERT_EQ(stats.size(), 2u);
+  EXPECT_EQ(stats[1].groups_offloaded, 3);
+  EXPECT_EQ(stats[1].reloads_on_demand, 0);
+  // The planned iteration's ops. Each layer runs one kernel per local expert; expert_fc1's dgrads
+  // and wgrads run layers 3, 2, 1, 0.
+  struct Span {
+    VTime start = 0, end = 0;
+  };
+  std::vector<TraceRecorder::Op> dgrads, wgrads;
+  std::map<int, Span> reload;  // by layer
+  for (const auto& op : node.trace().ops()) {
+    if (op.start < second) continue;
+    if (op.name == "expert_fc1_dgrad") dgrads.push_back(op);
+    if (op.name == "expert_fc1_wgrad") wgrads.push_back(op);
+    for (int l = 0; l < 3; ++l)
+      if (op.name.rfind("reload L" + std::to_string(l) + " ", 0) == 0)
+        reload[l] = {op.start, op.end};
+  }
+  auto per_layer = [](std::vector<TraceRecorder::Op> ops) {
+    std::sort(ops.begin(), ops.end(),
+              [](const auto& a, const auto& b) { return a.start < b.start; });
+    std::vector<Span> spans;
+    const std::size_t n = ops.size() / 4;
+    for (std::size_t i = 0; i < 4; ++i) spans.push_back({ops[i * n].start, ops[i * n + n - 1].end});
+    return spans;
+  };
+  ASSERT_EQ(dgrads.size(), 4u * std::size_t(cfg.num_moe_experts));
+  ASSERT_EQ(wgrads.size(), dgrads.size());
+  ASSERT_EQ(reload.size(), 3u);
+  const std::vector<Span> dgrad = per_layer(dgrads), wgrad = per_layer(wgrads);
+  const VTime first_wgrad = wgrad[0].start;
+  for (int l = 0; l < 3; ++l) {
+    const Span& mine = dgrad[std::size_t(3 - l)];
+    // The dgrad of layer l waits for its reload (the commit backward's wait) ...
+    EXPECT_GE(mine.start, reload[l].end) << "layer " << l;
+    // ... which was prefetched once layer l+1's fc1 dgrad was done, before any delayed wgrad.
+    EXPECT_GE(reload[l].start, dgrad[std::size_t(2 - l)].end) << "layer " << l;
+    EXPECT_LT(reload[l].start, first_wgrad) << "layer " << l;
+  }
 }
 
 }  // namespace
