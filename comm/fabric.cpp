@@ -16,6 +16,7 @@ Fabric::Fabric(Node& node) : topo_(&node.topology()) {
     const std::string name = dev.name();
     nvl_tx_.push_back(e.add_link(name + " NVLink out", t.nvlink.bytes_per_s));
     nvl_rx_.push_back(e.add_link(name + " NVLink in", t.nvlink.bytes_per_s));
+    ep_kernels_.push_back(e.add_link(name + " EP kernels", 1e12));
     // Rail-optimised: GPU g of a node uses NIC g * nics / gpus (one NIC per GPU on a DGX).
     const int nic = dev.node_index() * t.nic.per_node + dev.local_index() * t.nic.per_node / t.gpus;
     nic_of_.push_back(nic);

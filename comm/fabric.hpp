@@ -41,11 +41,15 @@ class Fabric {
   int nvlink_rx(int device) const { return nvl_rx_[size_t(device)]; }
   int nic_tx(int device) const { return nic_tx_[size_t(nic_of_[size_t(device)])]; }
   int nic_rx(int device) const { return nic_rx_[size_t(nic_of_[size_t(device)])]; }
+  // A device's expert-parallel communication kernels (DeepEP's, HybridEP's) as a link that
+  // carries one unit per picosecond, so that a load on it is the picoseconds the kernels need at
+  // their SM budget: a transfer ends no sooner than the fabric or its SMs allow.
+  int ep_kernels(int device) const { return ep_kernels_[size_t(device)]; }
 
  private:
   const NodeTopology* topo_;
   std::vector<int> node_of_, local_of_, nic_of_;
-  std::vector<int> nvl_tx_, nvl_rx_, nic_tx_, nic_rx_;
+  std::vector<int> nvl_tx_, nvl_rx_, nic_tx_, nic_rx_, ep_kernels_;
 };
 
 }  // namespace nodeemu

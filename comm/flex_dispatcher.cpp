@@ -4,54 +4,15 @@
 #include <cstring>
 
 #include "comm/comm_state.hpp"
+#include "comm/detail/flex_routing.hpp"
+#include "comm/flex_kernel_speed.hpp"
 #include "devices/errors.hpp"
 #include "devices/node.hpp"
 
 namespace nodeemu {
-namespace detail {
-
-// One rank's routing for one dispatch: filled on the host after the sync, or on the rank's
-// worker (capacity mode), and read by the combine that reuses the handle.
-struct FlexRouting {
-  std::vector<std::vector<int>> to;  // [member]: this rank's tokens that go there, ascending
-  std::vector<int> from;             // [member]: tokens received from there
-  std::vector<int> offset;           // [member]: first received row from there
-  int received = 0;
-
-  void route(const std::int64_t* topk_idx, int tokens, int topk, int experts_per_rank,
-             int members) {
-    to.assign(size_t(members), {});
-    for (int t = 0; t < tokens; ++t) {
-      // Once per destination rank, however many of the token's experts live there.
-      int last = -1;
-      std::vector<int> ranks;
-      for (int k = 0; k < topk; ++k) {
-        const std::int64_t e = topk_idx[size_t(t) * size_t(topk) + size_t(k)];
-        if (e < 0) continue;  // a dropped slot
-        ranks.push_back(static_cast<int>(e / experts_per_rank));
-      }
-      std::sort(ranks.begin(), ranks.end());
-      for (int r : ranks)
-        if (r != last) to[size_t(r)].push_back(t), last = r;
-    }
-  }
-  void receive(const std::vector<std::size_t>& rows) {
-    from.assign(rows.size(), 0);
-    offset.assign(rows.size(), 0);
-    received = 0;
-    for (size_t s = 0; s < rows.size(); ++s) {
-      from[s] = static_cast<int>(rows[s]);
-      offset[s] = received;
-      received += from[s];
-    }
-  }
-};
-
-}  // namespace detail
 
 using detail::Call;
 using detail::ConstSegment;
-using detail::Consume;
 using detail::FlexRouting;
 using detail::PartyPhase;
 using detail::Segment;
@@ -60,6 +21,31 @@ namespace {
 
 const char* backend_name(FlexBackend b) {
   return b == FlexBackend::DeepEP ? "deepep" : "hybridep";
+}
+
+void widen(const RowFormat& f, const void* src, float* dst, std::size_t n) {
+  if (f.widen)
+    f.widen(src, dst, n);
+  else
+    std::memcpy(dst, src, n * 4);
+}
+
+void narrow(const RowFormat& f, const float* src, void* dst, std::size_t n) {
+  if (f.narrow)
+    f.narrow(src, dst, n);
+  else
+    std::memcpy(dst, src, n * 4);
+}
+
+Call make_call(const std::string& kind, int members, int me, int sms) {
+  Call c;
+  c.kind = kind;
+  c.parties.resize(size_t(members));
+  for (int i = 0; i < members; ++i) c.parties[size_t(i)] = i;
+  c.party = me;
+  c.sms = sms;
+  c.latency_steps = 2;  // RDMA hop + NVLink hop across nodes; counted once inside one
+  return c;
 }
 
 }  // namespace
@@ -71,8 +57,10 @@ FlexDispatcher::FlexDispatcher(Group ep, int num_experts, int hidden, int topk, 
       topk_(topk),
       local_experts_(0),
       config_(config),
-      sms_(0) {
-  const NodeTopology& t = ep_.comm().node->topology();
+      sms_(0),
+      kernel_bytes_per_s_(0) {
+  Node& node = *ep_.comm().node;
+  const NodeTopology& t = node.topology();
   const std::string file = "flex dispatcher";
   if (num_experts <= 0 || num_experts % ep_.size() != 0)
     throw ConfigError(file, "num_experts",
@@ -80,6 +68,9 @@ FlexDispatcher::FlexDispatcher(Group ep, int num_experts, int hidden, int topk, 
                           std::to_string(ep_.size()) + " ranks of group '" + ep_.name() + "'");
   if (hidden <= 0 || topk <= 0 || topk > num_experts)
     throw ConfigError(file, "topk", "need hidden > 0 and 0 < topk <= num_experts");
+  if (config.rows.elem_bytes == 0 || (config.rows.elem_bytes != 4 && !config.rows.widen) ||
+      static_cast<bool>(config.rows.widen) != static_cast<bool>(config.rows.narrow))
+    throw ConfigError(file, "rows", "a row format other than fp32 needs widen and narrow");
   local_experts_ = num_experts / ep_.size();
   sms_ = config.num_sms > 0                      ? config.num_sms
          : config.backend == FlexBackend::DeepEP ? t.comm.deepep_sms
@@ -96,29 +87,53 @@ FlexDispatcher::FlexDispatcher(Group ep, int num_experts, int hidden, int topk, 
     throw ConfigError(file, "backend",
                       "DeepEP normal mode needs an NVLink domain of at most 8 GPUs but '" + t.name +
                           "' has " + std::to_string(t.gpus) + "; use the hybridep backend");
-  if (config.chunk_tokens <= 0) throw ConfigError(file, "chunk_tokens", "must be positive");
   if (config.capacity < 0) throw ConfigError(file, "capacity", "must be >= 0 (0 = host sync)");
+  kernel_bytes_per_s_ = flex_kernel_bytes_per_s(config.backend, sms_);
+  for (int r : ep_.ranks()) machine_node_of_.push_back(node.device(r).node_index());
 }
 
-void FlexDispatcher::describe_and_cost(detail::Call& c, int me) {
-  // The last phase holds what the host knows this party sends: the real sizes after a sync,
-  // the declared budget otherwise.
-  const std::vector<std::size_t>& send = c.plan.back().send_bytes;
-  for (auto b : send) bytes_sent_ += b;
-  c.text = c.kind + "(send " + detail::sizes_text(send) + " B)";
-  c.loads = loads(send, me);
-}
-
-std::vector<detail::LinkLoad> FlexDispatcher::loads(const std::vector<std::size_t>& send_bytes,
-                                                    int me) const {
-  // Both backends cross nodes as the real ones do: RDMA to the GPU with the sender's local
-  // index on the receiver's node, then NVLink inside that node.
-  std::vector<detail::LinkLoad> out;
+void FlexDispatcher::cost(Call& c, const FlexRouting& r, std::size_t per_row, bool to_sources) {
   const Fabric& f = ep_.comm().fabric;
-  for (size_t d = 0; d < send_bytes.size(); ++d)
-    f.add_hierarchical_message(ep_.ranks()[size_t(me)], ep_.ranks()[d],
-                               static_cast<double>(send_bytes[d]), out);
-  return out;
+  const auto& ranks = ep_.ranks();
+  const int me = ranks[size_t(c.party)];
+  std::vector<detail::LinkLoad> out;
+  double kernel_bytes = 0;
+  for (size_t d = 0; d < ranks.size(); ++d) {
+    const int peer = ranks[d];
+    if (peer == me) continue;
+    // Rows this party moves to (dispatch) or back from its experts to (combine) member d.
+    const double rows = to_sources ? double(r.from[d]) : double(r.rows_to[d]);
+    const double bytes = rows * double(per_row);
+    kernel_bytes += bytes;
+    if (f.same_node(me, peer)) {
+      f.add_message(me, peer, bytes, out);
+      traffic_.nvlink_bytes += std::uint64_t(bytes);
+      continue;
+    }
+    // Across nodes the rows go through the GPU with the far end's local index on the near
+    // node (combine: reduced there) or with the sender's on the far node (dispatch).
+    const int relay = to_sources ? f.device_at(f.node_of(me), f.local_of(peer))
+                                 : f.device_at(f.node_of(peer), f.local_of(me));
+    const int a = to_sources ? me : relay, b = to_sources ? relay : peer;
+    f.add_message(a, b, bytes, out);
+    if (a != b) traffic_.nvlink_bytes += std::uint64_t(bytes);
+  }
+  // RDMA once per token and node: dispatch sends its tokens to each far node's relay; combine's
+  // relays on each far node send this rank its tokens' reduced rows.
+  for (size_t d = 0; d < ranks.size(); ++d) {
+    const int peer = ranks[d];
+    if (f.same_node(me, peer) || f.local_of(peer) != f.local_of(me)) continue;
+    // `peer` is the relay of its node for this rank's local index.
+    const double bytes = double(r.tokens_to_node[size_t(r.node_of[d])]) * double(per_row);
+    if (to_sources)
+      f.add_message(peer, me, bytes, out);
+    else
+      f.add_message(me, peer, bytes, out);
+    traffic_.rdma_bytes += std::uint64_t(bytes);
+  }
+  if (kernel_bytes > 0)
+    out.push_back({f.ep_kernels(me), kernel_bytes / kernel_bytes_per_s_ * 1e12});
+  c.loads = std::move(out);
 }
 
 FlexLayout FlexDispatcher::get_dispatch_layout(const Buffer& topk_idx, int num_tokens,
@@ -159,9 +174,57 @@ FlexLayout FlexDispatcher::get_dispatch_layout(const Buffer& topk_idx, int num_t
   return l;
 }
 
+// DeepEP's notify_dispatch: each member learns the rows it receives from every member and the
+// pairs per local expert; the CPU spins until they are in host memory (Buffer::dispatch's
+// moe_recv_counter wait), the one host sync of a dispatch.
+void FlexDispatcher::notify(const Buffer& topk_idx, int num_tokens, Stream& stream, FlexRouting& r,
+                            FlexHandle& h) {
+  Device& dev = stream.device();
+  Node& node = dev.node();
+  const int n = ep_.size(), epr = local_experts_;
+  const size_t per_peer = size_t(1 + epr) * 4;
+  FlexLayout l = get_dispatch_layout(topk_idx, num_tokens, stream);
+  Buffer sent = dev.allocate(size_t(n) * per_peer), got = dev.allocate(size_t(n) * per_peer);
+  std::function<void()> pack;
+  if (node.mode() == Mode::Functional)
+    pack = [=, pr = l.tokens_per_rank.as<const std::int32_t>(),
+            pe = l.tokens_per_expert.as<const std::int32_t>(), o = sent.as<std::int32_t>()] {
+      for (int d = 0; d < n; ++d) {
+        o[d * (1 + epr)] = pr[d];
+        std::copy(pe + d * epr, pe + (d + 1) * epr, o + d * (1 + epr) + 1);
+      }
+    };
+  stream.launch({"notify_dispatch",
+                 Work{.bytes = double(n) * double(per_peer) * 2,
+                      .shape = KernelShape::memory(MemoryOp::Elementwise)},
+                 std::move(pack),
+                 {l.tokens_per_rank, l.tokens_per_expert, sent}});
+  ep_.all_to_all(sent, got, per_peer, stream, {.async = true, .name = "notify_dispatch"});
+  Buffer host = node.allocate_host(size_t(n) * per_peer, dev.placement().emulated_numa, true,
+                                   dev.node_index());
+  stream.copy(host, got, size_t(n) * per_peer, "recv counts D2H");
+  Event counted;
+  stream.record(counted);
+  counted.synchronize();
+  if (node.mode() != Mode::Functional) return;  // meta: the caller's counts stand
+  r.route(topk_idx.as<const std::int64_t>(), num_tokens, topk_, epr);
+  std::vector<std::size_t> rows(static_cast<size_t>(n));
+  r.recv_per_expert.assign(size_t(epr), 0);
+  const auto* c = host.as<const std::int32_t>();
+  for (int s = 0; s < n; ++s) {
+    rows[size_t(s)] = size_t(c[s * (1 + epr)]);
+    for (int j = 0; j < epr; ++j) r.recv_per_expert[size_t(j)] += c[s * (1 + epr) + 1 + j];
+  }
+  r.receive(rows);
+  h.num_recv = r.received;
+  h.recv_per_expert = r.recv_per_expert;
+}
+
 FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
                                         const Buffer& topk_weight, int num_tokens, Stream& stream,
-                                        const CollOptions& o) {
+                                        const CollOptions& o,
+                                        const std::vector<std::int64_t>& meta_counts,
+                                        const std::vector<std::int64_t>& meta_tokens) {
   Device& dev = stream.device();
   Node& node = dev.node();
   const int n = ep_.size();
@@ -169,33 +232,28 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
   if (me < 0)
     throw UsageError("flex dispatch: " + dev.name() + " is not in group '" + ep_.name() + "'");
   const bool functional = node.mode() == Mode::Functional;
-  const std::size_t row = size_t(hidden_) * 4 + size_t(topk_) * 12;  // x, idx, weight
-  if (!functional && config_.capacity == 0)
+  const std::size_t xrow = row_bytes(), row = xrow + size_t(topk_) * 12;  // x, idx, weight
+  if (!functional && config_.capacity == 0 && meta_counts.empty())
     throw UsageError(
-        "flex dispatch: meta mode has no routing to wait for; set FlexConfig::capacity");
+        "flex dispatch: meta mode has no routing; pass every member's tokens per expert");
   if (o.previous) stream.wait(*o.previous);
 
   auto routing = std::make_shared<FlexRouting>();
+  routing->set_nodes(machine_node_of_);
   FlexDispatched out;
   out.handle.num_tokens = num_tokens;
   out.handle.routing = routing;
-  Call c;
-  c.kind = std::string("flex_dispatch(") + backend_name(config_.backend) + ")";
-  c.parties.resize(size_t(n));
-  for (int i = 0; i < n; ++i) c.parties[size_t(i)] = i;
-  c.party = me;
-  c.sms = sms_;
-  c.latency_steps = 2;  // RDMA hop + NVLink hop across nodes; counted once inside one
+  Call c =
+      make_call(std::string("flex_dispatch(") + backend_name(config_.backend) + ")", n, me, sms_);
   const int epr = local_experts_;
-  const int topk = topk_, hidden = hidden_;
+  const int topk = topk_;
 
   // Where token t's three pieces start on the sender, and the receiver's three regions.
   auto send_segments = [=](const FlexRouting& r, int d, std::vector<ConstSegment>& segs) {
     const auto* xb = static_cast<const std::byte*>(x.data());
     const auto* ib = static_cast<const std::byte*>(topk_idx.data());
     const auto* wb = static_cast<const std::byte*>(topk_weight.data());
-    for (int t : r.to[size_t(d)])
-      segs.push_back({xb + size_t(t) * size_t(hidden) * 4, size_t(hidden) * 4});
+    for (int t : r.to[size_t(d)]) segs.push_back({xb + size_t(t) * xrow, xrow});
     for (int t : r.to[size_t(d)])
       segs.push_back({ib + size_t(t) * size_t(topk) * 8, size_t(topk) * 8});
     for (int t : r.to[size_t(d)])
@@ -203,31 +261,19 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
   };
   int rows_cap = config_.capacity;
   if (config_.capacity == 0) {
-    // DeepEP's notify step: the counts go round and the CPU spins until it has them.
-    FlexLayout l = get_dispatch_layout(topk_idx, num_tokens, stream);
-    Buffer got = dev.allocate(size_t(n) * 4);
-    ep_.all_to_all(l.tokens_per_rank, got, 4, stream, {.async = true, .name = "notify_dispatch"});
-    Buffer host =
-        node.allocate_host(size_t(n) * 4, dev.placement().emulated_numa, true, dev.node_index());
-    stream.copy(host, got, size_t(n) * 4, "recv counts D2H");
-    Event counted;
-    stream.record(counted);
-    counted.synchronize();
-    routing->route(topk_idx.as<const std::int64_t>(), num_tokens, topk, epr, n);
-    std::vector<std::size_t> rows(static_cast<size_t>(n));
-    for (int s = 0; s < n; ++s) rows[size_t(s)] = size_t(host.as<std::int32_t>()[s]);
-    routing->receive(rows);
-    rows_cap = routing->received;
+    if (!functional) routing->estimate(meta_counts, meta_tokens, me, epr);
+    notify(topk_idx, num_tokens, stream, *routing, out.handle);
     out.handle.num_recv = routing->received;
+    out.handle.recv_per_expert = routing->recv_per_expert;
+    rows_cap = routing->received;
   }
-  out.x = dev.allocate(std::max<size_t>(1, size_t(rows_cap) * size_t(hidden) * 4));
+  out.x = dev.allocate(std::max<size_t>(1, size_t(rows_cap) * xrow));
   out.topk_idx = dev.allocate(std::max<size_t>(1, size_t(rows_cap) * size_t(topk) * 8));
   out.topk_weight = dev.allocate(std::max<size_t>(1, size_t(rows_cap) * size_t(topk) * 4));
   auto recv_segments = [=, rx = out.x, ri = out.topk_idx, rw = out.topk_weight](
                            const FlexRouting& r, int s, std::vector<Segment>& segs) {
     const size_t at = size_t(r.offset[size_t(s)]), cnt = size_t(r.from[size_t(s)]);
-    segs.push_back(
-        {static_cast<std::byte*>(rx.data()) + at * size_t(hidden) * 4, cnt * size_t(hidden) * 4});
+    segs.push_back({static_cast<std::byte*>(rx.data()) + at * xrow, cnt * xrow});
     segs.push_back(
         {static_cast<std::byte*>(ri.data()) + at * size_t(topk) * 8, cnt * size_t(topk) * 8});
     segs.push_back(
@@ -236,23 +282,30 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
 
   PartyPhase p(static_cast<size_t>(n));
   if (config_.capacity == 0) {
-    for (int d = 0; d < n; ++d) p.send_bytes[size_t(d)] = routing->to[size_t(d)].size() * row;
+    for (int d = 0; d < n; ++d) p.send_bytes[size_t(d)] = routing->rows_to[size_t(d)] * row;
     for (int s = 0; s < n; ++s) p.recv_bytes[size_t(s)] = size_t(routing->from[size_t(s)]) * row;
-    for (int d = 0; d < n; ++d) send_segments(*routing, d, p.send[size_t(d)]);
-    for (int s = 0; s < n; ++s)
-      if (routing->from[size_t(s)]) recv_segments(*routing, s, p.recv[size_t(s)]);
+    if (functional) {
+      for (int d = 0; d < n; ++d) send_segments(*routing, d, p.send[size_t(d)]);
+      for (int s = 0; s < n; ++s)
+        if (routing->from[size_t(s)]) recv_segments(*routing, s, p.recv[size_t(s)]);
+    }
     c.plan.push_back(std::move(p));
+    cost(c, *routing, row, false);
   } else {
     // The budget, spread evenly: what the host declares and the timing plane charges.
     for (int d = 0; d < n; ++d)
       p.send_bytes[size_t(d)] = p.recv_bytes[size_t(d)] = size_t(rows_cap / n) * row;
     c.plan = {PartyPhase(static_cast<size_t>(n)), p};
+    FlexRouting budget = *routing;
+    budget.rows_to.assign(size_t(n), size_t(rows_cap / n));
+    budget.tokens_to_node.assign(size_t(budget.nodes()), size_t(rows_cap / n));
+    cost(c, budget, row, false);
     if (functional) {
       c.planner = [=, idx = topk_idx.as<const std::int64_t>()] {
-        routing->route(idx, num_tokens, topk, epr, n);
+        routing->route(idx, num_tokens, topk, epr);
         PartyPhase q(static_cast<size_t>(n));
         for (int d = 0; d < n; ++d) {
-          q.send_bytes[size_t(d)] = routing->to[size_t(d)].size() * row;
+          q.send_bytes[size_t(d)] = routing->rows_to[size_t(d)] * row;
           send_segments(*routing, d, q.send[size_t(d)]);
         }
         return q;
@@ -274,7 +327,7 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
       };
     }
   }
-  describe_and_cost(c, me);
+  c.text = c.kind + "(send " + detail::sizes_text(c.plan.back().send_bytes) + " B)";
   c.uses = {x, topk_idx, topk_weight, out.x, out.topk_idx, out.topk_weight};
   CollOptions oo = o;
   oo.previous.reset();
@@ -309,77 +362,89 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
 }
 
 std::optional<Event> FlexDispatcher::move_rows(const Buffer& src, const Buffer& dst,
+                                               const Buffer& wsrc, const Buffer& wdst,
                                                const FlexHandle& h, bool forward, Stream& stream,
                                                const CollOptions& o, const char* what) {
   Device& dev = stream.device();
   const int n = ep_.size();
   const int me = ep_.index_of(dev.id());
   const bool functional = dev.node().mode() == Mode::Functional;
-  const std::size_t row = size_t(hidden_) * 4;
+  const std::size_t xrow = row_bytes(), wrow = wsrc ? size_t(topk_) * 4 : 0;
+  // The lambdas below may run later, on the worker (capacity mode), and are destroyed off the
+  // host threads: they hold raw pointers, and the call's uses hold the buffers.
+  // (Meta mode has no data: null pointers, and the lambdas never run.)
+  const auto* sb = functional ? static_cast<const std::byte*>(src.data()) : nullptr;
+  auto* db = functional ? static_cast<std::byte*>(dst.data()) : nullptr;
+  const auto* wsb = functional && wsrc ? static_cast<const std::byte*>(wsrc.data()) : nullptr;
+  auto* wdb = functional && wdst ? static_cast<std::byte*>(wdst.data()) : nullptr;
+  const std::size_t row = xrow + wrow;
   auto routing = h.routing;
-  const int hidden = hidden_;
-  // forward (combine): received rows go back to their source and are summed there, in member
-  // order, into zeroed token rows. backward of combine: token rows go out again along `to`.
+  const bool known = h.num_recv >= 0;  // the host knows the routing (it synchronised)
+  Call c = make_call(std::string(what) + "(" + backend_name(config_.backend) + ")", n, me, sms_);
+  // Combine (forward): the received rows go back to their sources, which stage them, member by
+  // member, in `to` order, and reduce them afterwards. Backward of combine: token rows go out
+  // again along `to` into the received order.
   auto sender = [=](PartyPhase& q) {
-    const auto* sb = static_cast<const std::byte*>(src.data());
     for (int d = 0; d < n; ++d) {
       if (forward) {
-        const size_t cnt = size_t(routing->from[size_t(d)]);
+        const size_t cnt = size_t(routing->from[size_t(d)]),
+                     at = size_t(routing->offset[size_t(d)]);
         q.send_bytes[size_t(d)] = cnt * row;
-        if (cnt) q.send[size_t(d)] = {{sb + size_t(routing->offset[size_t(d)]) * row, cnt * row}};
+        if (!cnt) continue;
+        q.send[size_t(d)].push_back({sb + at * xrow, cnt * xrow});
+        if (wsb) q.send[size_t(d)].push_back({wsb + at * wrow, cnt * wrow});
       } else {
-        q.send_bytes[size_t(d)] = routing->to[size_t(d)].size() * row;
+        q.send_bytes[size_t(d)] = routing->rows_to[size_t(d)] * row;
         for (int t : routing->to[size_t(d)])
-          q.send[size_t(d)].push_back({sb + size_t(t) * row, row});
+          q.send[size_t(d)].push_back({sb + size_t(t) * xrow, xrow});
       }
     }
   };
   auto receiver = [=](PartyPhase& q) {
-    auto* db = static_cast<std::byte*>(dst.data());
-    if (forward) q.ordered = true;
+    size_t staged = 0;
     for (int s = 0; s < n; ++s) {
       if (forward) {
-        q.recv_bytes[size_t(s)] = routing->to[size_t(s)].size() * row;
-        q.consume[size_t(s)] = Consume::AddF32;
-        for (int t : routing->to[size_t(s)])
-          q.recv[size_t(s)].push_back({db + size_t(t) * row, row});
+        const size_t cnt = routing->rows_to[size_t(s)];
+        q.recv_bytes[size_t(s)] = cnt * row;
+        if (cnt) {
+          q.recv[size_t(s)].push_back({db + staged * xrow, cnt * xrow});
+          if (wdb) q.recv[size_t(s)].push_back({wdb + staged * wrow, cnt * wrow});
+        }
+        staged += cnt;
       } else {
         const size_t cnt = size_t(routing->from[size_t(s)]);
         q.recv_bytes[size_t(s)] = cnt * row;
-        if (cnt) q.recv[size_t(s)] = {{db + size_t(routing->offset[size_t(s)]) * row, cnt * row}};
+        if (cnt) q.recv[size_t(s)] = {{db + size_t(routing->offset[size_t(s)]) * xrow, cnt * xrow}};
       }
     }
   };
-  Call c;
-  c.kind = std::string(what) + "(" + backend_name(config_.backend) + ")";
-  c.parties.resize(size_t(n));
-  for (int i = 0; i < n; ++i) c.parties[size_t(i)] = i;
-  c.party = me;
-  c.sms = sms_;
-  c.latency_steps = 2;
-  if (forward && functional) {
-    // Combine sums into zeroed rows; the zeroing is part of the combine kernel.
-    auto* db = dst.as<float>();
-    const size_t count = size_t(h.num_tokens) * size_t(hidden);
-    stream.launch(
-        {std::string(what) + " zero",
-         Work{.bytes = double(count) * 4, .shape = KernelShape::memory(MemoryOp::Elementwise)},
-         [db, count] { std::fill(db, db + count, 0.0f); },
-         {dst}});
-  }
-  const bool known = h.num_recv >= 0;  // the host knows the routing (it synchronised)
   if (known) {
-    // Known only after a sync, which needs functional mode (meta mode requires a capacity).
     PartyPhase q(static_cast<size_t>(n));
-    sender(q);
-    receiver(q);
+    if (functional) {
+      sender(q);
+      receiver(q);
+    } else {
+      for (int d = 0; d < n; ++d) {
+        q.send_bytes[size_t(d)] =
+            (forward ? size_t(routing->from[size_t(d)]) : routing->rows_to[size_t(d)]) * row;
+        q.recv_bytes[size_t(d)] =
+            (forward ? routing->rows_to[size_t(d)] : size_t(routing->from[size_t(d)])) * row;
+      }
+    }
     c.plan.push_back(std::move(q));
+    cost(c, *routing, row, forward);
   } else {
     PartyPhase declared(static_cast<size_t>(n));
     for (int d = 0; d < n; ++d)
       declared.send_bytes[size_t(d)] = declared.recv_bytes[size_t(d)] =
           size_t(config_.capacity / n) * row;
     c.plan = {PartyPhase(static_cast<size_t>(n)), declared};
+    FlexRouting budget;
+    budget.set_nodes(machine_node_of_);
+    budget.rows_to.assign(size_t(n), size_t(config_.capacity / n));
+    budget.from.assign(size_t(n), config_.capacity / n);
+    budget.tokens_to_node.assign(size_t(budget.nodes()), size_t(config_.capacity / n));
+    cost(c, budget, row, forward);
     if (functional) {
       c.planner = [=] {
         PartyPhase q(static_cast<size_t>(n));
@@ -393,19 +458,74 @@ std::optional<Event> FlexDispatcher::move_rows(const Buffer& src, const Buffer& 
       };
     }
   }
-  describe_and_cost(c, me);
+  c.text = c.kind + "(send " + detail::sizes_text(c.plan.back().send_bytes) + " B)";
   c.uses = {src, dst};
+  if (wsrc) c.uses.push_back(wsrc);
+  if (wdst) c.uses.push_back(wdst);
   CollOptions oo = o;
   if (oo.name.empty()) oo.name = std::string(backend_name(config_.backend)) + " " + what;
   return ep_.comm().issue(ep_.state(), std::move(c), stream, oo);
 }
 
-Buffer FlexDispatcher::combine(const Buffer& y, const FlexHandle& handle, Stream& stream,
-                               const CollOptions& o, std::optional<Event>* done) {
-  Buffer out = stream.device().allocate(
-      std::max<size_t>(1, size_t(handle.num_tokens) * size_t(hidden_) * 4));
-  auto ev = move_rows(y, out, handle, true, stream, o, "combine");
-  if (done) *done = ev;
+FlexCombined FlexDispatcher::combine(const Buffer& y, const FlexHandle& handle, Stream& stream,
+                                     const CollOptions& o, const Buffer* topk_weight) {
+  Device& dev = stream.device();
+  const FlexRouting& r = *handle.routing;
+  // Without a host sync (capacity mode) the rows are known only on the device: stage for the
+  // most a token can send back, once per member holding one of its experts.
+  size_t staged_rows = size_t(handle.num_tokens) * size_t(std::min(ep_.size(), topk_));
+  if (handle.num_recv >= 0) {
+    staged_rows = 0;
+    for (auto v : r.rows_to) staged_rows += v;
+  }
+  const size_t xrow = row_bytes(), wrow = size_t(topk_) * 4, tokens = size_t(handle.num_tokens);
+  // The rows arrive into a staging area (DeepEP's receive buffer), then each token's rows are
+  // summed in member order, in fp32, and stored once in the row format.
+  Buffer sx = dev.allocate(std::max<size_t>(1, staged_rows * xrow));
+  Buffer sw = topk_weight ? dev.allocate(std::max<size_t>(1, staged_rows * wrow)) : Buffer();
+  FlexCombined out;
+  out.x = dev.allocate(std::max<size_t>(1, tokens * xrow));
+  if (topk_weight) out.topk_weight = dev.allocate(std::max<size_t>(1, tokens * wrow));
+  CollOptions oo = o;
+  oo.async = true;
+  move_rows(y, sx, topk_weight ? *topk_weight : Buffer(), sw, handle, true, stream, oo, "combine");
+  std::function<void()> reduce;
+  if (dev.node().mode() == Mode::Functional) {
+    // Raw pointers: the buffers stay alive through the kernel's uses.
+    reduce = [=, fmt = config_.rows, routing = handle.routing, hidden = size_t(hidden_),
+              topk = size_t(topk_), sxb = static_cast<const std::byte*>(sx.data()),
+              swf = topk_weight ? sw.as<const float>() : nullptr, ox = out.x.data(),
+              ow = topk_weight ? out.topk_weight.data() : nullptr] {
+      std::vector<float> acc(tokens * hidden, 0.0f), row(hidden);
+      std::vector<float> wacc(swf ? tokens * topk : 0, 0.0f);
+      size_t i = 0;
+      for (const auto& list : routing->to)
+        for (int t : list) {
+          widen(fmt, sxb + i * hidden * fmt.elem_bytes, row.data(), hidden);
+          float* a = acc.data() + size_t(t) * hidden;
+          for (size_t j = 0; j < hidden; ++j) a[j] += row[j];
+          if (swf)
+            for (size_t k = 0; k < topk; ++k) wacc[size_t(t) * topk + k] += swf[i * topk + k];
+          ++i;
+        }
+      narrow(fmt, acc.data(), ox, tokens * hidden);
+      if (swf) std::memcpy(ow, wacc.data(), wacc.size() * 4);
+    };
+  }
+  std::vector<Buffer> uses = {sx, out.x};
+  if (topk_weight) uses.insert(uses.end(), {sw, out.topk_weight});
+  stream.launch({"combine_reduce",
+                 Work{.flops = double(staged_rows * size_t(hidden_)),
+                      .bytes = double(staged_rows * (xrow + (topk_weight ? wrow : 0)) +
+                                      tokens * (xrow + (topk_weight ? wrow : 0))),
+                      .shape = KernelShape::memory(MemoryOp::Scatter)},
+                 std::move(reduce), std::move(uses)});
+  Event done;
+  stream.record(done);
+  if (o.async)
+    out.done = done;
+  else
+    done.synchronize();
   return out;
 }
 
@@ -413,8 +533,9 @@ Buffer FlexDispatcher::combine_backward(const Buffer& grad_out, const FlexHandle
                                         Stream& stream, const CollOptions& o,
                                         std::optional<Event>* done) {
   const int rows = handle.num_recv >= 0 ? handle.num_recv : config_.capacity;
-  Buffer g = stream.device().allocate(std::max<size_t>(1, size_t(rows) * size_t(hidden_) * 4));
-  auto ev = move_rows(grad_out, g, handle, false, stream, o, "combine_backward");
+  Buffer g = stream.device().allocate(std::max<size_t>(1, size_t(rows) * row_bytes()));
+  auto ev =
+      move_rows(grad_out, g, Buffer(), Buffer(), handle, false, stream, o, "combine_backward");
   if (done) *done = ev;
   return g;
 }

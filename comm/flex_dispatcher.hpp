@@ -7,14 +7,26 @@
 //    expert indices, by a kernel on the device.
 //  - dispatch: every token goes once to each rank that holds any of its top-k experts (not once
 //    per expert), with its top-k indices (made local: -1 for experts elsewhere) and fp32
-//    weights. Received rows are ordered by (source member, token).
-//  - combine: reuses dispatch's handle and sums, unweighted and in member order, at the source.
+//    weights. Rows travel in the caller's element type (DeepEP takes bf16 rows). Received rows
+//    are ordered by (source member, token). Across nodes a token crosses RDMA once per
+//    destination node, to the GPU with the sender's local index there, which forwards it over
+//    NVLink (internode.cu: num_tokens_per_rdma_rank).
+//  - combine: reuses dispatch's handle; each source sums its token's rows in member order in
+//    fp32 and stores the sum in the element type (optionally the fp32 top-k weights as well,
+//    as DeepEP's combine reduces topk_weights).
 //  - The backward of dispatch is a combine and the backward of combine is a dispatch, on the
 //    same handle.
 //
-// Without a capacity the host waits for the received counts (DeepEP's CPU spin on them); with
-// `capacity` (HybridEP's static budget, DeepEP's worst-case count) nothing waits on the host:
-// each rank's routing is worked out on its device, and the timing plane charges the budget.
+// The host synchronizes once per dispatch: after notify_dispatch has exchanged the counts, when
+// DeepEP's CPU spins on moe_recv_counter and moe_recv_expert_counter; it then knows the rows it
+// receives and the pairs per local expert (num_recv_tokens_per_expert_list), so nothing after it
+// blocks. With `capacity` (HybridEP's static budget) nothing waits on the host: each rank's
+// routing is worked out on its device, and the timing plane charges the budget. In meta mode the
+// caller passes every member's tokens per expert instead of indices.
+//
+// The kernels' speed depends on their SMs (flex_kernel_speed.hpp): a load on the device's
+// EP-kernel link makes a call last at least its bytes over that speed, while its SMs are taken
+// from compute.
 #pragma once
 
 #include <cstddef>
@@ -29,13 +41,20 @@ namespace nodeemu {
 
 enum class FlexBackend { DeepEP, HybridEP };
 
+// How a row's hidden values are stored: DeepEP moves bf16 rows and HybridEP 16-bit ones, and
+// combine accumulates in fp32 (intranode.cu's combine keeps float accumulators). The caller owns
+// the element types, so it says how to widen and narrow them; null means fp32.
+struct RowFormat {
+  std::size_t elem_bytes = 4;
+  void (*widen)(const void* src, float* dst, std::size_t n) = nullptr;
+  void (*narrow)(const float* src, void* dst, std::size_t n) = nullptr;
+};
+
 struct FlexConfig {
   FlexBackend backend = FlexBackend::DeepEP;
   int num_sms = 0;   // 0 = the topology's comm_kernels.deepep_sms / hybridep_sms
   int capacity = 0;  // tokens one rank may receive; > 0: no host sync
-  // HybridEP moves tokens in chunks of this many (each chunk's latency pipelines behind the
-  // previous one's transfer).
-  int chunk_tokens = 64;
+  RowFormat rows;
 };
 
 namespace detail {
@@ -47,7 +66,9 @@ struct Call;
 // What combine (and both backwards) reuse from a dispatch.
 struct FlexHandle {
   int num_tokens = 0;
-  int num_recv = -1;  // tokens received; -1 until known on the host (capacity mode)
+  int num_recv = -1;  // rows received; -1 until known on the host (capacity mode)
+  // Pairs received per local expert, host-known with num_recv (num_recv_tokens_per_expert_list).
+  std::vector<std::int64_t> recv_per_expert;
   std::shared_ptr<detail::FlexRouting> routing;
 };
 
@@ -58,11 +79,24 @@ struct FlexLayout {
 };
 
 struct FlexDispatched {
-  Buffer x;            // float[rows][hidden]
+  Buffer x;            // [rows][hidden], the row format
   Buffer topk_idx;     // int64[rows][topk], local expert ids or -1
   Buffer topk_weight;  // float[rows][topk]
   FlexHandle handle;
   std::optional<Event> done;
+};
+
+struct FlexCombined {
+  Buffer x;            // [num_tokens][hidden], the row format
+  Buffer topk_weight;  // float[num_tokens][topk], when weights were combined
+  std::optional<Event> done;
+};
+
+// What this rank has put on the fabric through one dispatcher: the bytes each link kind carries
+// (in capacity mode, the budget the timing plane charged).
+struct FlexTraffic {
+  std::uint64_t nvlink_bytes = 0;  // to members on this node, and forwarders' fan-out
+  std::uint64_t rdma_bytes = 0;    // to other nodes, once per destination node
 };
 
 class FlexDispatcher {
@@ -73,40 +107,53 @@ class FlexDispatcher {
 
   const FlexConfig& config() const { return config_; }
   int num_sms() const { return sms_; }
+  std::size_t row_bytes() const { return std::size_t(hidden_) * config_.rows.elem_bytes; }
 
   FlexLayout get_dispatch_layout(const Buffer& topk_idx, int num_tokens, Stream& stream,
                                  const CollOptions& o = {});
-  // x: float[num_tokens][hidden]; topk_idx: int64[num_tokens][topk]; weight: float[..][topk].
+  // x: [num_tokens][hidden] in the row format; topk_idx: int64[num_tokens][topk]; weight:
+  // float[..][topk]. In meta mode, `meta_counts` holds every member's tokens per expert
+  // (member-major) and `meta_tokens` every member's tokens.
   FlexDispatched dispatch(const Buffer& x, const Buffer& topk_idx, const Buffer& topk_weight,
-                          int num_tokens, Stream& stream, const CollOptions& o = {});
-  // y: float[handle rows][hidden] in the received order; returns float[num_tokens][hidden].
-  Buffer combine(const Buffer& y, const FlexHandle& handle, Stream& stream,
-                 const CollOptions& o = {}, std::optional<Event>* done = nullptr);
-  // Backward of dispatch: the gradient of the received rows, summed back at the source.
-  Buffer dispatch_backward(const Buffer& grad_recv, const FlexHandle& handle, Stream& stream,
-                           const CollOptions& o = {}) {
-    return combine(grad_recv, handle, stream, o);
+                          int num_tokens, Stream& stream, const CollOptions& o = {},
+                          const std::vector<std::int64_t>& meta_counts = {},
+                          const std::vector<std::int64_t>& meta_tokens = {});
+  // y: [handle rows][hidden] in the received order; with `topk_weight` (float[rows][topk]) the
+  // weights are combined too.
+  FlexCombined combine(const Buffer& y, const FlexHandle& handle, Stream& stream,
+                       const CollOptions& o = {}, const Buffer* topk_weight = nullptr);
+  // Backward of dispatch: the gradient of the received rows (and of their weights), summed back
+  // at the source.
+  FlexCombined dispatch_backward(const Buffer& grad_recv, const FlexHandle& handle, Stream& stream,
+                                 const CollOptions& o = {}, const Buffer* grad_weight = nullptr) {
+    return combine(grad_recv, handle, stream, o, grad_weight);
   }
   // Backward of combine: the gradient of the combined tokens, sent again along the handle.
   Buffer combine_backward(const Buffer& grad_out, const FlexHandle& handle, Stream& stream,
                           const CollOptions& o = {}, std::optional<Event>* done = nullptr);
 
-  // Bytes this rank has put on the fabric through this dispatcher (tokens and their metadata);
-  // in capacity mode, the budget the timing plane charged.
-  std::uint64_t bytes_sent() const { return bytes_sent_; }
+  // What this rank has put on the fabric through this dispatcher (tokens and their metadata).
+  const FlexTraffic& traffic() const { return traffic_; }
+  std::uint64_t bytes_sent() const { return traffic_.nvlink_bytes + traffic_.rdma_bytes; }
 
  private:
-  std::optional<Event> move_rows(const Buffer& src, const Buffer& dst, const FlexHandle& h,
-                                 bool forward, Stream& stream, const CollOptions& o,
-                                 const char* what);
-  std::vector<detail::LinkLoad> loads(const std::vector<std::size_t>& send_bytes, int me) const;
-  void describe_and_cost(detail::Call& c, int me);
+  // wsrc/wdst: the top-k weights beside the rows (combine), or empty.
+  std::optional<Event> move_rows(const Buffer& src, const Buffer& dst, const Buffer& wsrc,
+                                 const Buffer& wdst, const FlexHandle& h, bool forward,
+                                 Stream& stream, const CollOptions& o, const char* what);
+  // The calls' link loads, from the rows this rank sends to each member (`per_row` bytes each)
+  // and the distinct tokens it sends to each node; adds them to traffic_.
+  void cost(detail::Call& c, const detail::FlexRouting& r, std::size_t per_row, bool to_sources);
+  void notify(const Buffer& topk_idx, int num_tokens, Stream& stream, detail::FlexRouting& r,
+              FlexHandle& h);
 
   Group ep_;
   int num_experts_, hidden_, topk_, local_experts_;
   FlexConfig config_;
   int sms_;
-  std::uint64_t bytes_sent_ = 0;
+  double kernel_bytes_per_s_;
+  std::vector<int> machine_node_of_;  // [member]
+  FlexTraffic traffic_;
 };
 
 }  // namespace nodeemu

@@ -135,6 +135,11 @@ layers::ModelConfig model_config(const Recipe& r, const GpuSpec& gpu) {
   c.moe_flex_dispatcher_backend = r.text("model.moe_flex_dispatcher_backend") == "hybridep"
                                       ? FlexBackend::HybridEP
                                       : FlexBackend::DeepEP;
+  // Megatron's TransformerConfig.__post_init__ copies a deprecated knob into the new one
+  // (validate refuses the two deprecated ones disagreeing).
+  c.moe_flex_dispatcher_num_sms =
+      opt_int("model.moe_flex_dispatcher_num_sms",
+              opt_int("model.moe_deepep_num_sms", opt_int("model.moe_hybridep_num_sms", 0)));
   RouterConfig& rc = c.router;
   rc.num_experts = c.num_moe_experts;
   rc.topk = r.int32("model.moe_router_topk");

@@ -345,10 +345,14 @@ class Rules {
 
   void dispatcher() {
     const std::string& d = r_.text("model.moe_token_dispatcher_type");
+    const char* sms_keys[] = {"model.moe_flex_dispatcher_num_sms", "model.moe_deepep_num_sms",
+                              "model.moe_hybridep_num_sms"};
     if (d != "flex") {
       if (r_.value("model.moe_flex_dispatcher_backend").origin != "default")
         warning("model.moe_flex_dispatcher_backend",
                 "does nothing unless moe_token_dispatcher_type is flex");
+      for (const char* k : sms_keys)
+        if (set(k)) error(k, "sets the flex dispatcher's SMs; set moe_token_dispatcher_type=flex");
       return;
     }
     const std::string backend = r_.text("model.moe_flex_dispatcher_backend");
@@ -356,9 +360,41 @@ class Rules {
     if (!why.empty())
       error("model.moe_flex_dispatcher_backend",
             why + "; use moe_token_dispatcher_type=alltoall or another topology");
+    // TransformerConfig.__post_init__ (r0.19): the per-backend knobs are deprecated, copied into
+    // moe_flex_dispatcher_num_sms, and must not disagree.
+    for (const char* k : {sms_keys[1], sms_keys[2]})
+      if (set(k)) warning(k, "is deprecated in Megatron-Core; set moe_flex_dispatcher_num_sms");
+    if (set(sms_keys[1]) && set(sms_keys[2]) && i(sms_keys[1]) != i(sms_keys[2]))
+      error(sms_keys[2], "disagrees with moe_deepep_num_sms; set moe_flex_dispatcher_num_sms only");
+    for (const char* k : sms_keys) {
+      if (!set(k)) continue;
+      if (i(k) < 1 || i(k) > gpu_.sms)
+        error(k,
+              "is " + std::to_string(i(k)) + "; the GPU has " + std::to_string(gpu_.sms) + " SMs");
+      else if (backend == "deepep" && i(k) % 2)
+        error(k,
+              "is odd; DeepEP forms num_sms/2 channels (Buffer.set_num_sms), use an even "
+              "number such as 20");
+    }
+    if (backend == "deepep") {
+      // fused_a2a.py's DeepEP path cannot pad to capacity (token_dispatcher.py raises, r0.16+).
+      if (b("model.moe_pad_expert_input_to_capacity"))
+        error("model.moe_pad_expert_input_to_capacity",
+              "the DeepEP backend does not pad to capacity; drop it or use the hybridep backend");
+      // DeepEP's Buffer.get_dispatch_config / get_combine_config tables (deep_ep/buffer.py).
+      const int ep = i("model.expert_model_parallel_size");
+      const int sizes[] = {2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160};
+      if (ep > 1 && std::find(std::begin(sizes), std::end(sizes), ep) == std::end(sizes))
+        error(
+            "model.expert_model_parallel_size",
+            "is " + std::to_string(ep) +
+                "; DeepEP has configs for 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144 or 160 ranks");
+    }
     if (b("model.moe_shared_expert_overlap"))
-      warning("model.moe_shared_expert_overlap",
-              "the flex dispatcher forces it off (Megatron-Bridge apply_flex_dispatcher_backend)");
+      warning(
+          "model.moe_shared_expert_overlap",
+          "Megatron-Bridge's apply_flex_dispatcher_backend turns it off with flex (Megatron-Core "
+          "itself allows it from r0.18); NodeEmu follows Bridge");
   }
 
   void offload() {
@@ -491,11 +527,15 @@ class Rules {
     const int major = gpu.cc_major;
     const std::string cc = std::to_string(gpu.cc_major) + "." + std::to_string(gpu.cc_minor);
     if (backend == "deepep") {
+      // Bridge matches the CUDA device name's prefix (startswith since f565adb8), so a GB200
+      // does not pass as a B200. CUDA names the part "NVIDIA <model>": a topology's "B200-SXM-..."
+      // is "NVIDIA B200".
+      const std::string cuda = "NVIDIA " + gpu.name.substr(0, gpu.name.find('-'));
       const bool blackwell_name =
-          gpu.name.find("B200") != std::string::npos || gpu.name.find("B300") != std::string::npos;
+          cuda.rfind("NVIDIA B200", 0) == 0 || cuda.rfind("NVIDIA B300", 0) == 0;
       if (major != 8 && major != 9 && !blackwell_name)
-        return "DeepEP needs compute capability 8.x or 9.x (or a B200/B300), and " + gpu.name +
-               " is " + cc;
+        return "DeepEP needs compute capability 8.x or 9.x (or an NVIDIA B200/B300), and " +
+               gpu.name + " is " + cc;
     } else if (major != 8 && major != 9 && major != 10) {
       return "HybridEP needs compute capability 8.x, 9.x or 10.x, and " + gpu.name + " is " + cc;
     }

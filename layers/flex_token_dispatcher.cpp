@@ -1,10 +1,15 @@
-// The flex dispatcher (MoEFlexTokenDispatcher) on comm/'s DeepEP-like or HybridEP-like backend:
-// each token goes once to every rank that holds one of its experts, the receiver groups the
-// rows by local expert itself, and combine sums at the source. Rows travel in fp32 (a bf16
-// model's rows are widened first, exactly, so the experts see the same values). The backward of
-// dispatch carries the probabilities' gradients in `topk` extra columns of each row: the rank
-// that owns a choice is the only one with a non-zero entry there, so the sum at the source
-// delivers each exactly.
+// The flex dispatcher (MoEFlexTokenDispatcher, megatron/core/transformer/moe/token_dispatcher.py)
+// on comm/'s DeepEP-like or HybridEP-like backend: each token goes once to every rank that holds
+// one of its experts, the receiver groups the rows by local expert itself, and combine sums at
+// the source. Rows travel in the model's dtype, as DeepEP's bf16 rows do; the probabilities
+// travel in fp32 (fused_a2a.py converts them), and combine sums in fp32 and stores the dtype.
+// The backward of dispatch is a combine that carries the probabilities' gradients beside the
+// rows (DeepEP's combine reduces topk_weights): the rank that owns a choice is the only one with
+// a non-zero entry there, so the fp32 sum at the source delivers each exactly.
+//
+// The host waits once per dispatch, for the counts notify_dispatch exchanges (the CPU spin in
+// DeepEP's Buffer::dispatch); it then knows the rows per local expert, and nothing after it
+// blocks. In meta mode every EP rank's tokens per expert come from the meta routing.
 #include <optional>
 
 #include "comm/flex_dispatcher.hpp"
@@ -16,52 +21,67 @@ namespace nodeemu::layers::detail {
 
 namespace {
 
+RowFormat row_format(DType t) {
+  switch (t) {
+    case DType::BF16:
+      return {2, [](const void* s, float* d, std::size_t n) { to_f32(DType::BF16, s, d, n); },
+              [](const float* s, void* d, std::size_t n) { from_f32(DType::BF16, s, d, n); }};
+    case DType::F16:
+      return {2, [](const void* s, float* d, std::size_t n) { to_f32(DType::F16, s, d, n); },
+              [](const float* s, void* d, std::size_t n) { from_f32(DType::F16, s, d, n); }};
+    default:
+      return {};
+  }
+}
+
 class FlexTokenDispatcher final : public TokenDispatcher {
  public:
   FlexTokenDispatcher(const ModelConfig& cfg, Group ep, Mode mode, int rank)
       : TokenDispatcher(cfg, ep, rank),
         cfg_(cfg),
-        rows_(ep, cfg.num_moe_experts, cfg.hidden_size, cfg.router.topk,
-              {.backend = cfg.moe_flex_dispatcher_backend}),
-        packed_(ep, cfg.num_moe_experts, cfg.hidden_size + cfg.router.topk, cfg.router.topk,
-                {.backend = cfg.moe_flex_dispatcher_backend}) {
-    if (mode == Mode::Meta)
-      throw ConfigError("model", "moe_token_dispatcher_type",
-                        "the flex dispatcher needs routing data and meta mode has none; use "
-                        "alltoall with moe_router_force_load_balancing=true in meta mode");
+        mode_(mode),
+        ep_size_(ep.size()),
+        comm_(ep, cfg.num_moe_experts, cfg.hidden_size, cfg.router.topk,
+              {.backend = cfg.moe_flex_dispatcher_backend,
+               .num_sms = cfg.moe_flex_dispatcher_num_sms,
+               .rows = row_format(cfg.dtype)}) {
+    if (mode == Mode::Meta && !cfg.meta_routing && !cfg.router.force_load_balancing)
+      throw ConfigError("model", "moe_router_force_load_balancing",
+                        "meta mode has no routing data: the flex dispatcher needs "
+                        "moe_router_force_load_balancing=true, emulator.routing_trace or "
+                        "emulator.routing_skew to know what each rank sends");
   }
-  std::unique_ptr<DispatchPlan> plan(std::int64_t tokens, std::int64_t, int) override;
+  std::unique_ptr<DispatchPlan> plan(std::int64_t tokens, std::int64_t, int microbatch) override;
   const ModelConfig cfg_;
-  FlexDispatcher rows_;    // [tokens][hidden] rows
-  FlexDispatcher packed_;  // [tokens][hidden + topk]: gradients and the probs' gradients
+  const Mode mode_;
+  const int ep_size_;
+  FlexDispatcher comm_;
 };
 
 class FlexPlan final : public DispatchPlan {
  public:
-  FlexPlan(FlexTokenDispatcher& d, std::int64_t tokens) : d_(d), tokens_(tokens) {}
+  FlexPlan(FlexTokenDispatcher& d, std::int64_t tokens, std::vector<std::int64_t> meta_counts)
+      : d_(d), tokens_(tokens), meta_counts_(std::move(meta_counts)) {}
 
-  void preprocess(ops::At at) override {
-    x32_ = io.hidden.dtype() == DType::F32
-               ? io.hidden
-               : ops::cast(at, "flex_preprocess", io.hidden, DType::F32);
-  }
+  // setup_metadata needs no kernel of its own here: the indices and fp32 probabilities are the
+  // router's outputs already.
+  void preprocess(ops::At) override {}
 
   void dispatch(ops::At at) override {
     const auto& c = d_.cfg_;
     const int k = c.router.topk;
-    FlexDispatched got =
-        d_.rows_.dispatch(x32_.buffer(), io.topk_idx.buffer(), io.topk_probs.buffer(), int(tokens_),
-                          at.stream, {.async = true, .name = "moe_dispatch_flex"});
+    FlexDispatched got = d_.comm_.dispatch(
+        io.hidden.buffer(), io.topk_idx.buffer(), io.topk_probs.buffer(), int(tokens_), at.stream,
+        {.async = true, .name = "moe_dispatch_flex"}, meta_counts_,
+        std::vector<std::int64_t>(std::size_t(d_.ep_size_), tokens_));
     handle_ = got.handle;
     const std::int64_t recv = handle_.num_recv;
-    recv_x_ = Tensor(got.x, {recv, c.hidden_size}, DType::F32);
+    recv_x_ = Tensor(got.x, {recv, c.hidden_size}, c.dtype);
     recv_idx_ = Tensor(got.topk_idx, {recv, k}, DType::I64);
     recv_w_ = Tensor(got.topk_weight, {recv, k}, DType::F32);
-    x32_ = Tensor();
-    // DeepEP hands the host the received counts per local expert (the CPU spins on them).
-    at.stream.synchronize();
-    io.rows_per_expert =
-        count_per_expert(recv_idx_.data<std::int64_t>(), recv, k, 0, d_.local_experts());
+    // The counts per local expert reached the host with the one sync (the handle's
+    // num_recv_tokens_per_expert_list).
+    io.rows_per_expert = handle_.recv_per_expert;
     rows_ = 0;
     for (auto n : io.rows_per_expert) rows_ += n;
   }
@@ -77,23 +97,20 @@ class FlexPlan final : public DispatchPlan {
 
   void unsort(ops::At at) override {
     y_rows_ = unpermute(at, "flex_unpermute", io.expert_out, Tensor(), slots_, d_.cfg_.router.topk,
-                        handle_.num_recv);
+                        handle_.num_recv, d_.cfg_.dtype);
   }
 
   void combine(ops::At at) override {
-    Buffer out = d_.rows_.combine(y_rows_.buffer(), handle_, at.stream,
-                                  {.async = true, .name = "moe_combine_flex"});
-    io.moe_out = Tensor(out, {tokens_, d_.cfg_.hidden_size}, DType::F32);
+    FlexCombined out = d_.comm_.combine(y_rows_.buffer(), handle_, at.stream,
+                                        {.async = true, .name = "moe_combine_flex"});
+    io.moe_out = Tensor(out.x, {tokens_, d_.cfg_.hidden_size}, d_.cfg_.dtype);
     y_rows_ = Tensor();
   }
 
   void combine_backward(ops::At at) override {
-    const Tensor g = io.grad_moe_out.dtype() == DType::F32
-                         ? io.grad_moe_out
-                         : ops::cast(at, "flex_combine_bwd_cast", io.grad_moe_out, DType::F32);
-    Buffer rows = d_.rows_.combine_backward(g.buffer(), handle_, at.stream,
+    Buffer rows = d_.comm_.combine_backward(io.grad_moe_out.buffer(), handle_, at.stream,
                                             {.async = true, .name = "moe_combine_bwd_flex"});
-    g_rows_ = Tensor(rows, {handle_.num_recv, d_.cfg_.hidden_size}, DType::F32);
+    g_rows_ = Tensor(rows, {handle_.num_recv, d_.cfg_.hidden_size}, d_.cfg_.dtype);
   }
 
   void unsort_backward(ops::At at) override {
@@ -103,33 +120,39 @@ class FlexPlan final : public DispatchPlan {
   }
 
   void sort_backward(ops::At at) override {
-    packed_rows_ = unpermute(at, "flex_permute_bwd", io.grad_expert_in, io.grad_expert_probs,
-                             slots_, d_.cfg_.router.topk, handle_.num_recv);
+    const auto& c = d_.cfg_;
+    g_recv_ = unpermute(at, "flex_permute_bwd", io.grad_expert_in, Tensor(), slots_, c.router.topk,
+                        handle_.num_recv, c.dtype);
+    g_recv_probs_ = scatter_probs(at, "flex_permute_probs_bwd", io.grad_expert_probs, slots_,
+                                  c.router.topk, handle_.num_recv);
   }
 
   void dispatch_backward(ops::At at) override {
-    Buffer out = d_.packed_.dispatch_backward(packed_rows_.buffer(), handle_, at.stream,
-                                              {.async = true, .name = "moe_dispatch_bwd_flex"});
-    packed_ = Tensor(out, {tokens_, d_.cfg_.hidden_size + d_.cfg_.router.topk}, DType::F32);
-    packed_rows_ = Tensor();
+    const auto& c = d_.cfg_;
+    const Buffer gw = g_recv_probs_.buffer();
+    FlexCombined out =
+        d_.comm_.dispatch_backward(g_recv_.buffer(), handle_, at.stream,
+                                   {.async = true, .name = "moe_dispatch_bwd_flex"}, &gw);
+    io.grad_hidden = Tensor(out.x, {tokens_, c.hidden_size}, c.dtype);
+    io.grad_probs = Tensor(out.topk_weight, {tokens_, c.router.topk}, DType::F32);
+    g_recv_ = g_recv_probs_ = Tensor();
   }
 
-  void preprocess_backward(ops::At at) override {
-    const auto& c = d_.cfg_;
-    split_packed(at, "flex_bwd_split", packed_, c.hidden_size, c.router.topk, c.dtype,
-                 io.grad_hidden, io.grad_probs);
-    packed_ = slots_ = Tensor();
-  }
+  void preprocess_backward(ops::At) override { slots_ = Tensor(); }
 
  private:
   FlexTokenDispatcher& d_;
   std::int64_t tokens_, rows_ = 0;
+  std::vector<std::int64_t> meta_counts_;
   FlexHandle handle_;
-  Tensor x32_, recv_x_, recv_idx_, recv_w_, slots_, y_rows_, g_rows_, packed_rows_, packed_;
+  Tensor recv_x_, recv_idx_, recv_w_, slots_, y_rows_, g_rows_, g_recv_, g_recv_probs_;
 };
 
-std::unique_ptr<DispatchPlan> FlexTokenDispatcher::plan(std::int64_t tokens, std::int64_t, int) {
-  return std::make_unique<FlexPlan>(*this, tokens);
+std::unique_ptr<DispatchPlan> FlexTokenDispatcher::plan(std::int64_t tokens, std::int64_t,
+                                                        int microbatch) {
+  std::vector<std::int64_t> counts;
+  if (mode_ == Mode::Meta) counts = meta_counts(cfg_, ep_size_, tokens, microbatch);
+  return std::make_unique<FlexPlan>(*this, tokens, std::move(counts));
 }
 
 }  // namespace

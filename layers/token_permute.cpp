@@ -70,11 +70,12 @@ Sorted sort_by_expert(ops::At at, const std::string& name, const Tensor& x, cons
 }
 
 Tensor unpermute(ops::At at, const std::string& name, const Tensor& rows, const Tensor& probs,
-                 const Tensor& slots, int topk, std::int64_t tokens) {
+                 const Tensor& slots, int topk, std::int64_t tokens, DType out_dtype) {
   const std::int64_t h = rows.shape().back(), n = rows.dim(0);
   const bool with_probs = static_cast<bool>(probs);
+  NE_CHECK(!with_probs || out_dtype == DType::F32, "unpermute: probabilities need an fp32 output");
   const std::int64_t w = h + (with_probs ? topk : 0);
-  Tensor out = at.empty({tokens, w}, DType::F32);
+  Tensor out = at.empty({tokens, w}, out_dtype);
   // Without TE's moe_unpermute: zeros, then scatter_add (moe_utils.unpermute).
   if (!at.k().permute_fusion)
     launch(at.stream, name + ".zeros", move_work(MemoryOp::Elementwise, double(out.bytes())),
@@ -89,7 +90,7 @@ Tensor unpermute(ops::At at, const std::string& name, const Tensor& rows, const 
         F32Scope f;
         const float* r = f.in(vr);
         const auto* sl = vs.as<const std::int32_t>();
-        float* o = vo.as<float>();
+        float* o = f.inout(vo);  // zeros, summed into in fp32, stored once in out's dtype
         // Columns in blocks, rows in order inside each: every token sums its rows in row
         // order whatever the thread count.
         kernels::for_column_blocks(h, [&](std::int64_t j0, std::int64_t j1) {
@@ -104,6 +105,24 @@ Tensor unpermute(ops::At at, const std::string& name, const Tensor& rows, const 
             if (sl[i] >= 0) o[(sl[i] / topk) * w + h + sl[i] % topk] = vp.as<const float>()[i];
       },
       {rows, probs, slots, out}, at.tally);
+  return out;
+}
+
+Tensor scatter_probs(ops::At at, const std::string& name, const Tensor& probs, const Tensor& slots,
+                     int topk, std::int64_t tokens) {
+  Tensor out = at.empty({tokens, topk}, DType::F32);
+  View vp = view(probs), vs = view(slots), vo = view(out);
+  const std::int64_t n = slots.dim(0);
+  launch(
+      at.stream, name, move_work(MemoryOp::Scatter, double(probs.bytes() + out.bytes())),
+      [=] {
+        const auto* sl = vs.as<const std::int32_t>();
+        const auto* p = vp.as<const float>();
+        auto* o = vo.as<float>();
+        for (std::int64_t i = 0; i < n; ++i)
+          if (sl[i] >= 0) o[sl[i]] = p[i];  // slot = row * topk + choice
+      },
+      {probs, slots, out}, at.tally);
   return out;
 }
 

@@ -172,9 +172,9 @@ void check_flex(int n, bool async, FlexConfig cfg, int experts, const Dispatcher
     if (d.handle.num_recv >= 0) good &= d.handle.num_recv == row;
     // Experts scale their rows by (1 + rank); combine sums at the source in member order.
     for (int i = 0; i < row * kHidden; ++i) d.x.as<float>()[i] *= float(1 + me);
-    std::optional<Event> cdone;
-    Buffer out = disp.combine(d.x, d.handle, s, {.async = true}, &cdone);
-    cdone->synchronize();
+    FlexCombined combined = disp.combine(d.x, d.handle, s, {.async = true});
+    combined.done->synchronize();
+    const Buffer& out = combined.x;
     for (int tk = 0; tk < tokens_of(me); ++tk)
       for (int j = 0; j < kHidden; ++j) {
         float want = 0;
@@ -273,15 +273,7 @@ TEST(FlexBytes, FlexMovesFewerBytesThanAlltoallWhenExpertsShareARank) {
         idx.as<std::int64_t>()[t * kTopk + k] = expert_of(me, t, k, experts);
     Stream s = host.device().default_stream();
     disp.dispatch(x, idx, w, tokens_of(me), s);
-    // bytes_sent counts the self part too; subtract it to compare what crossed the fabric.
-    std::uint64_t self = 0;
-    for (int t = 0; t < tokens_of(me); ++t)
-      for (int k = 0; k < kTopk; ++k)
-        if (expert_of(me, t, k, experts) / 2 == me) {
-          self += kHidden * 4 + kTopk * 12;
-          break;
-        }
-    measured += disp.bytes_sent() - self;
+    measured += disp.bytes_sent();  // what crossed the fabric: nothing for the rank itself
   });
   EXPECT_EQ(measured, flex);
   EXPECT_LT(flex_rows, a2a_rows);  // once per rank, not once per expert
@@ -301,6 +293,83 @@ TEST(FlexConfigTest, ConfigIsValidatedInTheConstructor) {
   } catch (const ConfigError& e) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("num_sms: 21 is odd"));
   }
+}
+
+}  // namespace
+}  // namespace nodeemu
+
+namespace nodeemu {
+namespace {
+
+// Two nodes of two GPUs: rank 0's tokens each pick the experts of both GPUs of node 1. DeepEP
+// sends such a token over RDMA once, to the GPU with rank 0's local index on node 1, which
+// forwards it over NVLink to the other (internode.cu, num_tokens_per_rdma_rank).
+TEST(FlexTraffic, InternodeTokensCrossRdmaOncePerNodeAndFanOutOverNvlink) {
+  auto t = std::make_shared<NodeTopology>(*testing::round_fabric());
+  t->gpus = 2;
+  t->host.gpu_numa.resize(2);
+  t->nic.per_node = 2;
+  NodeOptions o = testing::options(t, 8, 1, Mode::Functional);
+  o.nodes = 2;
+  Node node(o);
+  Communicator comm(node);
+  constexpr int T = 16, H = 8, K = 2;
+  std::vector<FlexTraffic> traffic(4);
+  node.run([&](Host& host) {
+    const int me = host.rank();
+    Group ep = comm.group({0, 1, 2, 3}, "ep");
+    FlexDispatcher disp(ep, 4, H, K);
+    const int tokens = me == 0 ? T : 0;
+    Device& dev = host.device();
+    Buffer x = dev.allocate(T * H * 4), idx = dev.allocate(T * K * 8), w = dev.allocate(T * K * 4);
+    for (int i = 0; i < T; ++i) {
+      idx.as<std::int64_t>()[i * K] = 2;
+      idx.as<std::int64_t>()[i * K + 1] = 3;
+    }
+    Stream s = dev.default_stream();
+    disp.dispatch(x, idx, w, tokens, s);
+    traffic[size_t(me)] = disp.traffic();
+  });
+  const std::uint64_t row = H * 4 + K * 12;
+  EXPECT_EQ(traffic[0].rdma_bytes, T * row) << "once per node, not once per GPU";
+  EXPECT_EQ(traffic[0].nvlink_bytes, T * row) << "the forwarder's fan-out to its neighbour";
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(traffic[size_t(r)].rdma_bytes, 0u);
+}
+
+// The dispatch kernels copy with their own SMs: with 8 of them DeepEP moves about 174 GB/s
+// (the B200 sweep, flex_kernel_speed.cpp), below what NVLink carries, so the same dispatch takes
+// longer than with 24. Meta mode, EP8 in one DGX H100, every member's tokens spread over every
+// expert.
+TEST(FlexSpeed, MoreSmsMakeTheSameDispatchFasterUntilTheLinksBind) {
+  auto seconds = [](int sms) {
+    Node node(testing::options(testing::calibration_h100(), 8, 1, Mode::Meta));
+    Communicator comm(node);
+    constexpr int T = 4096, H = 4096, K = 8, E = 64;
+    node.run([&](Host& host) {
+      Group ep = comm.group({0, 1, 2, 3, 4, 5, 6, 7}, "ep");
+      FlexDispatcher disp(ep, E, H, K,
+                          {.num_sms = sms,
+                           .rows = {.elem_bytes = 2,
+                                    .widen = [](const void*, float*, std::size_t) {},
+                                    .narrow = [](const float*, void*, std::size_t) {}}});
+      Device& dev = host.device();
+      Buffer x = dev.allocate(std::size_t(T) * H * 2), idx = dev.allocate(T * K * 8),
+             w = dev.allocate(T * K * 4);
+      Stream s = dev.default_stream();
+      disp.dispatch(x, idx, w, T, s, {.name = "flex under test"},
+                    std::vector<std::int64_t>(8 * E, T * K / E), std::vector<std::int64_t>(8, T));
+      s.synchronize();
+    });
+    double worst = 0;
+    for (const auto& op : node.trace().ops())
+      if (op.name == "flex under test")
+        worst = std::max(worst, vtime_to_seconds(op.end - op.start));
+    return worst;
+  };
+  const double s8 = seconds(8), s24 = seconds(24), s48 = seconds(48);
+  EXPECT_GT(s8, 1.8 * s24) << s8 << " s with 8 SMs, " << s24 << " with 24";
+  // From 24 SMs on, NVLink binds (494 GB/s of kernel speed against 450 GB/s of link).
+  EXPECT_NEAR(s48, s24, 0.05 * s24);
 }
 
 }  // namespace

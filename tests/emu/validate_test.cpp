@@ -206,7 +206,8 @@ const Rule kRules[] = {
      {"model.moe_token_dispatcher_type=flex", "topology=topologies/dgx_b200.yaml",
       "model.moe_flex_dispatcher_backend=hybridep"},
      {"model.moe_token_dispatcher_type=flex", "model.moe_shared_expert_overlap=true"},
-     "warning: model.moe_shared_expert_overlap: the flex dispatcher forces it off"},
+     "warning: model.moe_shared_expert_overlap: Megatron-Bridge's apply_flex_dispatcher_backend "
+     "turns it off with flex (Megatron-Core itself allows it from r0.18)"},
     // --- offload ---
     {"offload_modules_not_empty",
      {"model.fine_grained_activation_offloading=true", "model.offload_modules=[moe_act]"},
@@ -374,6 +375,32 @@ const Rule kRules[] = {
      {"model.transformer_impl=local", "model.moe_grouped_gemm=false",
       "model.attention_backend=flash"},
      "error: model.attention_backend: cannot be flash with transformer_impl=local"},
+    // --- the flex dispatcher (issue 16 item 8) ---
+    {"flex_sms_need_flex",
+     {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_num_sms=24"},
+     {"model.moe_token_dispatcher_type=alltoall", "model.moe_flex_dispatcher_num_sms=24"},
+     "error: model.moe_flex_dispatcher_num_sms: sets the flex dispatcher's SMs; set "
+     "moe_token_dispatcher_type=flex"},
+    {"deepep_sms_are_even",
+     {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_num_sms=24"},
+     {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_num_sms=23"},
+     "error: model.moe_flex_dispatcher_num_sms: is odd; DeepEP forms num_sms/2 channels"},
+    {"deprecated_sms_agree",
+     {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_num_sms=16"},
+     {"model.moe_token_dispatcher_type=flex", "model.moe_deepep_num_sms=16",
+      "model.moe_hybridep_num_sms=24"},
+     "error: model.moe_hybridep_num_sms: disagrees with moe_deepep_num_sms"},
+    {"deepep_does_not_pad_to_capacity",
+     {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=hybridep",
+      "model.moe_expert_capacity_factor=1.0", "model.moe_pad_expert_input_to_capacity=true"},
+     {"model.moe_token_dispatcher_type=flex", "model.moe_expert_capacity_factor=1.0",
+      "model.moe_pad_expert_input_to_capacity=true"},
+     "error: model.moe_pad_expert_input_to_capacity: the DeepEP backend does not pad"},
+    {"deepep_ep_sizes_are_its_config_table",
+     {"model.moe_token_dispatcher_type=flex", "model.expert_model_parallel_size=4"},
+     {"model.moe_token_dispatcher_type=flex", "model.expert_model_parallel_size=3",
+      "model.num_moe_experts=6", "model.moe_router_topk=2"},
+     "error: model.expert_model_parallel_size: is 3; DeepEP has configs for"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Validate, Rules, ::testing::ValuesIn(kRules),
@@ -389,9 +416,16 @@ TEST(Validate, DeepEpOnAnUnsupportedGpuIsAValidateErrorAndAnApplyFallback) {
   std::ostringstream os;
   print_findings(validate(r, gpu, 4), os);
   EXPECT_NE(os.str().find("error: model.moe_flex_dispatcher_backend: DeepEP needs compute "
-                          "capability 8.x or 9.x (or a B200/B300), and GB-future is 10.0"),
+                          "capability 8.x or 9.x (or an NVIDIA B200/B300), and GB-future is 10.0"),
             std::string::npos)
       << os.str();
+  // Bridge matches the name's prefix: a B200 passes, a GB200 (also sm100) does not.
+  for (auto [name, ok] : {std::pair{"B200-SXM-180GB", true}, std::pair{"GB200-NVL72", false},
+                          std::pair{"B300-SXM", true}}) {
+    GpuSpec g = gpu;
+    g.name = name;
+    EXPECT_EQ(has_errors(validate(r, g, 4)), !ok) << name;
+  }
   const auto warnings = apply_flex_dispatcher_backend(r, gpu);
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_EQ(warnings[0].level, Finding::Level::Warning);

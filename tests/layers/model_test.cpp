@@ -82,6 +82,27 @@ TEST(Model, DispatchersGiveEqualResultsOnTheSameRouting) {
   }
 }
 
+// In bf16 the flex dispatcher moves bf16 rows, as DeepEP does: each expert rank stores the sum of
+// its copies of a token in bf16, and the source sums those in fp32 and stores bf16, where the
+// alltoall dispatcher unpermutes all copies at the source in fp32. The same routing (forced, so
+// that no near-tie flips) then gives the same step within bf16 rounding: the bound of
+// Bf16StaysWithinTheDocumentedDistanceOfFp32, a tenth of it for the loss.
+TEST(Model, FlexMovesBf16RowsAndMatchesAlltoallWithinBf16Rounding) {
+  auto cfg = tiny_moe(DType::BF16);
+  cfg.router.force_load_balancing = true;
+  const StepResult a2a = run_distributed(cfg, 4);
+  cfg.moe_token_dispatcher_type = DispatcherType::Flex;
+  for (FlexBackend b : {FlexBackend::DeepEP, FlexBackend::HybridEP}) {
+    cfg.moe_flex_dispatcher_backend = b;
+    const StepResult flex = run_distributed(cfg, 4);
+    for (std::size_t r = 0; r < a2a.losses.size(); ++r)
+      EXPECT_NEAR(flex.losses[r], a2a.losses[r], 5e-4 * std::abs(a2a.losses[r])) << "rank " << r;
+    std::string where;
+    EXPECT_LT(worst_relative(flex, a2a, &where), 0.1) << where;
+    EXPECT_FALSE(bit_equal(flex, a2a)) << "the rows really were rounded to bf16 on the way";
+  }
+}
+
 TEST(Model, DropAndPadMatchesTheReference) {
   auto cfg = tiny_moe();
   cfg.router.capacity_factor = 1.0;
