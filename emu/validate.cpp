@@ -512,8 +512,6 @@ class Rules {
     if (b("model.cpu_offloading"))
       refuse("model.cpu_offloading",
              "whole-layer cpu_offloading (use fine_grained_activation_offloading)");
-    if (r_.text("emulator.mode") == "meta" && r_.text("model.moe_token_dispatcher_type") == "flex")
-      refuse("model.moe_token_dispatcher_type", "the flex dispatcher in meta mode");
   }
 
   const Recipe& r_;
