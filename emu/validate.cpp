@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "devices/errors.hpp"
+#include "emu/flex_backend_support.hpp"
 #include "emu/recipe_views.hpp"
 #include "emu/schedule.hpp"
 
@@ -356,7 +357,7 @@ class Rules {
       return;
     }
     const std::string backend = r_.text("model.moe_flex_dispatcher_backend");
-    const std::string why = flex_unsupported(backend, gpu_);
+    const std::string why = flex_backend_unsupported(backend, gpu_);
     if (!why.empty())
       error("model.moe_flex_dispatcher_backend",
             why + "; use moe_token_dispatcher_type=alltoall or another topology");
@@ -518,27 +519,6 @@ class Rules {
   const GpuSpec& gpu_;
   int gpus_per_node_;
   std::vector<Finding> out_;
-
- public:
-  // Why `backend` cannot run on `gpu`, or "" (Megatron-Bridge flex_dispatcher_backend.py).
-  static std::string flex_unsupported(const std::string& backend, const GpuSpec& gpu) {
-    const int major = gpu.cc_major;
-    const std::string cc = std::to_string(gpu.cc_major) + "." + std::to_string(gpu.cc_minor);
-    if (backend == "deepep") {
-      // Bridge matches the CUDA device name's prefix (startswith since f565adb8), so a GB200
-      // does not pass as a B200. CUDA names the part "NVIDIA <model>": a topology's "B200-SXM-..."
-      // is "NVIDIA B200".
-      const std::string cuda = "NVIDIA " + gpu.name.substr(0, gpu.name.find('-'));
-      const bool blackwell_name =
-          cuda.rfind("NVIDIA B200", 0) == 0 || cuda.rfind("NVIDIA B300", 0) == 0;
-      if (major != 8 && major != 9 && !blackwell_name)
-        return "DeepEP needs compute capability 8.x or 9.x (or an NVIDIA B200/B300), and " +
-               gpu.name + " is " + cc;
-    } else if (major != 8 && major != 9 && major != 10) {
-      return "HybridEP needs compute capability 8.x, 9.x or 10.x, and " + gpu.name + " is " + cc;
-    }
-    return "";
-  }
 };
 
 std::vector<int> version_parts(const std::string& v) {
@@ -575,7 +555,7 @@ std::vector<Finding> apply_flex_dispatcher_backend(Recipe& recipe, const GpuSpec
   std::vector<Finding> out;
   if (recipe.text("model.moe_token_dispatcher_type") != "flex") return out;
   const std::string backend = recipe.text("model.moe_flex_dispatcher_backend");
-  const std::string why = Rules::flex_unsupported(backend, gpu);
+  const std::string why = flex_backend_unsupported(backend, gpu);
   if (!why.empty()) {
     recipe.set("model.moe_token_dispatcher_type", "alltoall", "apply_flex_dispatcher_backend");
     out.push_back({Finding::Level::Warning, "model.moe_token_dispatcher_type",
