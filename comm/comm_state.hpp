@@ -55,6 +55,14 @@ struct OpenCall {
   int joined = 0;
 };
 
+// The persistent buffers of one GPU's DeepEP or HybridEP Buffer: Megatron holds one per process
+// and backend, shared by every layer (fused_a2a.py get_buffer), made on the first dispatch and
+// made again when a call needs more.
+struct FlexBuffers {
+  Buffer memory;
+  std::uint64_t bytes = 0;
+};
+
 struct CommState {
   CommState(Node& n, CommOptions o);
 
@@ -66,6 +74,7 @@ struct CommState {
   std::vector<std::shared_ptr<GroupState>> groups;
   // Calls some party has issued and some has not: (group, pair low, pair high, sequence).
   std::map<std::tuple<int, int, int, std::uint64_t>, OpenCall> open;
+  std::map<std::pair<int, int>, FlexBuffers> flex_buffers;  // (device, backend)
 
   // The member index of the calling host in g, or UsageError naming `op`.
   int caller_member(const GroupState& g, const Stream& s, const std::string& op) const;

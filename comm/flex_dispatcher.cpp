@@ -5,6 +5,7 @@
 
 #include "comm/comm_state.hpp"
 #include "comm/detail/flex_routing.hpp"
+#include "comm/flex_buffers.hpp"
 #include "comm/flex_kernel_speed.hpp"
 #include "devices/errors.hpp"
 #include "devices/node.hpp"
@@ -72,9 +73,13 @@ FlexDispatcher::FlexDispatcher(Group ep, int num_experts, int hidden, int topk, 
       static_cast<bool>(config.rows.widen) != static_cast<bool>(config.rows.narrow))
     throw ConfigError(file, "rows", "a row format other than fp32 needs widen and narrow");
   local_experts_ = num_experts / ep_.size();
+  for (int r : ep_.ranks()) machine_node_of_.push_back(node.device(r).node_index());
+  const bool one_domain = std::all_of(machine_node_of_.begin(), machine_node_of_.end(),
+                                      [&](int n) { return n == machine_node_of_.front(); });
   sms_ = config.num_sms > 0                      ? config.num_sms
          : config.backend == FlexBackend::DeepEP ? t.comm.deepep_sms
-                                                 : t.comm.hybridep_sms;
+         : one_domain                            ? 24
+                                                 : 8;
   if (sms_ > t.gpu.sms)
     throw ConfigError(file, "num_sms",
                       std::to_string(sms_) + " SMs but the GPU has " + std::to_string(t.gpu.sms));
@@ -88,8 +93,56 @@ FlexDispatcher::FlexDispatcher(Group ep, int num_experts, int hidden, int topk, 
                       "DeepEP normal mode needs an NVLink domain of at most 8 GPUs but '" + t.name +
                           "' has " + std::to_string(t.gpus) + "; use the hybridep backend");
   if (config.capacity < 0) throw ConfigError(file, "capacity", "must be >= 0 (0 = host sync)");
+  if (config.preprocessing_sms <= 0)
+    throw ConfigError(file, "preprocessing_sms", "must be positive (HybridEP's default is 108)");
+  config_.preprocessing_sms = std::min(config.preprocessing_sms, t.gpu.sms);
   kernel_bytes_per_s_ = flex_kernel_bytes_per_s(config.backend, sms_);
-  for (int r : ep_.ranks()) machine_node_of_.push_back(node.device(r).node_index());
+}
+
+Stream FlexDispatcher::kernel_stream(Stream& caller) {
+  if (config_.backend != FlexBackend::DeepEP) return caller;
+  // DeepEP's Buffer owns a comm stream per GPU (shared by every layer); with a previous event
+  // it waits for the caller's work first (buffer.py dispatch/combine: previous_event).
+  Stream own = caller.device().shared_stream("deepep_comm", Priority::High);
+  Event previous;
+  caller.record(previous);
+  own.wait(previous);
+  return own;
+}
+
+void FlexDispatcher::rejoin(Stream& caller, Stream& used) {
+  if (used.state() == caller.state()) return;
+  Event after;  // EventOverlap.current_stream_wait
+  used.record(after);
+  caller.wait(after);
+}
+
+void FlexDispatcher::reserve_buffers(Device& dev, int num_tokens) {
+  const int n = ep_.size();
+  const FlexRouting nodes = [&] {
+    FlexRouting r;
+    r.set_nodes(machine_node_of_);
+    return r;
+  }();
+  const int me = ep_.index_of(dev.id());
+  int ranks_here = 0;
+  for (int m = 0; m < n; ++m) ranks_here += nodes.node_of[size_t(m)] == nodes.node_of[size_t(me)];
+  std::uint64_t bytes = 0;
+  if (config_.backend == FlexBackend::DeepEP) {
+    const int hidden_bytes = hidden_ * int(std::max<std::size_t>(config_.rows.elem_bytes, 2));
+    bytes = deepep_nvl_buffer_bytes(hidden_bytes, n, sms_) +
+            nvshmem_granules(deepep_rdma_buffer_bytes(hidden_bytes, n, sms_));
+  } else {
+    bytes = hybridep_buffer_bytes(num_tokens, hidden_, ranks_here, nodes.nodes(),
+                                  local_experts_ * ranks_here);
+  }
+  auto& held = ep_.comm().flex_buffers[{dev.id(), int(config_.backend)}];
+  if (bytes <= held.bytes) return;
+  held.memory = Buffer();  // the smaller one goes first, as a re-made Buffer frees its own
+  // Never read before the kernels write it: no zero-fill (and, in functional mode, no page
+  // touched until then).
+  held.memory = dev.allocate_uninitialized(std::size_t(bytes));
+  held.bytes = bytes;
 }
 
 void FlexDispatcher::cost(Call& c, const FlexRouting& r, std::size_t per_row, bool to_sources) {
@@ -174,32 +227,91 @@ FlexLayout FlexDispatcher::get_dispatch_layout(const Buffer& topk_idx, int num_t
   return l;
 }
 
-// DeepEP's notify_dispatch: each member learns the rows it receives from every member and the
-// pairs per local expert; the CPU spins until they are in host memory (Buffer::dispatch's
-// moe_recv_counter wait), the one host sync of a dispatch.
+void FlexDispatcher::exchange_counts(const Buffer& topk_idx, int num_tokens, Stream& stream,
+                                     const Buffer& got) {
+  Device& dev = stream.device();
+  const bool functional = dev.node().mode() == Mode::Functional;
+  const int n = ep_.size(), epr = local_experts_, me = ep_.index_of(dev.id());
+  const size_t per_peer = size_t(1 + epr) * 4;
+  if (config_.backend == FlexBackend::DeepEP) {
+    // notify_dispatch (intranode.cu / internode.cu): the layout's counts per rank and per
+    // expert, each member's slice to that member.
+    FlexLayout l = get_dispatch_layout(topk_idx, num_tokens, stream);
+    Buffer sent = dev.allocate(size_t(n) * per_peer);
+    std::function<void()> pack;
+    if (functional)
+      pack = [=, pr = l.tokens_per_rank.as<const std::int32_t>(),
+              pe = l.tokens_per_expert.as<const std::int32_t>(), o = sent.as<std::int32_t>()] {
+        for (int d = 0; d < n; ++d) {
+          o[d * (1 + epr)] = pr[d];
+          std::copy(pe + d * epr, pe + (d + 1) * epr, o + d * (1 + epr) + 1);
+        }
+      };
+    stream.launch({"notify_dispatch",
+                   Work{.bytes = double(n) * double(per_peer) * 2,
+                        .shape = KernelShape::memory(MemoryOp::Elementwise)},
+                   std::move(pack),
+                   {l.tokens_per_rank, l.tokens_per_expert, sent}});
+    ep_.all_to_all(sent, got, per_peer, stream, {.async = true, .name = "notify_dispatch"});
+    return;
+  }
+  // HybridEP (metadata_preprocessing): every rank's routing map [tokens][experts] is
+  // all-gathered (Executor::allgather_routing_map), then one kernel on preprocessing_sms SMs
+  // works out what every member sends here. Every member has the same tokens (HybridEP pads
+  // uneven inputs: moe_hybridep_pad_uneven_dispatch_inputs).
+  const int E = num_experts_, topk = topk_;
+  const size_t map_bytes = std::max<size_t>(1, size_t(num_tokens) * size_t(E));
+  Buffer map = dev.allocate(map_bytes), all = dev.allocate(map_bytes * size_t(n));
+  std::function<void()> fill;
+  if (functional)
+    fill = [=, idx = topk_idx.as<const std::int64_t>(), m = map.as<std::uint8_t>()] {
+      for (int t = 0; t < num_tokens; ++t)
+        for (int k = 0; k < topk; ++k) {
+          const std::int64_t e = idx[size_t(t) * size_t(topk) + size_t(k)];
+          if (e >= 0) m[size_t(t) * size_t(E) + size_t(e)] = 1;
+        }
+    };
+  // The router hands Megatron's HybridEP manager this map; here it is made from the indices.
+  stream.launch({"routing_map",
+                 Work{.bytes = double(map_bytes), .shape = KernelShape::memory(MemoryOp::Scatter)},
+                 std::move(fill),
+                 {topk_idx, map}});
+  ep_.all_gather(map, all, map_bytes, stream, {.async = true, .name = "allgather_routing_map"});
+  std::function<void()> pre;
+  if (functional)
+    pre = [=, m = all.as<const std::uint8_t>(), o = got.as<std::int32_t>()] {
+      for (int s = 0; s < n; ++s) {
+        std::int32_t* row = o + s * (1 + epr);
+        std::fill(row, row + 1 + epr, 0);
+        for (int t = 0; t < num_tokens; ++t) {
+          const std::uint8_t* r = m + (size_t(s) * size_t(num_tokens) + size_t(t)) * size_t(E) +
+                                  size_t(me) * size_t(epr);
+          bool any = false;
+          for (int j = 0; j < epr; ++j)
+            if (r[j]) row[1 + j] += 1, any = true;
+          row[0] += any;
+        }
+      }
+    };
+  stream.launch({"metadata_preprocessing",
+                 Work{.bytes = double(map_bytes) * n + double(n) * double(per_peer),
+                      .sms = config_.preprocessing_sms,
+                      .shape = KernelShape::memory(MemoryOp::Elementwise)},
+                 std::move(pre),
+                 {all, got}});
+}
+
+// The counts each member sends this one reach the host, which waits for them: DeepEP's CPU spin
+// on moe_recv_counter after notify_dispatch, HybridEP's stream synchronize in
+// metadata_preprocessing. The one host sync of a dispatch.
 void FlexDispatcher::notify(const Buffer& topk_idx, int num_tokens, Stream& stream, FlexRouting& r,
                             FlexHandle& h) {
   Device& dev = stream.device();
   Node& node = dev.node();
   const int n = ep_.size(), epr = local_experts_;
   const size_t per_peer = size_t(1 + epr) * 4;
-  FlexLayout l = get_dispatch_layout(topk_idx, num_tokens, stream);
-  Buffer sent = dev.allocate(size_t(n) * per_peer), got = dev.allocate(size_t(n) * per_peer);
-  std::function<void()> pack;
-  if (node.mode() == Mode::Functional)
-    pack = [=, pr = l.tokens_per_rank.as<const std::int32_t>(),
-            pe = l.tokens_per_expert.as<const std::int32_t>(), o = sent.as<std::int32_t>()] {
-      for (int d = 0; d < n; ++d) {
-        o[d * (1 + epr)] = pr[d];
-        std::copy(pe + d * epr, pe + (d + 1) * epr, o + d * (1 + epr) + 1);
-      }
-    };
-  stream.launch({"notify_dispatch",
-                 Work{.bytes = double(n) * double(per_peer) * 2,
-                      .shape = KernelShape::memory(MemoryOp::Elementwise)},
-                 std::move(pack),
-                 {l.tokens_per_rank, l.tokens_per_expert, sent}});
-  ep_.all_to_all(sent, got, per_peer, stream, {.async = true, .name = "notify_dispatch"});
+  Buffer got = dev.allocate(size_t(n) * per_peer);
+  exchange_counts(topk_idx, num_tokens, stream, got);
   Buffer host = node.allocate_host(size_t(n) * per_peer, dev.placement().emulated_numa, true,
                                    dev.node_index());
   stream.copy(host, got, size_t(n) * per_peer, "recv counts D2H");
@@ -237,6 +349,8 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
     throw UsageError(
         "flex dispatch: meta mode has no routing; pass every member's tokens per expert");
   if (o.previous) stream.wait(*o.previous);
+  reserve_buffers(dev, num_tokens);
+  Stream ks = kernel_stream(stream);
 
   auto routing = std::make_shared<FlexRouting>();
   routing->set_nodes(machine_node_of_);
@@ -262,7 +376,7 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
   int rows_cap = config_.capacity;
   if (config_.capacity == 0) {
     if (!functional) routing->estimate(meta_counts, meta_tokens, me, epr);
-    notify(topk_idx, num_tokens, stream, *routing, out.handle);
+    notify(topk_idx, num_tokens, ks, *routing, out.handle);
     out.handle.num_recv = routing->received;
     out.handle.recv_per_expert = routing->recv_per_expert;
     rows_cap = routing->received;
@@ -333,7 +447,7 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
   oo.previous.reset();
   oo.async = true;
   if (oo.name.empty()) oo.name = std::string(backend_name(config_.backend)) + " dispatch";
-  ep_.comm().issue(ep_.state(), std::move(c), stream, oo);
+  ep_.comm().issue(ep_.state(), std::move(c), ks, oo);
 
   // The receiver's permute input wants local expert ids: -1 for the experts of other ranks.
   std::function<void()> body;
@@ -346,11 +460,12 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
         ri[i] = (ri[i] >= lo && ri[i] < hi) ? ri[i] - lo : -1;
     };
   }
-  stream.launch({"dispatch_local_ids",
-                 Work{.bytes = double(rows_cap) * topk * 16.0,
-                      .shape = KernelShape::memory(MemoryOp::Gather)},
-                 std::move(body),
-                 {out.topk_idx}});
+  ks.launch({"dispatch_local_ids",
+             Work{.bytes = double(rows_cap) * topk * 16.0,
+                  .shape = KernelShape::memory(MemoryOp::Gather)},
+             std::move(body),
+             {out.topk_idx}});
+  rejoin(stream, ks);
   Event done;
   stream.record(done);
   if (o.async) {
@@ -488,7 +603,10 @@ FlexCombined FlexDispatcher::combine(const Buffer& y, const FlexHandle& handle, 
   if (topk_weight) out.topk_weight = dev.allocate(std::max<size_t>(1, tokens * wrow));
   CollOptions oo = o;
   oo.async = true;
-  move_rows(y, sx, topk_weight ? *topk_weight : Buffer(), sw, handle, true, stream, oo, "combine");
+  if (oo.previous) stream.wait(*oo.previous);
+  oo.previous.reset();
+  Stream ks = kernel_stream(stream);
+  move_rows(y, sx, topk_weight ? *topk_weight : Buffer(), sw, handle, true, ks, oo, "combine");
   std::function<void()> reduce;
   if (dev.node().mode() == Mode::Functional) {
     // Raw pointers: the buffers stay alive through the kernel's uses.
@@ -514,12 +632,13 @@ FlexCombined FlexDispatcher::combine(const Buffer& y, const FlexHandle& handle, 
   }
   std::vector<Buffer> uses = {sx, out.x};
   if (topk_weight) uses.insert(uses.end(), {sw, out.topk_weight});
-  stream.launch({"combine_reduce",
-                 Work{.flops = double(staged_rows * size_t(hidden_)),
-                      .bytes = double(staged_rows * (xrow + (topk_weight ? wrow : 0)) +
-                                      tokens * (xrow + (topk_weight ? wrow : 0))),
-                      .shape = KernelShape::memory(MemoryOp::Scatter)},
-                 std::move(reduce), std::move(uses)});
+  ks.launch({"combine_reduce",
+             Work{.flops = double(staged_rows * size_t(hidden_)),
+                  .bytes = double(staged_rows * (xrow + (topk_weight ? wrow : 0)) +
+                                  tokens * (xrow + (topk_weight ? wrow : 0))),
+                  .shape = KernelShape::memory(MemoryOp::Scatter)},
+             std::move(reduce), std::move(uses)});
+  rejoin(stream, ks);
   Event done;
   stream.record(done);
   if (o.async)
@@ -534,9 +653,17 @@ Buffer FlexDispatcher::combine_backward(const Buffer& grad_out, const FlexHandle
                                         std::optional<Event>* done) {
   const int rows = handle.num_recv >= 0 ? handle.num_recv : config_.capacity;
   Buffer g = stream.device().allocate(std::max<size_t>(1, size_t(rows) * row_bytes()));
-  auto ev =
-      move_rows(grad_out, g, Buffer(), Buffer(), handle, false, stream, o, "combine_backward");
-  if (done) *done = ev;
+  CollOptions oo = o;
+  if (oo.previous) stream.wait(*oo.previous);
+  oo.previous.reset();
+  oo.async = true;
+  Stream ks = kernel_stream(stream);
+  move_rows(grad_out, g, Buffer(), Buffer(), handle, false, ks, oo, "combine_backward");
+  rejoin(stream, ks);
+  Event after;
+  stream.record(after);
+  if (done) *done = after;
+  if (!o.async) after.synchronize();
   return g;
 }
 

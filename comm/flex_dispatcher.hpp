@@ -5,6 +5,13 @@
 //
 //  - get_dispatch_layout: tokens per rank, tokens per expert and token-in-rank, from top-k
 //    expert indices, by a kernel on the device.
+//  - DeepEP runs its kernels on its own comm stream, after an event of the caller's stream, and
+//    the caller's stream waits for them (Megatron passes async_finish=True and
+//    allocate_on_comm_stream=True); HybridEP runs on the caller's stream. Both keep persistent
+//    buffers in device memory (flex_buffers.hpp), made on the first dispatch.
+//  - HybridEP learns the counts its own way (hybrid_ep_buffer.py dispatch_with_permute,
+//    metadata_preprocessing): the routing maps are all-gathered, a preprocessing kernel on
+//    preprocessing_sms SMs works out every rank's rows, and the host synchronizes after it.
 //  - dispatch: every token goes once to each rank that holds any of its top-k experts (not once
 //    per expert), with its top-k indices (made local: -1 for experts elsewhere) and fp32
 //    weights. Rows travel in the caller's element type (DeepEP takes bf16 rows). Received rows
@@ -52,7 +59,12 @@ struct RowFormat {
 
 struct FlexConfig {
   FlexBackend backend = FlexBackend::DeepEP;
-  int num_sms = 0;   // 0 = the topology's comm_kernels.deepep_sms / hybridep_sms
+  // 0 = the default: DeepEP the topology's comm_kernels.deepep_sms (Buffer.num_sms, 20);
+  // HybridEP 24 inside one NVLink domain, 8 across nodes (csrc/hybrid_ep/config.cuh Configurer).
+  int num_sms = 0;
+  // HybridEP's metadata preprocessing kernel: blocks, at most one per SM
+  // (moe_hybridep_num_sms_preprocessing, 108 by default).
+  int preprocessing_sms = 108;
   int capacity = 0;  // tokens one rank may receive; > 0: no host sync
   RowFormat rows;
 };
@@ -146,6 +158,14 @@ class FlexDispatcher {
   void cost(detail::Call& c, const detail::FlexRouting& r, std::size_t per_row, bool to_sources);
   void notify(const Buffer& topk_idx, int num_tokens, Stream& stream, detail::FlexRouting& r,
               FlexHandle& h);
+  // The counts each member sends this one, [member][1 + local experts] int32, into `got`.
+  void exchange_counts(const Buffer& topk_idx, int num_tokens, Stream& stream, const Buffer& got);
+  // Makes the GPU's persistent buffers large enough for `num_tokens` tokens per rank.
+  void reserve_buffers(Device& dev, int num_tokens);
+  // Where the kernels run: DeepEP's own comm stream after the caller's work, or the caller's.
+  Stream kernel_stream(Stream& caller);
+  // The caller's stream waits for what ran on `used`.
+  void rejoin(Stream& caller, Stream& used);
 
   Group ep_;
   int num_experts_, hidden_, topk_, local_experts_;

@@ -83,7 +83,6 @@ const Field& topology_schema() {
               {
                   integer("nccl_sms", "SMs an NCCL-like collective kernel holds", ints(1)),
                   integer("deepep_sms", "SMs of DeepEP-like dispatch/combine (even)", ints(2)),
-                  integer("hybridep_sms", "SMs of HybridEP-like dispatch/combine", ints(1)),
               }),
       });
   return root;
@@ -195,11 +194,8 @@ NodeTopology build(const YAML::Node& doc, const std::string& file) {
 
   t.comm.nccl_sms = r.integer("comm_kernels.nccl_sms");
   t.comm.deepep_sms = r.integer("comm_kernels.deepep_sms");
-  t.comm.hybridep_sms = r.integer("comm_kernels.hybridep_sms");
-  const std::pair<const char*, int> comm_sms[] = {
-      {"comm_kernels.nccl_sms", t.comm.nccl_sms},
-      {"comm_kernels.deepep_sms", t.comm.deepep_sms},
-      {"comm_kernels.hybridep_sms", t.comm.hybridep_sms}};
+  const std::pair<const char*, int> comm_sms[] = {{"comm_kernels.nccl_sms", t.comm.nccl_sms},
+                                                  {"comm_kernels.deepep_sms", t.comm.deepep_sms}};
   for (const auto& [key, v] : comm_sms)
     if (v > t.gpu.sms)
       fail(key, std::to_string(v) + " is more SMs than the GPU has (" + std::to_string(t.gpu.sms) +

@@ -46,9 +46,8 @@ struct NicSpec {
 
 // SMs the communication kernels hold while they run (taken from compute).
 struct CommKernelSpec {
-  int nccl_sms = 0;      // NCCL-like collectives (all-to-all, all-gather, reduce-scatter, ...)
-  int deepep_sms = 0;    // DeepEP-like normal-mode dispatch/combine; even (num_sms/2 channels)
-  int hybridep_sms = 0;  // HybridEP-like dispatch/combine (TMA does the copying)
+  int nccl_sms = 0;    // NCCL-like collectives (all-to-all, all-gather, reduce-scatter, ...)
+  int deepep_sms = 0;  // DeepEP-like normal-mode dispatch/combine; even (num_sms/2 channels)
 };
 
 struct NodeTopology {

@@ -354,6 +354,9 @@ class Rules {
                 "does nothing unless moe_token_dispatcher_type is flex");
       for (const char* k : sms_keys)
         if (set(k)) error(k, "sets the flex dispatcher's SMs; set moe_token_dispatcher_type=flex");
+      if (set("model.moe_hybridep_num_sms_preprocessing"))
+        error("model.moe_hybridep_num_sms_preprocessing",
+              "sets HybridEP's preprocessing; set moe_token_dispatcher_type=flex");
       return;
     }
     const std::string backend = r_.text("model.moe_flex_dispatcher_backend");
@@ -377,6 +380,10 @@ class Rules {
               "is odd; DeepEP forms num_sms/2 channels (Buffer.set_num_sms), use an even "
               "number such as 20");
     }
+    const char* pre = "model.moe_hybridep_num_sms_preprocessing";
+    if (set(pre) && (backend != "hybridep" || i(pre) < 1))
+      error(pre, backend != "hybridep" ? "sets HybridEP's preprocessing; use the hybridep backend"
+                                       : "must be at least 1");
     if (backend == "deepep") {
       // fused_a2a.py's DeepEP path cannot pad to capacity (token_dispatcher.py raises, r0.16+).
       if (b("model.moe_pad_expert_input_to_capacity"))

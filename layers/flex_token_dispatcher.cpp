@@ -34,6 +34,15 @@ RowFormat row_format(DType t) {
   }
 }
 
+FlexConfig flex_config(const ModelConfig& cfg) {
+  FlexConfig f{.backend = cfg.moe_flex_dispatcher_backend,
+               .num_sms = cfg.moe_flex_dispatcher_num_sms,
+               .rows = row_format(cfg.dtype)};
+  if (cfg.moe_hybridep_num_sms_preprocessing > 0)
+    f.preprocessing_sms = cfg.moe_hybridep_num_sms_preprocessing;
+  return f;
+}
+
 class FlexTokenDispatcher final : public TokenDispatcher {
  public:
   FlexTokenDispatcher(const ModelConfig& cfg, Group ep, Mode mode, int rank)
@@ -41,10 +50,7 @@ class FlexTokenDispatcher final : public TokenDispatcher {
         cfg_(cfg),
         mode_(mode),
         ep_size_(ep.size()),
-        comm_(ep, cfg.num_moe_experts, cfg.hidden_size, cfg.router.topk,
-              {.backend = cfg.moe_flex_dispatcher_backend,
-               .num_sms = cfg.moe_flex_dispatcher_num_sms,
-               .rows = row_format(cfg.dtype)}) {
+        comm_(ep, cfg.num_moe_experts, cfg.hidden_size, cfg.router.topk, flex_config(cfg)) {
     if (mode == Mode::Meta && !cfg.meta_routing && !cfg.router.force_load_balancing)
       throw ConfigError("model", "moe_router_force_load_balancing",
                         "meta mode has no routing data: the flex dispatcher needs "

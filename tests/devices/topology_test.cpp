@@ -43,7 +43,7 @@ host:
 nvlink: {links: 18, gb_s: 450, efficiency: 0.85, half_kb: 512, latency_us: 1.0}
 pcie: {generation: 5, remote_numa_factor: 0.8}
 nic: {per_node: 8, gb_s: 50, efficiency: 0.97, half_kb: 128, latency_us: 2.0}
-comm_kernels: {nccl_sms: 24, deepep_sms: 20, hybridep_sms: 16}
+comm_kernels: {nccl_sms: 24, deepep_sms: 20}
 )";
 
 const char* const kFile = "inline.yaml";

@@ -129,8 +129,9 @@ TEST(Meta, FlexDispatcherRunsAFullSizeLayerWithOneHostSyncAndBf16Rows) {
       const Run flex = run(DispatcherType::Flex, b, ranks);
       EXPECT_EQ(flex.counts_d2h, 1) << "one copy of the counts per dispatch";
       EXPECT_EQ(flex.forward_syncs, 1) << "and one host sync: nothing blocks after the counts";
-      if (ranks == 8)  // same rows per expert on average: bf16 GEMMs, as the alltoall's
+      if (ranks == 8) {  // same rows per expert on average: bf16 GEMMs, as the alltoall's
         EXPECT_NEAR(flex.expert_fc1_s, a2a.expert_fc1_s, 0.1 * a2a.expert_fc1_s);
+      }
     }
 }
 
