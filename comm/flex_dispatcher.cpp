@@ -92,6 +92,11 @@ FlexDispatcher::FlexDispatcher(Group ep, int num_experts, int hidden, int topk, 
     throw ConfigError(file, "backend",
                       "DeepEP normal mode needs an NVLink domain of at most 8 GPUs but '" + t.name +
                           "' has " + std::to_string(t.gpus) + "; use the hybridep backend");
+  // MAX_NUM_OF_RANKS_PER_NODE, "up to 72 (GB200) ranks per node" (csrc/hybrid_ep/config.cuh).
+  if (config.backend == FlexBackend::HybridEP && t.gpus > 72)
+    throw ConfigError(file, "backend",
+                      "HybridEP handles NVLink domains of up to 72 GPUs but '" + t.name + "' has " +
+                          std::to_string(t.gpus));
   if (config.capacity < 0) throw ConfigError(file, "capacity", "must be >= 0 (0 = host sync)");
   if (config.preprocessing_sms <= 0)
     throw ConfigError(file, "preprocessing_sms", "must be positive (HybridEP's default is 108)");

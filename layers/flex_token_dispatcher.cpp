@@ -10,6 +10,12 @@
 // The host waits once per dispatch, for the counts notify_dispatch exchanges (the CPU spin in
 // DeepEP's Buffer::dispatch); it then knows the rows per local expert, and nothing after it
 // blocks. In meta mode every EP rank's tokens per expert come from the meta routing.
+//
+// HybridEP permutes inside its dispatch and unpermutes inside its combine
+// (hybrid_ep_buffer.py dispatch_with_permute / combine_with_unpermute, _HybridEPManager), so its
+// permute kernels run in the dispatch and combine nodes, on their stream, and the mlp node's
+// sort and unsort do nothing; DeepEP's permute runs in the mlp node (the flex dispatcher's
+// dispatch_postprocess, like the alltoall dispatcher's sort by local expert).
 #include <optional>
 
 #include "comm/flex_dispatcher.hpp"
@@ -90,23 +96,36 @@ class FlexPlan final : public DispatchPlan {
     io.rows_per_expert = handle_.recv_per_expert;
     rows_ = 0;
     for (auto n : io.rows_per_expert) rows_ += n;
+    if (in_kernel()) permute(at, "hybridep_permute");
   }
 
   void sort(ops::At at) override {
-    Sorted s = sort_by_expert(at, "flex_permute", recv_x_, recv_idx_, recv_w_, d_.cfg_.router.topk,
-                              0, d_.local_experts(), 0, rows_);
+    if (!in_kernel()) permute(at, "flex_permute");
+  }
+
+  void permute(ops::At at, const char* name) {
+    Sorted s = sort_by_expert(at, name, recv_x_, recv_idx_, recv_w_, d_.cfg_.router.topk, 0,
+                              d_.local_experts(), 0, rows_);
     io.expert_in = s.rows;
     io.expert_probs = s.probs;
     slots_ = s.slots;
     recv_x_ = recv_idx_ = recv_w_ = Tensor();
   }
 
+  // The mlp node lets go of the experts' output after unsort: HybridEP's combine holds it.
   void unsort(ops::At at) override {
-    y_rows_ = unpermute(at, "flex_unpermute", io.expert_out, Tensor(), slots_, d_.cfg_.router.topk,
+    expert_out_ = io.expert_out;
+    if (!in_kernel()) unpermute_rows(at, "flex_unpermute");
+  }
+
+  void unpermute_rows(ops::At at, const char* name) {
+    y_rows_ = unpermute(at, name, expert_out_, Tensor(), slots_, d_.cfg_.router.topk,
                         handle_.num_recv, d_.cfg_.dtype);
+    expert_out_ = Tensor();
   }
 
   void combine(ops::At at) override {
+    if (in_kernel()) unpermute_rows(at, "hybridep_unpermute");
     FlexCombined out = d_.comm_.combine(y_rows_.buffer(), handle_, at.stream,
                                         {.async = true, .name = "moe_combine_flex"});
     io.moe_out = Tensor(out.x, {tokens_, d_.cfg_.hidden_size}, d_.cfg_.dtype);
@@ -117,24 +136,36 @@ class FlexPlan final : public DispatchPlan {
     Buffer rows = d_.comm_.combine_backward(io.grad_moe_out.buffer(), handle_, at.stream,
                                             {.async = true, .name = "moe_combine_bwd_flex"});
     g_rows_ = Tensor(rows, {handle_.num_recv, d_.cfg_.hidden_size}, d_.cfg_.dtype);
+    if (in_kernel()) gather(at, "hybridep_unpermute_bwd");
   }
 
   void unsort_backward(ops::At at) override {
-    io.grad_expert_out =
-        gather_rows(at, "flex_unpermute_bwd", g_rows_, slots_, d_.cfg_.router.topk);
+    if (!in_kernel()) gather(at, "flex_unpermute_bwd");
+  }
+
+  void gather(ops::At at, const char* name) {
+    io.grad_expert_out = gather_rows(at, name, g_rows_, slots_, d_.cfg_.router.topk);
     g_rows_ = Tensor();
   }
 
   void sort_backward(ops::At at) override {
+    grad_in_ = io.grad_expert_in;  // held for HybridEP's dispatch backward, as for unsort
+    grad_probs_ = io.grad_expert_probs;
+    if (!in_kernel()) scatter_grads(at, "flex_permute_bwd");
+  }
+
+  void scatter_grads(ops::At at, const char* name) {
     const auto& c = d_.cfg_;
-    g_recv_ = unpermute(at, "flex_permute_bwd", io.grad_expert_in, Tensor(), slots_, c.router.topk,
-                        handle_.num_recv, c.dtype);
-    g_recv_probs_ = scatter_probs(at, "flex_permute_probs_bwd", io.grad_expert_probs, slots_,
+    g_recv_ =
+        unpermute(at, name, grad_in_, Tensor(), slots_, c.router.topk, handle_.num_recv, c.dtype);
+    g_recv_probs_ = scatter_probs(at, std::string(name) + "_probs", grad_probs_, slots_,
                                   c.router.topk, handle_.num_recv);
+    grad_in_ = grad_probs_ = Tensor();
   }
 
   void dispatch_backward(ops::At at) override {
     const auto& c = d_.cfg_;
+    if (in_kernel()) scatter_grads(at, "hybridep_permute_bwd");
     const Buffer gw = g_recv_probs_.buffer();
     FlexCombined out =
         d_.comm_.dispatch_backward(g_recv_.buffer(), handle_, at.stream,
@@ -147,11 +178,13 @@ class FlexPlan final : public DispatchPlan {
   void preprocess_backward(ops::At) override { slots_ = Tensor(); }
 
  private:
+  bool in_kernel() const { return d_.cfg_.moe_flex_dispatcher_backend == FlexBackend::HybridEP; }
   FlexTokenDispatcher& d_;
   std::int64_t tokens_, rows_ = 0;
   std::vector<std::int64_t> meta_counts_;
   FlexHandle handle_;
   Tensor recv_x_, recv_idx_, recv_w_, slots_, y_rows_, g_rows_, g_recv_, g_recv_probs_;
+  Tensor expert_out_, grad_in_, grad_probs_;
 };
 
 std::unique_ptr<DispatchPlan> FlexTokenDispatcher::plan(std::int64_t tokens, std::int64_t,

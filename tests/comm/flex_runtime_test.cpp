@@ -6,6 +6,7 @@
 #include "comm/communicator.hpp"
 #include "comm/flex_buffers.hpp"
 #include "comm/flex_dispatcher.hpp"
+#include "devices/errors.hpp"
 #include "devices/node.hpp"
 #include "tests/comm/comm_test_support.hpp"
 
@@ -118,6 +119,22 @@ TEST(HybridEp, DefaultSmsAre24InOneNvlinkDomainAnd8AcrossNodes) {
   EXPECT_EQ(dispatch_once(FlexBackend::HybridEP, 1, 1024, 64).sms, 24);
   EXPECT_EQ(dispatch_once(FlexBackend::HybridEP, 2, 1024, 64).sms, 8);
   EXPECT_EQ(dispatch_once(FlexBackend::DeepEP, 1, 1024, 64).sms, 20);
+}
+
+TEST(HybridEp, NvlinkDomainsUpTo72GpusDeepEpUpTo8) {
+  for (int gpus : {72, 80}) {
+    auto t = std::make_shared<NodeTopology>(*testing::calibration_h100());
+    t->gpus = gpus;
+    t->host.gpu_numa.assign(std::size_t(gpus), 0);
+    Node node(testing::options(t, 8, 1, Mode::Meta));
+    Communicator comm(node);
+    Group ep = comm.group({0, 1}, "ep");
+    if (gpus == 72)
+      EXPECT_NO_THROW(FlexDispatcher(ep, 4, 8, 2, {.backend = FlexBackend::HybridEP}));
+    else
+      EXPECT_THROW(FlexDispatcher(ep, 4, 8, 2, {.backend = FlexBackend::HybridEP}), ConfigError);
+    EXPECT_THROW(FlexDispatcher(ep, 4, 8, 2, {.backend = FlexBackend::DeepEP}), ConfigError);
+  }
 }
 
 }  // namespace

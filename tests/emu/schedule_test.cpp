@@ -43,6 +43,26 @@ TEST(Schedules, OverlapIsBitExactWithSequentialAtPp1) {
   EXPECT_NE(*seq.iterations[0].loss, *seq.iterations[1].loss);
 }
 
+// The flex dispatcher (DeepEP on its own comm stream; HybridEP permuting inside its dispatch and
+// combine nodes) under the combined 1F1B, with and without delayed wgrad: the same bits.
+TEST(Schedules, FlexBackendsAreBitExactWithSequentialUnderEpOverlap) {
+  for (const char* backend : {"deepep", "hybridep"}) {
+    const std::vector<std::string> flex = {
+        "model.moe_token_dispatcher_type=flex",
+        std::string("model.moe_flex_dispatcher_backend=") + backend};
+    const RunReport seq = run(flex);
+    ASSERT_TRUE(seq.numerics_hash);
+    for (const auto& extra :
+         std::vector<std::vector<std::string>>{{kOverlap}, {kOverlap, kDelay}}) {
+      std::vector<std::string> o = flex;
+      o.insert(o.end(), extra.begin(), extra.end());
+      const RunReport r = run(o);
+      EXPECT_EQ(r.schedule, "combined-1f1b-a2a-overlap");
+      EXPECT_EQ(r.numerics_hash, seq.numerics_hash) << backend << " " << extra.back();
+    }
+  }
+}
+
 TEST(Schedules, PipelinedSchedulesAreBitExactWithSequentialForUnevenSplits) {
   // Six layers as [2, 1, 1, 2] over (rank 0 chunk 0, rank 1 chunk 0, rank 0 chunk 1, rank 1
   // chunk 1): rank 0 pairs a 2-layer forward with a 1-layer backward and the reverse, Megatron's

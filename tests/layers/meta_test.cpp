@@ -79,6 +79,9 @@ TEST(Meta, FlexDispatcherRunsAFullSizeLayerWithOneHostSyncAndBf16Rows) {
   struct Run {
     int counts_d2h = 0, forward_syncs = 0;
     double expert_fc1_s = 0;
+    // Where the permute ran: HybridEP's in its dispatch, on the dispatch's stream.
+    int permute_track = -1, dispatch_track = -2;
+    std::string permute;
   };
   auto run = [](DispatcherType type, FlexBackend backend, int ranks) {
     ModelConfig cfg = testing::qwen3_30b_a3b_layer();
@@ -113,6 +116,9 @@ TEST(Meta, FlexDispatcherRunsAFullSizeLayerWithOneHostSyncAndBf16Rows) {
       if (op.device != 0) continue;
       if (op.name == "recv counts D2H" || op.name == "counts D2H") ++out.counts_d2h;
       if (op.name == "expert_fc1") out.expert_fc1_s += vtime_to_seconds(op.end - op.start);
+      if (op.name == "flex_permute" || op.name == "hybridep_permute")
+        out.permute = op.name, out.permute_track = op.track;
+      if (op.name == "moe_dispatch_flex") out.dispatch_track = op.track;
     }
     // The hosts' blocking waits during the forward (the trace's host calls), per host.
     const double forward_done = *std::min_element(host_after.begin(), host_after.end());
@@ -129,6 +135,12 @@ TEST(Meta, FlexDispatcherRunsAFullSizeLayerWithOneHostSyncAndBf16Rows) {
       const Run flex = run(DispatcherType::Flex, b, ranks);
       EXPECT_EQ(flex.counts_d2h, 1) << "one copy of the counts per dispatch";
       EXPECT_EQ(flex.forward_syncs, 1) << "and one host sync: nothing blocks after the counts";
+      if (b == FlexBackend::HybridEP) {
+        EXPECT_EQ(flex.permute, "hybridep_permute");
+        EXPECT_EQ(flex.permute_track, flex.dispatch_track) << "permuted inside the dispatch";
+      } else {
+        EXPECT_EQ(flex.permute, "flex_permute");
+      }
       if (ranks == 8) {  // same rows per expert on average: bf16 GEMMs, as the alltoall's
         EXPECT_NEAR(flex.expert_fc1_s, a2a.expert_fc1_s, 0.1 * a2a.expert_fc1_s);
       }
