@@ -502,6 +502,9 @@ class Rules {
     if (i("model.context_parallel_size") != 1) refuse("model.context_parallel_size", "CP > 1");
     if (set("model.expert_tensor_parallel_size") && i("model.expert_tensor_parallel_size") != 1)
       refuse("model.expert_tensor_parallel_size", "ETP > 1");
+    for (const char* k :
+         {"model.moe_expert_rank_capacity_factor", "model.moe_permute_fusion_into_hybridep"})
+      if (set(k)) refuse(k, "HybridEP's sync-free capacity mode and its fused permute");
     if (b("model.add_bias_linear")) refuse("model.add_bias_linear", "a linear bias");
     if (b("model.add_qkv_bias")) refuse("model.add_qkv_bias", "a QKV bias");
     if (set("model.mtp_num_layers") && i("model.mtp_num_layers") > 0)

@@ -396,6 +396,18 @@ const Rule kRules[] = {
      {"model.moe_token_dispatcher_type=flex", "model.moe_expert_capacity_factor=1.0",
       "model.moe_pad_expert_input_to_capacity=true"},
      "error: model.moe_pad_expert_input_to_capacity: the DeepEP backend does not pad"},
+    {"hybridep_capacity_mode_is_refused",
+     {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=hybridep"},
+     {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=hybridep",
+      "model.moe_expert_rank_capacity_factor=1.2"},
+     "error: model.moe_expert_rank_capacity_factor: HybridEP's sync-free capacity mode and its "
+     "fused permute is not modelled by NodeEmu yet"},
+    {"hybridep_preprocessing_sms_need_hybridep",
+     {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=hybridep",
+      "model.moe_hybridep_num_sms_preprocessing=32"},
+     {"model.moe_token_dispatcher_type=flex", "model.moe_hybridep_num_sms_preprocessing=32"},
+     "error: model.moe_hybridep_num_sms_preprocessing: sets HybridEP's preprocessing; use the "
+     "hybridep backend"},
     {"deepep_ep_sizes_are_its_config_table",
      {"model.moe_token_dispatcher_type=flex", "model.expert_model_parallel_size=4"},
      {"model.moe_token_dispatcher_type=flex", "model.expert_model_parallel_size=3",
