@@ -41,7 +41,7 @@ struct ModelConfig {
   std::shared_ptr<const MetaRouting> meta_routing;
   DispatcherType moe_token_dispatcher_type = DispatcherType::AllToAll;
   FlexBackend moe_flex_dispatcher_backend = FlexBackend::DeepEP;
-  int moe_flex_dispatcher_num_sms = 0;  // 0: the backend's default (FlexConfig::num_sms)
+  int moe_flex_dispatcher_num_sms = 0;         // 0: the backend's default (FlexConfig::num_sms)
   int moe_hybridep_num_sms_preprocessing = 0;  // 0: HybridEP's default (FlexConfig)
   int mtp_num_layers = 0;
   KernelChoices kernels;  // which kernels run (transformer_impl, attention_backend, fusions)
