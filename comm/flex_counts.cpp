@@ -91,6 +91,7 @@ void FlexDispatcher::exchange_counts(const Buffer& topk_idx, int num_tokens, Str
       for (int t = 0; t < num_tokens; ++t)
         for (int k = 0; k < topk; ++k) {
           const std::int64_t e = idx[size_t(t) * size_t(topk) + size_t(k)];
+          if (e >= E) throw UsageError("flex dispatch: expert index out of range");
           if (e >= 0) m[size_t(t) * size_t(E) + size_t(e)] = 1;
         }
     };

@@ -37,14 +37,14 @@ void narrow(const RowFormat& f, const float* src, void* dst, std::size_t n) {
     std::memcpy(dst, src, n * 4);
 }
 
-Call make_call(const std::string& kind, int members, int me, int sms) {
+Call make_call(const std::string& kind, int members, int me, int sms, bool across_nodes) {
   Call c;
   c.kind = kind;
   c.parties.resize(size_t(members));
   for (int i = 0; i < members; ++i) c.parties[size_t(i)] = i;
   c.party = me;
   c.sms = sms;
-  c.latency_steps = 2;  // RDMA hop + NVLink hop across nodes; counted once inside one
+  c.latency_steps = across_nodes ? 2 : 1;  // RDMA hop + NVLink hop across nodes
   return c;
 }
 
@@ -75,6 +75,7 @@ FlexDispatcher::FlexDispatcher(Group ep, int num_experts, int hidden, int topk, 
   for (int r : ep_.ranks()) machine_node_of_.push_back(node.device(r).node_index());
   const bool one_domain = std::all_of(machine_node_of_.begin(), machine_node_of_.end(),
                                       [&](int n) { return n == machine_node_of_.front(); });
+  across_nodes_ = !one_domain;
   sms_ = config.num_sms > 0                      ? config.num_sms
          : config.backend == FlexBackend::DeepEP ? t.comm.deepep_sms
          : one_domain                            ? 24
@@ -109,37 +110,49 @@ void FlexDispatcher::cost(Call& c, const FlexRouting& r, std::size_t per_row, bo
   const int me = ranks[size_t(c.party)];
   std::vector<detail::LinkLoad> out;
   double kernel_bytes = 0;
-  for (size_t d = 0; d < ranks.size(); ++d) {
-    const int peer = ranks[d];
-    if (peer == me) continue;
+  // The relays are the group's members, matched by position among their node's members (the
+  // kernels pick forwarders by rank within the group: the same local rank on the far node).
+  const size_t members = ranks.size(), mi = size_t(c.party);
+  std::vector<std::vector<size_t>> on_node(size_t(r.nodes()));
+  std::vector<size_t> position(members);
+  for (size_t d = 0; d < members; ++d) {
+    auto& list = on_node[size_t(r.node_of[d])];
+    position[d] = list.size();
+    list.push_back(d);
+  }
+  auto relay = [&](int node, size_t pos) {
+    const auto& list = on_node[size_t(node)];
+    return list[pos % list.size()];
+  };
+  for (size_t d = 0; d < members; ++d) {
+    if (d == mi) continue;
     // Rows this party moves to (dispatch) or back from its experts to (combine) member d.
     const double rows = to_sources ? double(r.from[d]) : double(r.rows_to[d]);
     const double bytes = rows * double(per_row);
     kernel_bytes += bytes;
-    if (f.same_node(me, peer)) {
-      f.add_message(me, peer, bytes, out);
-      traffic_.nvlink_bytes += std::uint64_t(bytes);
-      continue;
-    }
-    // Across nodes the rows go through the GPU with the far end's local index on the near
-    // node (combine: reduced there) or with the sender's on the far node (dispatch).
-    const int relay = to_sources ? f.device_at(f.node_of(me), f.local_of(peer))
-                                 : f.device_at(f.node_of(peer), f.local_of(me));
-    const int a = to_sources ? me : relay, b = to_sources ? relay : peer;
-    f.add_message(a, b, bytes, out);
-    if (a != b) traffic_.nvlink_bytes += std::uint64_t(bytes);
+    // Across nodes: dispatch forwards from the relay on d's node to d; combine sends to the
+    // relay on this node that reduces d's tokens before they cross.
+    const size_t a = r.node_of[d] == r.node_of[mi] ? mi
+                     : to_sources                  ? mi
+                                                   : relay(r.node_of[d], position[mi]);
+    const size_t b = r.node_of[d] == r.node_of[mi] ? d
+                     : to_sources                  ? relay(r.node_of[mi], position[d])
+                                                   : d;
+    if (a == b) continue;
+    f.add_message(ranks[a], ranks[b], bytes, out);
+    traffic_.nvlink_bytes += std::uint64_t(bytes);
   }
-  // RDMA once per token and node: dispatch sends its tokens to each far node's relay; combine's
-  // relays on each far node send this rank its tokens' reduced rows.
-  for (size_t d = 0; d < ranks.size(); ++d) {
-    const int peer = ranks[d];
-    if (f.same_node(me, peer) || f.local_of(peer) != f.local_of(me)) continue;
-    // `peer` is the relay of its node for this rank's local index.
-    const double bytes = double(r.tokens_to_node[size_t(r.node_of[d])]) * double(per_row);
+  // RDMA once per token and far node, between this rank and its relay there: dispatch sends its
+  // tokens out; combine's relays send this rank its tokens' reduced rows (counted here, at the
+  // rank whose tokens they are).
+  for (int node = 0; node < r.nodes(); ++node) {
+    if (node == r.node_of[mi]) continue;
+    const size_t peer = relay(node, position[mi]);
+    const double bytes = double(r.tokens_to_node[size_t(node)]) * double(per_row);
     if (to_sources)
-      f.add_message(peer, me, bytes, out);
+      f.add_message(ranks[peer], me, bytes, out);
     else
-      f.add_message(me, peer, bytes, out);
+      f.add_message(me, ranks[peer], bytes, out);
     traffic_.rdma_bytes += std::uint64_t(bytes);
   }
   if (kernel_bytes > 0)
@@ -172,16 +185,18 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
   FlexDispatched out;
   out.handle.num_tokens = num_tokens;
   out.handle.routing = routing;
-  Call c =
-      make_call(std::string("flex_dispatch(") + backend_name(config_.backend) + ")", n, me, sms_);
+  Call c = make_call(std::string("flex_dispatch(") + backend_name(config_.backend) + ")", n, me,
+                     sms_, across_nodes());
   const int epr = local_experts_;
   const int topk = topk_;
 
-  // Where token t's three pieces start on the sender, and the receiver's three regions.
+  // Where token t's three pieces start on the sender, and the receiver's three regions. Raw
+  // pointers: in capacity mode these run, and are destroyed, on the workers; c.uses holds the
+  // buffers. (Meta mode has no data, and never runs them.)
+  const auto* xb = functional ? static_cast<const std::byte*>(x.data()) : nullptr;
+  const auto* ib = functional ? static_cast<const std::byte*>(topk_idx.data()) : nullptr;
+  const auto* wb = functional ? static_cast<const std::byte*>(topk_weight.data()) : nullptr;
   auto send_segments = [=](const FlexRouting& r, int d, std::vector<ConstSegment>& segs) {
-    const auto* xb = static_cast<const std::byte*>(x.data());
-    const auto* ib = static_cast<const std::byte*>(topk_idx.data());
-    const auto* wb = static_cast<const std::byte*>(topk_weight.data());
     for (int t : r.to[size_t(d)]) segs.push_back({xb + size_t(t) * xrow, xrow});
     for (int t : r.to[size_t(d)])
       segs.push_back({ib + size_t(t) * size_t(topk) * 8, size_t(topk) * 8});
@@ -199,14 +214,14 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
   out.x = dev.allocate(std::max<size_t>(1, size_t(rows_cap) * xrow));
   out.topk_idx = dev.allocate(std::max<size_t>(1, size_t(rows_cap) * size_t(topk) * 8));
   out.topk_weight = dev.allocate(std::max<size_t>(1, size_t(rows_cap) * size_t(topk) * 4));
-  auto recv_segments = [=, rx = out.x, ri = out.topk_idx, rw = out.topk_weight](
-                           const FlexRouting& r, int s, std::vector<Segment>& segs) {
+  auto* rx = functional ? static_cast<std::byte*>(out.x.data()) : nullptr;
+  auto* ri = functional ? static_cast<std::byte*>(out.topk_idx.data()) : nullptr;
+  auto* rw = functional ? static_cast<std::byte*>(out.topk_weight.data()) : nullptr;
+  auto recv_segments = [=](const FlexRouting& r, int s, std::vector<Segment>& segs) {
     const size_t at = size_t(r.offset[size_t(s)]), cnt = size_t(r.from[size_t(s)]);
-    segs.push_back({static_cast<std::byte*>(rx.data()) + at * xrow, cnt * xrow});
-    segs.push_back(
-        {static_cast<std::byte*>(ri.data()) + at * size_t(topk) * 8, cnt * size_t(topk) * 8});
-    segs.push_back(
-        {static_cast<std::byte*>(rw.data()) + at * size_t(topk) * 4, cnt * size_t(topk) * 4});
+    segs.push_back({rx + at * xrow, cnt * xrow});
+    segs.push_back({ri + at * size_t(topk) * 8, cnt * size_t(topk) * 8});
+    segs.push_back({rw + at * size_t(topk) * 4, cnt * size_t(topk) * 4});
   };
 
   PartyPhase p(static_cast<size_t>(n));
@@ -267,12 +282,11 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
   // The receiver's permute input wants local expert ids: -1 for the experts of other ranks.
   std::function<void()> body;
   if (functional) {
-    auto* ri = out.topk_idx.as<std::int64_t>();
-    body = [=] {
+    body = [=, ids = out.topk_idx.as<std::int64_t>()] {
       const int rows = routing->received;
       const std::int64_t lo = std::int64_t(me) * epr, hi = lo + epr;
       for (size_t i = 0; i < size_t(rows) * size_t(topk); ++i)
-        ri[i] = (ri[i] >= lo && ri[i] < hi) ? ri[i] - lo : -1;
+        ids[i] = (ids[i] >= lo && ids[i] < hi) ? ids[i] - lo : -1;
     };
   }
   ks.launch({"dispatch_local_ids",
@@ -310,7 +324,8 @@ std::optional<Event> FlexDispatcher::move_rows(const Buffer& src, const Buffer& 
   const std::size_t row = xrow + wrow;
   auto routing = h.routing;
   const bool known = h.num_recv >= 0;  // the host knows the routing (it synchronised)
-  Call c = make_call(std::string(what) + "(" + backend_name(config_.backend) + ")", n, me, sms_);
+  Call c = make_call(std::string(what) + "(" + backend_name(config_.backend) + ")", n, me, sms_,
+                     across_nodes());
   // Combine (forward): the received rows go back to their sources, which stage them, member by
   // member, in `to` order, and reduce them afterwards. Backward of combine: token rows go out
   // again along `to` into the received order.

@@ -173,6 +173,8 @@ class FlexDispatcher {
   int sms_;
   double kernel_bytes_per_s_;
   std::vector<int> machine_node_of_;  // [member]
+  bool across_nodes_ = false;         // the group spans more than one node
+  bool across_nodes() const { return across_nodes_; }
   FlexTraffic traffic_;
 };
 

@@ -336,6 +336,37 @@ TEST(FlexTraffic, InternodeTokensCrossRdmaOncePerNodeAndFanOutOverNvlink) {
   for (int r = 1; r < 4; ++r) EXPECT_EQ(traffic[size_t(r)].rdma_bytes, 0u);
 }
 
+// The relay is the group's member on the far node at this rank's position among its node's
+// members, not the GPU with its local index: an EP group on GPUs 4-11 of two 8-GPU nodes still
+// crosses RDMA once per token (from GPU 4 to GPU 8) and fans out from there.
+TEST(FlexTraffic, RelaysAreTheGroupsMembersWhenItsRanksSitAtOtherLocalIndices) {
+  NodeOptions o = testing::options(testing::calibration_h100(), 8, 1, Mode::Functional);
+  o.nodes = 2;
+  Node two(o);
+  Communicator comm(two);
+  constexpr int T = 16, H = 8, K = 2;
+  FlexTraffic first;
+  two.run([&](Host& host) {
+    const int me = host.rank();
+    Group ep = comm.group({4, 5, 6, 7, 8, 9, 10, 11}, "ep");
+    if (ep.index_of(me) < 0) return;
+    FlexDispatcher disp(ep, 8, H, K);
+    const int tokens = me == 4 ? T : 0;
+    Device& dev = host.device();
+    Buffer x = dev.allocate(T * H * 4), idx = dev.allocate(T * K * 8), w = dev.allocate(T * K * 4);
+    for (int i = 0; i < T; ++i) {
+      idx.as<std::int64_t>()[i * K] = 4;  // members 4 and 5: GPUs 8 and 9, on node 1
+      idx.as<std::int64_t>()[i * K + 1] = 5;
+    }
+    Stream s = dev.default_stream();
+    disp.dispatch(x, idx, w, tokens, s);
+    if (me == 4) first = disp.traffic();
+  });
+  const std::uint64_t row = H * 4 + K * 12;
+  EXPECT_EQ(first.rdma_bytes, T * row);
+  EXPECT_EQ(first.nvlink_bytes, T * row);
+}
+
 // The dispatch kernels copy with their own SMs: with 8 of them DeepEP moves about 174 GB/s
 // (the B200 sweep, flex_kernel_speed.cpp), below what NVLink carries, so the same dispatch takes
 // longer than with 24. Meta mode, EP8 in one DGX H100, every member's tokens spread over every
