@@ -12,7 +12,6 @@ Fabric::Fabric(Node& node) : topo_(&node.topology()) {
   for (int d = 0; d < node.device_count(); ++d) {
     const Device& dev = node.device(d);
     node_of_.push_back(dev.node_index());
-    local_of_.push_back(dev.local_index());
     const std::string name = dev.name();
     nvl_tx_.push_back(e.add_link(name + " NVLink out", t.nvlink.bytes_per_s));
     nvl_rx_.push_back(e.add_link(name + " NVLink in", t.nvlink.bytes_per_s));
@@ -30,10 +29,6 @@ Fabric::Fabric(Node& node) : topo_(&node.topology()) {
   }
 }
 
-int Fabric::device_at(int node, int local) const {
-  return node * topo_->gpus + local;
-}
-
 void Fabric::add_message(int src, int dst, double bytes, std::vector<detail::LinkLoad>& out) const {
   if (src == dst || bytes <= 0) return;
   if (same_node(src, dst)) {
@@ -45,14 +40,6 @@ void Fabric::add_message(int src, int dst, double bytes, std::vector<detail::Lin
     out.push_back({nic_tx(src), wire});
     out.push_back({nic_rx(dst), wire});
   }
-}
-
-void Fabric::add_hierarchical_message(int src, int dst, double bytes,
-                                      std::vector<detail::LinkLoad>& out) const {
-  if (same_node(src, dst)) return add_message(src, dst, bytes, out);
-  const int relay = device_at(node_of(dst), local_of(src));
-  add_message(src, relay, bytes, out);
-  add_message(relay, dst, bytes, out);
 }
 
 double Fabric::latency_s(int src, int dst) const {

@@ -22,18 +22,11 @@ class Fabric {
   int devices() const { return static_cast<int>(node_of_.size()); }
   bool same_node(int a, int b) const { return node_of_[size_t(a)] == node_of_[size_t(b)]; }
   int node_of(int device) const { return node_of_[size_t(device)]; }
-  int local_of(int device) const { return local_of_[size_t(device)]; }
-  // The device with local index `local` on node `node`.
-  int device_at(int node, int local) const;
 
   // Adds the loads of one message of `bytes` from src to dst, in the bytes the link must carry
   // at its raw rate: bytes / efficiency(message size). Nothing for src == dst (a local copy) or
   // zero bytes.
   void add_message(int src, int dst, double bytes, std::vector<detail::LinkLoad>& out) const;
-  // HybridEP's hierarchical route across nodes: over the NIC to the GPU with the sender's local
-  // index on the receiver's node, then over NVLink to the receiver.
-  void add_hierarchical_message(int src, int dst, double bytes,
-                                std::vector<detail::LinkLoad>& out) const;
   // One step's latency between two devices (NVLink inside a node, the NIC's across).
   double latency_s(int src, int dst) const;
 
@@ -48,7 +41,7 @@ class Fabric {
 
  private:
   const NodeTopology* topo_;
-  std::vector<int> node_of_, local_of_, nic_of_;
+  std::vector<int> node_of_, nic_of_;
   std::vector<int> nvl_tx_, nvl_rx_, nic_tx_, nic_rx_, ep_kernels_;
 };
 
