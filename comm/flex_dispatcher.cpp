@@ -23,7 +23,9 @@ const char* backend_name(FlexBackend b) {
   return b == FlexBackend::DeepEP ? "deepep" : "hybridep";
 }
 
+// n may be 0 (a rank with no tokens), and then a pointer may be null: no call at all.
 void widen(const RowFormat& f, const void* src, float* dst, std::size_t n) {
+  if (n == 0) return;
   if (f.widen)
     f.widen(src, dst, n);
   else
@@ -31,6 +33,7 @@ void widen(const RowFormat& f, const void* src, float* dst, std::size_t n) {
 }
 
 void narrow(const RowFormat& f, const float* src, void* dst, std::size_t n) {
+  if (n == 0) return;
   if (f.narrow)
     f.narrow(src, dst, n);
   else
@@ -457,7 +460,7 @@ FlexCombined FlexDispatcher::combine(const Buffer& y, const FlexHandle& handle, 
           ++i;
         }
       narrow(fmt, acc.data(), ox, tokens * hidden);
-      if (swf) std::memcpy(ow, wacc.data(), wacc.size() * 4);
+      if (swf && !wacc.empty()) std::memcpy(ow, wacc.data(), wacc.size() * 4);
     };
   }
   std::vector<Buffer> uses = {sx, out.x};
