@@ -52,9 +52,9 @@ void FlexDispatcher::reserve_buffers(Device& dev, int num_tokens) {
   auto& held = ep_.comm().flex_buffers[{dev.id(), int(config_.backend)}];
   if (bytes <= held.bytes) return;
   held.memory = Buffer();  // the smaller one goes first, as a re-made Buffer frees its own
-  // Never read before the kernels write it: no zero-fill (and, in functional mode, no page
-  // touched until then).
-  held.memory = dev.allocate_uninitialized(std::size_t(bytes));
+  // Accounted, never read or written here: the emulated kernels move their bytes through the
+  // channels, so a functional run holds no real memory for it.
+  held.memory = dev.reserve(std::size_t(bytes));
   held.bytes = bytes;
 }
 

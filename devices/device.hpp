@@ -50,6 +50,10 @@ class Device {
   // reload's destination on the H2D stream); by default the device's compute stream.
   Buffer allocate_uninitialized(std::size_t bytes, std::vector<std::int64_t> shape = {},
                                 const Stream* pool_stream = nullptr);
+  // Device memory that is accounted like any other but has no contents in either mode: the
+  // workspace of a library whose bytes the emulation never reads or writes (DeepEP's and
+  // HybridEP's persistent buffers). Its data() throws, as a meta buffer's does.
+  Buffer reserve(std::size_t bytes);
   MemoryStats memory() const;
   // The peak over a window of virtual time (seconds): e.g. one phase of a step.
   std::uint64_t peak_memory(double from_s, double to_s) const;
@@ -65,7 +69,7 @@ class Device {
   Device(Node* node, DevicePlacement placement, const GpuSpec* spec, WorkerPool* pool);
 
  private:
-  Buffer allocate_impl(std::size_t bytes, std::vector<std::int64_t> shape, bool zeroed,
+  Buffer allocate_impl(std::size_t bytes, std::vector<std::int64_t> shape, bool zeroed, bool meta,
                        const Stream* pool_stream);
   Node* node_;
   DevicePlacement placement_;

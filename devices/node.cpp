@@ -214,16 +214,20 @@ Stream Device::shared_stream(const std::string& name, Priority p) {
 }
 
 Buffer Device::allocate(std::size_t bytes, std::vector<std::int64_t> shape) {
-  return allocate_impl(bytes, std::move(shape), true, nullptr);
+  return allocate_impl(bytes, std::move(shape), true, false, nullptr);
 }
 
 Buffer Device::allocate_uninitialized(std::size_t bytes, std::vector<std::int64_t> shape,
                                       const Stream* pool_stream) {
-  return allocate_impl(bytes, std::move(shape), false, pool_stream);
+  return allocate_impl(bytes, std::move(shape), false, false, pool_stream);
+}
+
+Buffer Device::reserve(std::size_t bytes) {
+  return allocate_impl(bytes, {}, false, true, nullptr);
 }
 
 Buffer Device::allocate_impl(std::size_t bytes, std::vector<std::int64_t> shape, bool zeroed,
-                             const Stream* pool_stream) {
+                             bool meta, const Stream* pool_stream) {
   auto& engine = node_->engine();
   engine.account_alloc(id(), bytes);
   auto s = std::make_shared<detail::BufferState>();
@@ -233,7 +237,7 @@ Buffer Device::allocate_impl(std::size_t bytes, std::vector<std::int64_t> shape,
   s->bytes = bytes;
   s->shape = std::move(shape);
   if (pool_stream) s->pool_track = pool_stream->state()->track;
-  s->meta = engine.mode() == Mode::Meta;
+  s->meta = meta || engine.mode() == Mode::Meta;
   if (!s->meta) {
     try {
       s->placement = numa::allocate_on_node(bytes, placement_.real_numa, zeroed);

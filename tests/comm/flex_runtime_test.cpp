@@ -93,6 +93,27 @@ TEST(FlexBuffers, TheBackendsBuffersStayInDeviceMemoryOncePerGpu) {
             std::uint64_t(1024 * 8) * 4096 * 2 + std::uint64_t(1024 * 8) * 64 * 4);
 }
 
+// In functional mode the buffers are accounted the same, and hold no real memory (16 ranks across
+// two nodes would otherwise take 16 x 0.6 GiB of this machine for bytes nobody reads).
+TEST(FlexBuffers, FunctionalModeAccountsTheBuffersWithoutBackingThem) {
+  Node node(testing::options(testing::calibration_h100(), 8, 1, Mode::Functional));
+  Communicator comm(node);
+  std::uint64_t kept = 0;
+  node.run([&](Host& host) {
+    Device& dev = host.device();
+    FlexDispatcher disp(comm.group({0, 1, 2, 3, 4, 5, 6, 7}, "ep"), 8, 64, 2, {.rows = kBf16Rows});
+    Buffer x = dev.allocate(64 * 2), idx = dev.allocate(2 * 8), w = dev.allocate(2 * 4);
+    idx.as<std::int64_t>()[0] = 0;
+    idx.as<std::int64_t>()[1] = 1;
+    Stream s = dev.default_stream();
+    const std::uint64_t before = dev.memory().in_use;
+    disp.dispatch(x, idx, w, 1, s);
+    s.synchronize();
+    if (host.rank() == 0) kept = dev.memory().in_use - before;
+  });
+  EXPECT_EQ(kept, deepep_nvl_buffer_bytes(64 * 2, 8, 20));
+}
+
 TEST(FlexStreams, DeepEpRunsOnItsOwnCommStreamAndTheCallerWaitsHybridEpOnTheCallers) {
   const Dispatched deep = dispatch_once(FlexBackend::DeepEP, 1, 1024, 512);
   const auto &before = op_named(deep, "before"), &flex = op_named(deep, "flex under test"),
