@@ -100,7 +100,6 @@ FlexDispatcher::FlexDispatcher(Group ep, int num_experts, int hidden, int topk, 
     throw ConfigError(file, "backend",
                       "HybridEP handles NVLink domains of up to 72 GPUs but '" + t.name + "' has " +
                           std::to_string(t.gpus));
-  if (config.capacity < 0) throw ConfigError(file, "capacity", "must be >= 0 (0 = host sync)");
   if (config.preprocessing_sms <= 0)
     throw ConfigError(file, "preprocessing_sms", "must be positive (HybridEP's default is 108)");
   config_.preprocessing_sms = std::min(config.preprocessing_sms, t.gpu.sms);
@@ -167,7 +166,8 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
                                         const Buffer& topk_weight, int num_tokens, Stream& stream,
                                         const CollOptions& o,
                                         const std::vector<std::int64_t>& meta_counts,
-                                        const std::vector<std::int64_t>& meta_tokens) {
+                                        const std::vector<std::int64_t>& meta_tokens,
+                                        int capacity) {
   Device& dev = stream.device();
   Node& node = dev.node();
   const int n = ep_.size();
@@ -176,7 +176,12 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
     throw UsageError("flex dispatch: " + dev.name() + " is not in group '" + ep_.name() + "'");
   const bool functional = node.mode() == Mode::Functional;
   const std::size_t xrow = row_bytes(), row = xrow + size_t(topk_) * 12;  // x, idx, weight
-  if (!functional && config_.capacity == 0 && meta_counts.empty())
+  if (capacity < 0) throw UsageError("flex dispatch: capacity must be >= 0 (0 = host sync)");
+  if (capacity > 0 && config_.backend != FlexBackend::HybridEP)
+    throw UsageError(
+        "flex dispatch: DeepEP's normal mode always waits for its counts on the host; the "
+        "sync-free capacity is HybridEP's (use the hybridep backend)");
+  if (!functional && capacity == 0 && meta_counts.empty())
     throw UsageError(
         "flex dispatch: meta mode has no routing; pass every member's tokens per expert");
   if (o.previous) stream.wait(*o.previous);
@@ -187,6 +192,7 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
   routing->set_nodes(machine_node_of_);
   FlexDispatched out;
   out.handle.num_tokens = num_tokens;
+  out.handle.capacity = capacity;
   out.handle.routing = routing;
   Call c = make_call(std::string("flex_dispatch(") + backend_name(config_.backend) + ")", n, me,
                      sms_, across_nodes());
@@ -206,17 +212,24 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
     for (int t : r.to[size_t(d)])
       segs.push_back({wb + size_t(t) * size_t(topk) * 4, size_t(topk) * 4});
   };
-  int rows_cap = config_.capacity;
-  if (config_.capacity == 0) {
+  // The rows the receive buffers hold: the received count once the host knows it; without a
+  // host sync, every row that can arrive, inside HybridEP's persistent buffer (so not accounted
+  // again: reserve_buffers sized it for this many).
+  int rows_cap = receive_bound(num_tokens);
+  if (capacity == 0) {
     if (!functional) routing->estimate(meta_counts, meta_tokens, me, epr);
     notify(topk_idx, num_tokens, ks, *routing, out.handle);
     out.handle.num_recv = routing->received;
     out.handle.recv_per_expert = routing->recv_per_expert;
     rows_cap = routing->received;
   }
-  out.x = dev.allocate(std::max<size_t>(1, size_t(rows_cap) * xrow));
-  out.topk_idx = dev.allocate(std::max<size_t>(1, size_t(rows_cap) * size_t(topk) * 8));
-  out.topk_weight = dev.allocate(std::max<size_t>(1, size_t(rows_cap) * size_t(topk) * 4));
+  auto receive_buffer = [&](size_t bytes) {
+    bytes = std::max<size_t>(1, bytes);
+    return capacity == 0 ? dev.allocate(bytes) : dev.workspace(bytes);
+  };
+  out.x = receive_buffer(size_t(rows_cap) * xrow);
+  out.topk_idx = receive_buffer(size_t(rows_cap) * size_t(topk) * 8);
+  out.topk_weight = receive_buffer(size_t(rows_cap) * size_t(topk) * 4);
   auto* rx = functional ? static_cast<std::byte*>(out.x.data()) : nullptr;
   auto* ri = functional ? static_cast<std::byte*>(out.topk_idx.data()) : nullptr;
   auto* rw = functional ? static_cast<std::byte*>(out.topk_weight.data()) : nullptr;
@@ -228,7 +241,7 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
   };
 
   PartyPhase p(static_cast<size_t>(n));
-  if (config_.capacity == 0) {
+  if (capacity == 0) {
     for (int d = 0; d < n; ++d) p.send_bytes[size_t(d)] = routing->rows_to[size_t(d)] * row;
     for (int s = 0; s < n; ++s) p.recv_bytes[size_t(s)] = size_t(routing->from[size_t(s)]) * row;
     if (functional) {
@@ -240,12 +253,12 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
     cost(c, *routing, row, false);
   } else {
     // The budget, spread evenly: what the host declares and the timing plane charges.
-    for (int d = 0; d < n; ++d)
-      p.send_bytes[size_t(d)] = p.recv_bytes[size_t(d)] = size_t(rows_cap / n) * row;
+    const size_t charged = size_t(capacity / n);
+    for (int d = 0; d < n; ++d) p.send_bytes[size_t(d)] = p.recv_bytes[size_t(d)] = charged * row;
     c.plan = {PartyPhase(static_cast<size_t>(n)), p};
     FlexRouting budget = *routing;
-    budget.rows_to.assign(size_t(n), size_t(rows_cap / n));
-    budget.tokens_to_node.assign(size_t(budget.nodes()), size_t(rows_cap / n));
+    budget.rows_to.assign(size_t(n), charged);
+    budget.tokens_to_node.assign(size_t(budget.nodes()), charged);
     cost(c, budget, row, false);
     if (functional) {
       c.planner = [=, idx = topk_idx.as<const std::int64_t>()] {
@@ -263,8 +276,9 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
         routing->receive(rows);
         if (routing->received > rows_cap)
           throw UsageError("flex dispatch: " + std::to_string(routing->received) +
-                           " tokens arrived but the capacity is " + std::to_string(rows_cap) +
-                           "; raise FlexConfig::capacity");
+                           " rows arrived but HybridEP's buffer holds " + std::to_string(rows_cap) +
+                           "; every member must pass the same token count, or set "
+                           "FlexConfig::max_tokens_per_rank to the largest");
         PartyPhase q(rows.size());
         for (size_t s = 0; s < rows.size(); ++s) {
           q.recv_bytes[s] = incoming[s];
@@ -285,11 +299,12 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
   // The receiver's permute input wants local expert ids: -1 for the experts of other ranks.
   std::function<void()> body;
   if (functional) {
+    // Rows past the received ones (a receive buffer sized by its bound) get -1 too: no expert.
     body = [=, ids = out.topk_idx.as<std::int64_t>()] {
-      const int rows = routing->received;
+      const size_t used = size_t(routing->received) * size_t(topk);
       const std::int64_t lo = std::int64_t(me) * epr, hi = lo + epr;
-      for (size_t i = 0; i < size_t(rows) * size_t(topk); ++i)
-        ids[i] = (ids[i] >= lo && ids[i] < hi) ? ids[i] - lo : -1;
+      for (size_t i = 0; i < used; ++i) ids[i] = (ids[i] >= lo && ids[i] < hi) ? ids[i] - lo : -1;
+      std::fill(ids + used, ids + size_t(rows_cap) * size_t(topk), std::int64_t(-1));
     };
   }
   ks.launch({"dispatch_local_ids",
@@ -385,13 +400,13 @@ std::optional<Event> FlexDispatcher::move_rows(const Buffer& src, const Buffer& 
     PartyPhase declared(static_cast<size_t>(n));
     for (int d = 0; d < n; ++d)
       declared.send_bytes[size_t(d)] = declared.recv_bytes[size_t(d)] =
-          size_t(config_.capacity / n) * row;
+          size_t(h.capacity / n) * row;
     c.plan = {PartyPhase(static_cast<size_t>(n)), declared};
     FlexRouting budget;
     budget.set_nodes(machine_node_of_);
-    budget.rows_to.assign(size_t(n), size_t(config_.capacity / n));
-    budget.from.assign(size_t(n), config_.capacity / n);
-    budget.tokens_to_node.assign(size_t(budget.nodes()), size_t(config_.capacity / n));
+    budget.rows_to.assign(size_t(n), size_t(h.capacity / n));
+    budget.from.assign(size_t(n), h.capacity / n);
+    budget.tokens_to_node.assign(size_t(budget.nodes()), size_t(h.capacity / n));
     cost(c, budget, row, forward);
     if (functional) {
       c.planner = [=] {
@@ -484,8 +499,10 @@ FlexCombined FlexDispatcher::combine(const Buffer& y, const FlexHandle& handle, 
 Buffer FlexDispatcher::combine_backward(const Buffer& grad_out, const FlexHandle& handle,
                                         Stream& stream, const CollOptions& o,
                                         std::optional<Event>* done) {
-  const int rows = handle.num_recv >= 0 ? handle.num_recv : config_.capacity;
-  Buffer g = stream.device().allocate(std::max<size_t>(1, size_t(rows) * row_bytes()));
+  const bool known = handle.num_recv >= 0;
+  const int rows = known ? handle.num_recv : receive_bound(handle.num_tokens);
+  const size_t bytes = std::max<size_t>(1, size_t(rows) * row_bytes());
+  Buffer g = known ? stream.device().allocate(bytes) : stream.device().workspace(bytes);
   CollOptions oo = o;
   if (oo.previous) stream.wait(*oo.previous);
   oo.previous.reset();

@@ -27,7 +27,7 @@
 // The host synchronizes once per dispatch: after notify_dispatch has exchanged the counts, when
 // DeepEP's CPU spins on moe_recv_counter and moe_recv_expert_counter; it then knows the rows it
 // receives and the pairs per local expert (num_recv_tokens_per_expert_list), so nothing after it
-// blocks. With `capacity` (HybridEP's static budget) nothing waits on the host: each rank's
+// blocks. With a capacity (HybridEP's sync-free budget) nothing waits on the host: each rank's
 // routing is worked out on its device, and the timing plane charges the budget. In meta mode the
 // caller passes every member's tokens per expert instead of indices.
 //
@@ -36,6 +36,7 @@
 // from compute.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -65,7 +66,10 @@ struct FlexConfig {
   // HybridEP's metadata preprocessing kernel: blocks, at most one per SM
   // (moe_hybridep_num_sms_preprocessing, 108 by default).
   int preprocessing_sms = 108;
-  int capacity = 0;  // tokens one rank may receive; > 0: no host sync
+  // HybridEP's buffer holds this many tokens per member (HybridEpBuffer's
+  // max_num_of_tokens_per_rank); 0: as many as the caller passes. A sync-free dispatch receives
+  // into it, so every member's tokens must fit.
+  int max_tokens_per_rank = 0;
   RowFormat rows;
 };
 
@@ -78,7 +82,8 @@ struct Call;
 // What combine (and both backwards) reuse from a dispatch.
 struct FlexHandle {
   int num_tokens = 0;
-  int num_recv = -1;  // rows received; -1 until known on the host (capacity mode)
+  int num_recv = -1;  // rows received; -1: known only on the device (capacity mode)
+  int capacity = 0;   // the dispatch's capacity (0: the host synchronised)
   // Pairs received per local expert, host-known with num_recv (num_recv_tokens_per_expert_list).
   std::vector<std::int64_t> recv_per_expert;
   std::shared_ptr<detail::FlexRouting> routing;
@@ -118,6 +123,12 @@ class FlexDispatcher {
   FlexDispatcher(Group ep, int num_experts, int hidden, int topk, FlexConfig config = {});
 
   const FlexConfig& config() const { return config_; }
+  // The most rows one rank can receive when it passes `num_tokens` tokens: every member's every
+  // token, each member holding at most max_tokens_per_rank (HybridEP's buffer) or, without one,
+  // as many as this rank (Megatron pads every member to the same count for HybridEP).
+  int receive_bound(int num_tokens) const {
+    return std::max(num_tokens, config_.max_tokens_per_rank) * ep_.size();
+  }
   int num_sms() const { return sms_; }
   std::size_t row_bytes() const { return std::size_t(hidden_) * config_.rows.elem_bytes; }
 
@@ -126,10 +137,14 @@ class FlexDispatcher {
   // x: [num_tokens][hidden] in the row format; topk_idx: int64[num_tokens][topk]; weight:
   // float[..][topk]. In meta mode, `meta_counts` holds every member's tokens per expert
   // (member-major) and `meta_tokens` every member's tokens.
+  // `capacity` > 0: HybridEP's sync-free mode (a non_blocking dispatch given num_permuted_tokens).
+  // The host never waits; the timing plane charges `capacity` rows, spread evenly over the
+  // members (the budget the caller declares), and the rows that really arrive are worked out on
+  // the device, into receive buffers that hold every row that can arrive (receive_bound).
   FlexDispatched dispatch(const Buffer& x, const Buffer& topk_idx, const Buffer& topk_weight,
                           int num_tokens, Stream& stream, const CollOptions& o = {},
                           const std::vector<std::int64_t>& meta_counts = {},
-                          const std::vector<std::int64_t>& meta_tokens = {});
+                          const std::vector<std::int64_t>& meta_tokens = {}, int capacity = 0);
   // y: [handle rows][hidden] in the received order; with `topk_weight` (float[rows][topk]) the
   // weights are combined too.
   FlexCombined combine(const Buffer& y, const FlexHandle& handle, Stream& stream,

@@ -46,7 +46,8 @@ void FlexDispatcher::reserve_buffers(Device& dev, int num_tokens) {
     bytes = deepep_nvl_buffer_bytes(hidden_bytes, n, sms_) +
             nvshmem_granules(deepep_rdma_buffer_bytes(hidden_bytes, n, sms_));
   } else {
-    bytes = hybridep_buffer_bytes(num_tokens, hidden_, ranks_here, nodes.nodes(),
+    bytes = hybridep_buffer_bytes(std::max(num_tokens, config_.max_tokens_per_rank), hidden_,
+                                  ranks_here, nodes.nodes(),
                                   local_experts_ * ranks_here);
   }
   auto& held = ep_.comm().flex_buffers[{dev.id(), int(config_.backend)}];

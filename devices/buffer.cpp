@@ -12,7 +12,7 @@ namespace detail {
 BufferGuard::~BufferGuard() {
   // The virtual account must change at a deterministic host time, so the last handle has to be
   // dropped by a host program, never inside a kernel body on a worker thread.
-  if (state_->kind != MemoryKind::Device) return;
+  if (state_->kind != MemoryKind::Device || !state_->accounted) return;
   auto engine = engine_.lock();
   if (!engine) return;
   NE_CHECK(engine->on_host_thread(),

@@ -24,6 +24,8 @@ struct BufferState : std::enable_shared_from_this<BufferState> {
   int numa = -1;
   std::size_t bytes = 0;
   bool meta = false;
+  // False for memory inside an accounted reservation (Device::workspace): never accounted again.
+  bool accounted = true;
   std::vector<std::int64_t> shape;
   numa::Placement placement;  // ptr is null for meta buffers
   std::vector<OpId> uses;     // operations that used it and may still be running (engine-pruned)

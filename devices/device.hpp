@@ -54,6 +54,10 @@ class Device {
   // workspace of a library whose bytes the emulation never reads or writes (DeepEP's and
   // HybridEP's persistent buffers). Its data() throws, as a meta buffer's does.
   Buffer reserve(std::size_t bytes);
+  // Zero-filled memory with contents (in functional mode) that lives inside such a reservation,
+  // so it is not accounted again: the rows a library keeps in its persistent buffer (HybridEP's
+  // received tokens in its sync-free mode). The caller keeps the reservation at least as large.
+  Buffer workspace(std::size_t bytes);
   MemoryStats memory() const;
   // The peak over a window of virtual time (seconds): e.g. one phase of a step.
   std::uint64_t peak_memory(double from_s, double to_s) const;
@@ -70,7 +74,7 @@ class Device {
 
  private:
   Buffer allocate_impl(std::size_t bytes, std::vector<std::int64_t> shape, bool zeroed, bool meta,
-                       const Stream* pool_stream);
+                       const Stream* pool_stream, bool accounted = true);
   Node* node_;
   DevicePlacement placement_;
   const GpuSpec* spec_;

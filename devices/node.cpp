@@ -226,15 +226,20 @@ Buffer Device::reserve(std::size_t bytes) {
   return allocate_impl(bytes, {}, false, true, nullptr);
 }
 
+Buffer Device::workspace(std::size_t bytes) {
+  return allocate_impl(bytes, {}, true, false, nullptr, false);
+}
+
 Buffer Device::allocate_impl(std::size_t bytes, std::vector<std::int64_t> shape, bool zeroed,
-                             bool meta, const Stream* pool_stream) {
+                             bool meta, const Stream* pool_stream, bool accounted) {
   auto& engine = node_->engine();
-  engine.account_alloc(id(), bytes);
+  if (accounted) engine.account_alloc(id(), bytes);
   auto s = std::make_shared<detail::BufferState>();
   s->kind = MemoryKind::Device;
   s->device = id();
   s->numa = placement_.emulated_numa;
   s->bytes = bytes;
+  s->accounted = accounted;
   s->shape = std::move(shape);
   if (pool_stream) s->pool_track = pool_stream->state()->track;
   s->meta = meta || engine.mode() == Mode::Meta;
@@ -242,7 +247,7 @@ Buffer Device::allocate_impl(std::size_t bytes, std::vector<std::int64_t> shape,
     try {
       s->placement = numa::allocate_on_node(bytes, placement_.real_numa, zeroed);
     } catch (...) {
-      engine.account_free(id(), bytes, {});
+      if (accounted) engine.account_free(id(), bytes, {});
       throw;
     }
   }

@@ -136,7 +136,8 @@ std::vector<KeySpec> build() {
        T::Float,
        "",
        {},
-       "HybridEP's per-rank budget after permute (refused: not modelled yet)"},
+       "HybridEP's sync-free mode (meta mode only for now): permuted rows per rank, as a multiple of balanced routing's; "
+       "pairs past it are dropped and the step reruns dropless (PagedStashRunner)"},
       {"model.moe_permute_fusion_into_hybridep",
        T::Bool,
        "",

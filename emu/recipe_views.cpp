@@ -141,6 +141,8 @@ layers::ModelConfig model_config(const Recipe& r, const GpuSpec& gpu) {
       opt_int("model.moe_flex_dispatcher_num_sms",
               opt_int("model.moe_deepep_num_sms", opt_int("model.moe_hybridep_num_sms", 0)));
   c.moe_hybridep_num_sms_preprocessing = opt_int("model.moe_hybridep_num_sms_preprocessing", 0);
+  if (r.is_set("model.moe_expert_rank_capacity_factor"))
+    c.moe_expert_rank_capacity_factor = r.real("model.moe_expert_rank_capacity_factor");
   RouterConfig& rc = c.router;
   rc.num_experts = c.num_moe_experts;
   rc.topk = r.int32("model.moe_router_topk");

@@ -122,6 +122,10 @@ void print_summary(const RunReport& r, std::ostream& os) {
        << "% hidden)\n";
   }
   if (r.recompute) os << "recompute per device per step: " << ms(r.recompute_s) << " ms\n";
+  if (r.over_budget_reruns >= 0)
+    os << "sync-free budget: " << r.over_budget_reruns << " of " << r.iterations.size()
+       << " steps dropped pairs and ran again dropless"
+       << (r.over_budget_reruns ? " (raise moe_expert_rank_capacity_factor)" : "") << "\n";
   os << "\n  GPU    compute ms       comm ms    exposed ms  peak mem GiB";
   const bool savers = r.offload || r.recompute;
   if (savers) os << "  w/o offl+rec  offload MiB  offl exp ms  recompute ms";
@@ -185,6 +189,7 @@ void write_summary_json(const RunReport& r, const Recipe& recipe, std::ostream& 
   os << "  \"recompute_s\": " << num(r.recompute_s) << ",\n";
   os << "  \"offload\": " << (r.offload ? "true" : "false") << ",\n";
   os << "  \"recompute\": " << (r.recompute ? "true" : "false") << ",\n";
+  os << "  \"over_budget_reruns\": " << r.over_budget_reruns << ",\n";
   os << "  \"bindpcie\": " << (r.bindpcie ? "true" : "false") << ",\n";
   os << "  \"compute_utilisation\": " << num(r.compute_utilisation) << ",\n";
   os << "  \"devices\": [";

@@ -6,6 +6,7 @@
 #include <iomanip>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <ostream>
 #include <sstream>
@@ -17,6 +18,7 @@
 #include "devices/host_topology.hpp"
 #include "devices/node.hpp"
 #include "emu/optimizer.hpp"
+#include "emu/over_budget.hpp"
 #include "emu/recipe_views.hpp"
 #include "emu/step_context_impl.hpp"
 #include "emu/timeline_stats.hpp"
@@ -58,6 +60,7 @@ struct RankResult {
   std::vector<double> loss;   // this rank's share of each iteration's loss (last stage only)
   std::vector<GradDigest> digests;
   std::uint64_t peak_mem = 0;
+  int reruns = 0;  // steps run twice: the sync-free budget dropped pairs on some rank
   std::vector<std::uint64_t> offload_bytes;  // per iteration
   int host_real_numa = -1;
   std::uint64_t pinned_host_bytes = 0;
@@ -109,6 +112,9 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
   std::vector<RankResult> results(static_cast<std::size_t>(world));
   std::string schedule_name;
   std::mutex name_mutex;
+  std::vector<int> all_ranks(static_cast<std::size_t>(world));
+  std::iota(all_ranks.begin(), all_ranks.end(), 0);
+  std::vector<int> over_budget_slots(2 * static_cast<std::size_t>(world), 0);
 
   node.run([&](Host& host) {
     const int r = host.rank();
@@ -156,28 +162,48 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     const bool owns_dense = d == 0, owns_experts = pg.rank_in(GroupKind::EDP, r) == 0;
     const int shard = pg.rank_in(GroupKind::EP, r);
     const bool last_stage = p == pp - 1;
+    // moe_expert_rank_capacity_factor: Megatron's PagedStashRunner checks every step.
+    const bool sync_free = cfg.moe_expert_rank_capacity_factor > 0;
+    Group world_group = sync_free ? comm.group(all_ranks, "world") : Group();
 
     for (int it = 0; it < iterations; ++it) {
-      for (auto& c : chunks) c->zero_grad(ctx.compute);
+      std::optional<StepContext::Impl> impl;
+      auto forward_backward = [&] {
+        for (auto& c : chunks) c->zero_grad(ctx.compute);
+        impl.reset();
+        impl.emplace(ctx, chunks, links, microbatches, p, pp,
+                     [&](int mb) {
+                       // Megatron's sampler: each global micro-batch step hands DP rank d its
+                       // slice, so the sample does not depend on how the ranks are pipelined.
+                       const int index = (it * microbatches + mb) * int(dp_size) + d;
+                       return layers::synthetic_microbatch(cfg, mbs, seq, seed, 0, index);
+                     },
+                     loss_scale, layers::Shape{mbs * seq, cfg.hidden_size});
+        StepContext step(*impl);
+        {
+          // full_iteration: the whole forward-backward of every micro-batch is one captured
+          // graph (megatron/core/full_cuda_graph.py FullCudaGraphWrapper); the optimizer is not
+          // in it.
+          std::optional<GraphReplay> whole;
+          if (graphs.full_iteration) whole.emplace(node);
+          schedule->run(step);
+        }
+        impl->check_finished(schedule->name());
+      };
       if (offloader) offloader->begin_iteration();
-      StepContext::Impl impl(ctx, chunks, links, microbatches, p, pp,
-                             [&](int mb) {
-                               // Megatron's sampler: each global micro-batch step hands DP rank d
-                               // its slice, so the sample does not depend on how the ranks are
-                               // pipelined.
-                               const int index = (it * microbatches + mb) * int(dp_size) + d;
-                               return layers::synthetic_microbatch(cfg, mbs, seq, seed, 0, index);
-                             },
-                             loss_scale, {mbs * seq, cfg.hidden_size});
-      StepContext step(impl);
-      {
-        // full_iteration: the whole forward-backward of every micro-batch is one captured graph
-        // (megatron/core/full_cuda_graph.py FullCudaGraphWrapper); the optimizer is not in it.
-        std::optional<GraphReplay> whole;
-        if (graphs.full_iteration) whole.emplace(node);
-        schedule->run(step);
+      forward_backward();
+      if (sync_free &&
+          ranks_over_budget(chunks, world_group, ctx.compute, over_budget_slots, it) > 0) {
+        // PagedStashRunner.prepare_for_rerun: the same step again, dropless.
+        ++out.reruns;
+        set_sync_free(chunks, false);
+        for (auto& c : chunks)
+          for (auto& l : c->layers())
+            if (l->dispatcher()) l->dispatcher()->rewind_plans();
+        forward_backward();
+        set_sync_free(chunks, true);
       }
-      impl.check_finished(schedule->name());
+      StepContext::Impl& step_impl = *impl;
       for (auto& c : chunks) layers::reduce_gradients(*c, dp, edp, ctx.compute);
       if (functional) {
         dev.synchronize();
@@ -196,7 +222,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
       }
       out.end_s.push_back(host.now_s());
       double loss = 0;
-      for (const auto& l : impl.loss_handles()) loss += *l * loss_scale;
+      for (const auto& l : step_impl.loss_handles()) loss += *l * loss_scale;
       out.loss.push_back(last_stage ? loss : 0.0);
       if (r == 0 && options.progress) {
         std::ostringstream line;
@@ -227,6 +253,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
   rep.offload = recipe.flag("model.fine_grained_activation_offloading");
   rep.recompute = recompute_set(recipe).any();
   rep.bindpcie = node.options().bindpcie;
+  if (cfg.moe_expert_rank_capacity_factor > 0) rep.over_budget_reruns = results.front().reruns;
   // Iteration ends are the slowest rank's.
   std::vector<double> ends(static_cast<std::size_t>(iterations), 0.0);
   for (const auto& res : results)

@@ -65,6 +65,10 @@ struct RunReport {
   double exposed_offload_s = 0, total_offload_s = 0;  // mean per device per steady step
   double recompute_s = 0;                             // mean per device per steady step
   bool offload = false, recompute = false, bindpcie = false;
+  // HybridEP's sync-free mode (moe_expert_rank_capacity_factor): steps whose budget dropped pairs
+  // on some rank, so that they ran twice (the second time dropless), as Megatron's
+  // PagedStashRunner does. -1: the mode is off.
+  int over_budget_reruns = -1;
   double compute_utilisation = 0;  // mean compute_busy_s / step_time_s
   std::vector<DeviceReport> devices;
   std::optional<std::uint64_t> numerics_hash;  // none in meta mode

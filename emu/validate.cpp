@@ -12,6 +12,8 @@ namespace nodeemu::emu {
 
 namespace {
 
+constexpr const char* kRankCapacity = "model.moe_expert_rank_capacity_factor";
+
 class Rules {
  public:
   Rules(const Recipe& r, const GpuSpec& gpu, int gpus_per_node)
@@ -357,6 +359,10 @@ class Rules {
       if (set("model.moe_hybridep_num_sms_preprocessing"))
         error("model.moe_hybridep_num_sms_preprocessing",
               "sets HybridEP's preprocessing; set moe_token_dispatcher_type=flex");
+      if (set(kRankCapacity))
+        error(kRankCapacity,
+              "is HybridEP's sync-free budget; set moe_token_dispatcher_type=flex and "
+              "moe_flex_dispatcher_backend=hybridep");
       return;
     }
     const std::string backend = r_.text("model.moe_flex_dispatcher_backend");
@@ -379,6 +385,25 @@ class Rules {
         error(k,
               "is odd; DeepEP forms num_sms/2 channels (Buffer.set_num_sms), use an even "
               "number such as 20");
+    }
+    // TransformerConfig.__post_init__: the budget needs HybridEP (or ncclep, not modelled) and
+    // TE's fused grouped experts (use_transformer_engine_op_fuser), here the grouped GEMM.
+    if (set(kRankCapacity)) {
+      if (backend != "hybridep")
+        error(kRankCapacity, "is HybridEP's sync-free budget; set moe_flex_dispatcher_backend=hybridep");
+      else if (r_.real(kRankCapacity) <= 0)
+        error(kRankCapacity, "must be positive (leave it unset for dropless HybridEP)");
+      else if (!b("model.moe_grouped_gemm"))
+        error(kRankCapacity,
+              "needs the experts as one grouped GEMM that reads its rows on the device "
+              "(Megatron: use_transformer_engine_op_fuser); set moe_grouped_gemm: true");
+      // Functional mode moves the routing only the device knows through comm's deferred
+      // exchange, which is not yet ordered against the channels' other traffic: the numerics
+      // would depend on the host's thread timing. Refused until it is.
+      else if (r_.text("emulator.mode") != "meta")
+        error(kRankCapacity,
+              "runs in meta mode only for now (functional mode's device-side exchange is not yet "
+              "deterministic); use --mode meta");
     }
     const char* pre = "model.moe_hybridep_num_sms_preprocessing";
     if (set(pre) && (backend != "hybridep" || i(pre) < 1))
@@ -502,9 +527,9 @@ class Rules {
     if (i("model.context_parallel_size") != 1) refuse("model.context_parallel_size", "CP > 1");
     if (set("model.expert_tensor_parallel_size") && i("model.expert_tensor_parallel_size") != 1)
       refuse("model.expert_tensor_parallel_size", "ETP > 1");
-    for (const char* k :
-         {"model.moe_expert_rank_capacity_factor", "model.moe_permute_fusion_into_hybridep"})
-      if (set(k)) refuse(k, "HybridEP's sync-free capacity mode and its fused permute");
+    if (set("model.moe_permute_fusion_into_hybridep"))
+      refuse("model.moe_permute_fusion_into_hybridep",
+             "HybridEP's permute fused into its transfer (unset it: the separate permute runs)");
     if (b("model.add_bias_linear")) refuse("model.add_bias_linear", "a linear bias");
     if (b("model.add_qkv_bias")) refuse("model.add_qkv_bias", "a QKV bias");
     if (set("model.mtp_num_layers") && i("model.mtp_num_layers") > 0)

@@ -50,10 +50,10 @@ class AllgatherPlan final : public DispatchPlan {
                   {.async = true, .name = "moe_allgather_probs"});
     if (d_.mode_ == Mode::Meta) {
       // The gathered routing: each local expert's rows from every EP rank.
-      io.rows_per_expert.assign(std::size_t(d_.local_experts()), 0);
+      io.rows_per_expert.host.assign(std::size_t(d_.local_experts()), 0);
       for (int r = 0; r < d_.ep_.size(); ++r)
         for (int e = 0; e < d_.local_experts(); ++e)
-          io.rows_per_expert[std::size_t(e)] +=
+          io.rows_per_expert.host[std::size_t(e)] +=
               meta_counts_[std::size_t(r) * std::size_t(c.num_moe_experts) +
                            std::size_t(d_.first_expert() + e)];
     } else {
@@ -62,7 +62,7 @@ class AllgatherPlan final : public DispatchPlan {
                                             d_.local_experts());
     }
     rows_ = 0;
-    for (auto n : io.rows_per_expert) rows_ += n;
+    for (auto n : io.rows_per_expert.host) rows_ += n;
   }
 
   void sort(ops::At at) override {

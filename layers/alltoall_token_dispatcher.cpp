@@ -191,14 +191,14 @@ void AlltoallPlan::size_all_to_all(ops::At at) {
       at_row += splits_.recv_rows_per_expert[m][size_t(e)];
     }
   sort_blocks_.clear();
-  io.rows_per_expert.assign(size_t(L), 0);
+  io.rows_per_expert.host.assign(size_t(L), 0);
   std::int64_t dst = 0;
   for (int e = 0; e < L; ++e)
     for (std::size_t m = 0; m < members; ++m) {
       const std::int64_t n = splits_.recv_rows_per_expert[m][size_t(e)];
       sort_blocks_.push_back({src_off[m][size_t(e)], dst, n});
       dst += n;
-      io.rows_per_expert[size_t(e)] += n;
+      io.rows_per_expert.host[size_t(e)] += n;
     }
 }
 

@@ -16,6 +16,14 @@
 // permute kernels run in the dispatch and combine nodes, on their stream, and the mlp node's
 // sort and unsort do nothing; DeepEP's permute runs in the mlp node (the flex dispatcher's
 // dispatch_postprocess, like the alltoall dispatcher's sort by local expert).
+//
+// HybridEP's sync-free mode (moe_expert_rank_capacity_factor; _HybridEPManager.setup_metadata
+// and dispatch): every dispatch is given a budget of permuted rows, int(tokens x topk x factor)
+// rounded up to the fused grouped MLP's 256-row alignment, and the host never waits. The rows
+// per expert stay on the device, where the grouped GEMMs read them; pairs past the budget are
+// dropped and the layer's over-budget flag is set (Megatron's over_budget, which the step
+// checks once at its end).
+#include <algorithm>
 #include <optional>
 
 #include "comm/flex_dispatcher.hpp"
@@ -49,6 +57,10 @@ FlexConfig flex_config(const ModelConfig& cfg) {
   return f;
 }
 
+// TE's grouped-tensor and fused grouped-MLP kernels take expert rows in multiples of 256
+// (moe_utils.py get_align_size_for_quantization); the sync-free mode runs them.
+constexpr std::int64_t kFusedGroupedMlpAlign = 256;
+
 class FlexTokenDispatcher final : public TokenDispatcher {
  public:
   FlexTokenDispatcher(const ModelConfig& cfg, Group ep, Mode mode, int rank)
@@ -57,6 +69,17 @@ class FlexTokenDispatcher final : public TokenDispatcher {
         mode_(mode),
         ep_size_(ep.size()),
         comm_(ep, cfg.num_moe_experts, cfg.hidden_size, cfg.router.topk, flex_config(cfg)) {
+    if (cfg.moe_expert_rank_capacity_factor > 0 &&
+        cfg.moe_flex_dispatcher_backend != FlexBackend::HybridEP)
+      throw ConfigError("model", "moe_expert_rank_capacity_factor",
+                        "the sync-free budget is HybridEP's: set "
+                        "moe_flex_dispatcher_backend: hybridep");
+    // Megatron requires TE's fused grouped experts here (use_transformer_engine_op_fuser), whose
+    // grouped GEMM reads the rows per expert on the device.
+    if (cfg.moe_expert_rank_capacity_factor > 0 && !cfg.kernels.grouped_gemm)
+      throw ConfigError("model", "moe_grouped_gemm",
+                        "moe_expert_rank_capacity_factor runs the experts as one grouped GEMM "
+                        "that reads its rows on the device: set moe_grouped_gemm: true");
     if (mode == Mode::Meta && !cfg.meta_routing && !cfg.router.force_load_balancing)
       throw ConfigError("model", "moe_router_force_load_balancing",
                         "meta mode has no routing data: the flex dispatcher needs "
@@ -64,16 +87,35 @@ class FlexTokenDispatcher final : public TokenDispatcher {
                         "emulator.routing_skew to know what each rank sends");
   }
   std::unique_ptr<DispatchPlan> plan(std::int64_t tokens, std::int64_t, int microbatch) override;
+  bool over_budget() override {
+    if (mode_ == Mode::Meta) return meta_over_budget_;
+    return over_budget_ && over_budget_.data<std::int32_t>()[0] != 0;
+  }
+  void reset_over_budget() override {
+    meta_over_budget_ = false;
+    if (over_budget_ && mode_ != Mode::Meta) over_budget_.data<std::int32_t>()[0] = 0;
+  }
+  void set_sync_free(bool on) override { sync_free_ = on; }
+  // Permuted rows a sync-free dispatch of `tokens` may keep; 0: the host synchronises.
+  std::int64_t budget(std::int64_t tokens) const {
+    const double f = cfg_.moe_expert_rank_capacity_factor;
+    if (f <= 0 || !sync_free_) return 0;
+    const auto b = std::int64_t(double(tokens) * cfg_.router.topk * f);
+    return (b + kFusedGroupedMlpAlign - 1) / kFusedGroupedMlpAlign * kFusedGroupedMlpAlign;
+  }
   const ModelConfig cfg_;
   const Mode mode_;
   const int ep_size_;
   FlexDispatcher comm_;
+  Tensor over_budget_;  // int32 [1] on the device, made by the first sync-free dispatch
+  bool sync_free_ = true;
+  bool meta_over_budget_ = false;  // meta mode: from the host-known routing
 };
 
 class FlexPlan final : public DispatchPlan {
  public:
   FlexPlan(FlexTokenDispatcher& d, std::int64_t tokens, std::vector<std::int64_t> meta_counts)
-      : d_(d), tokens_(tokens), meta_counts_(std::move(meta_counts)) {}
+      : d_(d), tokens_(tokens), budget_(d.budget(tokens)), meta_counts_(std::move(meta_counts)) {}
 
   // setup_metadata needs no kernel of its own here: the indices and fp32 probabilities are the
   // router's outputs already.
@@ -85,18 +127,48 @@ class FlexPlan final : public DispatchPlan {
     FlexDispatched got = d_.comm_.dispatch(
         io.hidden.buffer(), io.topk_idx.buffer(), io.topk_probs.buffer(), int(tokens_), at.stream,
         {.async = true, .name = "moe_dispatch_flex"}, meta_counts_,
-        std::vector<std::int64_t>(std::size_t(d_.ep_size_), tokens_));
+        std::vector<std::int64_t>(std::size_t(d_.ep_size_), tokens_), int(budget_));
     handle_ = got.handle;
-    const std::int64_t recv = handle_.num_recv;
+    const std::int64_t recv = received();
     recv_x_ = Tensor(got.x, {recv, c.hidden_size}, c.dtype);
     recv_idx_ = Tensor(got.topk_idx, {recv, k}, DType::I64);
     recv_w_ = Tensor(got.topk_weight, {recv, k}, DType::F32);
-    // The counts per local expert reached the host with the one sync (the handle's
-    // num_recv_tokens_per_expert_list).
-    io.rows_per_expert = handle_.recv_per_expert;
-    rows_ = 0;
-    for (auto n : io.rows_per_expert) rows_ += n;
+    if (budget_ > 0) {
+      // Sync-free: the host declares the budget, spread evenly over the local experts (what the
+      // timing plane prices); the real rows per expert are made on the device by the permute.
+      const std::int64_t L = d_.local_experts();
+      io.rows_per_expert = std::vector<std::int64_t>(std::size_t(L), budget_ / L);
+      for (std::int64_t e = 0; e < budget_ % L; ++e) ++io.rows_per_expert.host[std::size_t(e)];
+      rows_ = budget_;
+      if (!meta_counts_.empty()) d_.meta_over_budget_ |= meta_drops();
+    } else {
+      // The counts per local expert reached the host with the one sync (the handle's
+      // num_recv_tokens_per_expert_list).
+      io.rows_per_expert = handle_.recv_per_expert;
+      rows_ = 0;
+      for (auto n : io.rows_per_expert.host) rows_ += n;
+    }
     if (in_kernel()) permute(at, "hybridep_permute");
+  }
+
+  // Meta mode: whether the pairs each local expert receives (from every member's counts) pass
+  // the budget by sort_within_budget's rule.
+  bool meta_drops() const {
+    const std::int64_t L = d_.local_experts(), E = d_.cfg_.num_moe_experts, a = kFusedGroupedMlpAlign;
+    std::int64_t start = 0;
+    for (std::int64_t e = 0; e < L; ++e) {
+      std::int64_t pairs = 0;
+      for (std::size_t m = 0; m < std::size_t(d_.ep_size_); ++m)
+        pairs += meta_counts_[m * std::size_t(E) + std::size_t(d_.first_expert() + e)];
+      if (start + pairs > budget_) return true;
+      start += (pairs + a - 1) / a * a;
+    }
+    return false;
+  }
+
+  // The rows the receive buffers hold: those received, or in sync-free mode all that can arrive.
+  std::int64_t received() const {
+    return handle_.num_recv >= 0 ? handle_.num_recv : d_.comm_.receive_bound(int(tokens_));
   }
 
   void sort(ops::At at) override {
@@ -104,8 +176,17 @@ class FlexPlan final : public DispatchPlan {
   }
 
   void permute(ops::At at, const char* name) {
-    Sorted s = sort_by_expert(at, name, recv_x_, recv_idx_, recv_w_, d_.cfg_.router.topk, 0,
-                              d_.local_experts(), 0, rows_);
+    const int k = d_.cfg_.router.topk;
+    Sorted s;
+    if (budget_ > 0) {
+      if (!d_.over_budget_) d_.over_budget_ = at.empty({1}, DType::I32);
+      s = sort_within_budget(at, name, recv_x_, recv_idx_, recv_w_, k, d_.local_experts(),
+                             kFusedGroupedMlpAlign, budget_, io.rows_per_expert.device,
+                             d_.over_budget_);
+    } else {
+      s = sort_by_expert(at, name, recv_x_, recv_idx_, recv_w_, k, 0, d_.local_experts(), 0,
+                         rows_);
+    }
     io.expert_in = s.rows;
     io.expert_probs = s.probs;
     slots_ = s.slots;
@@ -119,8 +200,8 @@ class FlexPlan final : public DispatchPlan {
   }
 
   void unpermute_rows(ops::At at, const char* name) {
-    y_rows_ = unpermute(at, name, expert_out_, Tensor(), slots_, d_.cfg_.router.topk,
-                        handle_.num_recv, d_.cfg_.dtype);
+    y_rows_ = unpermute(at, name, expert_out_, Tensor(), slots_, d_.cfg_.router.topk, received(),
+                        d_.cfg_.dtype);
     expert_out_ = Tensor();
   }
 
@@ -135,7 +216,7 @@ class FlexPlan final : public DispatchPlan {
   void combine_backward(ops::At at) override {
     Buffer rows = d_.comm_.combine_backward(io.grad_moe_out.buffer(), handle_, at.stream,
                                             {.async = true, .name = "moe_combine_bwd_flex"});
-    g_rows_ = Tensor(rows, {handle_.num_recv, d_.cfg_.hidden_size}, d_.cfg_.dtype);
+    g_rows_ = Tensor(rows, {received(), d_.cfg_.hidden_size}, d_.cfg_.dtype);
     if (in_kernel()) gather(at, "hybridep_unpermute_bwd");
   }
 
@@ -156,10 +237,9 @@ class FlexPlan final : public DispatchPlan {
 
   void scatter_grads(ops::At at, const char* name) {
     const auto& c = d_.cfg_;
-    g_recv_ =
-        unpermute(at, name, grad_in_, Tensor(), slots_, c.router.topk, handle_.num_recv, c.dtype);
+    g_recv_ = unpermute(at, name, grad_in_, Tensor(), slots_, c.router.topk, received(), c.dtype);
     g_recv_probs_ = scatter_probs(at, std::string(name) + "_probs", grad_probs_, slots_,
-                                  c.router.topk, handle_.num_recv);
+                                  c.router.topk, received());
     grad_in_ = grad_probs_ = Tensor();
   }
 
@@ -180,7 +260,7 @@ class FlexPlan final : public DispatchPlan {
  private:
   bool in_kernel() const { return d_.cfg_.moe_flex_dispatcher_backend == FlexBackend::HybridEP; }
   FlexTokenDispatcher& d_;
-  std::int64_t tokens_, rows_ = 0;
+  std::int64_t tokens_, budget_, rows_ = 0;
   std::vector<std::int64_t> meta_counts_;
   FlexHandle handle_;
   Tensor recv_x_, recv_idx_, recv_w_, slots_, y_rows_, g_rows_, g_recv_, g_recv_probs_;

@@ -121,8 +121,8 @@ Tensor LayerPlan::fc1_out(Stream& s) {
   if (!re_fc1()) return st.saved.need(act, "input", s);
   if (!st.re_h1) {
     const Tensor in = fc1_in(s);
-    const std::vector<std::int64_t> rows =
-        L_.is_moe() ? st.dispatch->io.rows_per_expert : ops::one_group(in);
+    const ops::Rows rows =
+        L_.is_moe() ? st.dispatch->io.rows_per_expert : ops::Rows(ops::one_group(in));
     st.re_h1 = ops::linear_forward(recompute_at(s), L_.is_moe() ? "expert_fc1" : "dense_fc1", in,
                                    L_.fc1_.value, rows, L_.cfg_.dtype);
   }
@@ -136,7 +136,7 @@ Tensor LayerPlan::act_out(Stream& s) {
   if (!st.re_a)
     st.re_a =
         ops::swiglu_forward(recompute_at(s), moe ? "moe_act" : "dense_act", fc1_out(s), probs(s),
-                            moe ? st.dispatch->io.rows_per_expert : std::vector<std::int64_t>{});
+                            moe ? st.dispatch->io.rows_per_expert : ops::Rows{});
   return st.re_a;
 }
 

@@ -29,6 +29,8 @@ void ModelConfig::validate() const {
   if (head_dim() % 2) fail("kv_channels", "the head dimension must be even for rotary embeddings");
   if (vocab_size < 2) fail("vocab_size", "must be at least 2");
   if (ffn_hidden_size < 1) fail("ffn_hidden_size", "must be at least 1");
+  if (moe_expert_rank_capacity_factor < 0)
+    fail("moe_expert_rank_capacity_factor", "must be positive (leave it unset for dropless)");
   if (moe_layer_freq < 1) fail("moe_layer_freq", "must be at least 1");
   if (mtp_num_layers > 0)
     fail("mtp_num_layers",

@@ -43,6 +43,8 @@ struct ModelConfig {
   FlexBackend moe_flex_dispatcher_backend = FlexBackend::DeepEP;
   int moe_flex_dispatcher_num_sms = 0;         // 0: the backend's default (FlexConfig::num_sms)
   int moe_hybridep_num_sms_preprocessing = 0;  // 0: HybridEP's default (FlexConfig)
+  // > 0: HybridEP's sync-free mode, with this budget per rank relative to balanced routing.
+  double moe_expert_rank_capacity_factor = 0;
   int mtp_num_layers = 0;
   KernelChoices kernels;  // which kernels run (transformer_impl, attention_backend, fusions)
 

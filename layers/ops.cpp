@@ -2,6 +2,7 @@
 
 #include "layers/detail/op_launch.hpp"
 
+#include "devices/check.hpp"
 #include "devices/device.hpp"
 #include "layers/gemm.hpp"
 #include "layers/kernels/rmsnorm.hpp"
@@ -41,9 +42,11 @@ DType gemm_type(const At& at, DType activation) {
 // type (At::fp32_gemms says which): it decides the table that prices it.
 void linear_kernels(
     const At& at, const std::string& name, GemmLayout layout, const LinearShape& w,
-    const std::vector<std::int64_t>& rows, double bytes, DType t,
+    const Rows& split, double bytes, DType t,
     const std::function<std::function<void()>(std::int64_t, std::int64_t, int)>& body,
-    const std::vector<Tensor>& uses) {
+    std::vector<Tensor> uses) {
+  const std::vector<std::int64_t>& rows = split.host;
+  if (split.device) uses.push_back(split.device);
   std::int64_t total = 0;
   for (auto r : rows) total += r;
   auto gemm_of = [&](std::int64_t m) {
@@ -67,6 +70,7 @@ void linear_kernels(
            body(0, total, -1), uses, at.tally);
     return;
   }
+  NE_CHECK(!split.device, "linear: device-side rows need the grouped GEMM");
   const auto off = offsets(rows);
   for (std::size_t g = 0; g < rows.size(); ++g)
     launch(at.stream, at.named(name),
@@ -162,17 +166,32 @@ namespace {
 // grouped kernel's bits.
 using Pass = void (*)(const float*, const float*, float*, const std::vector<std::int64_t>&,
                       std::int64_t, std::int64_t);
+
+// The rows per group a kernel body computes with: the host's, or, when they live on the device,
+// what the device holds by the time the body runs.
+struct BodyRows {
+  std::vector<std::int64_t> host;
+  View device;
+  explicit BodyRows(const Rows& r) : host(r.host), device(r.device ? view(r.device) : View{}) {}
+  std::vector<std::int64_t> now() const {
+    if (!device.data) return host;
+    const auto* d = device.as<const std::int64_t>();
+    return {d, d + device.numel};
+  }
+};
+
 auto sliced(Pass pass, View a, std::int64_t a_width, View w, View b, std::int64_t b_width,
-            std::vector<std::int64_t> rows, std::int64_t in, std::int64_t out) {
-  return [=](std::int64_t first, std::int64_t count, int g) -> std::function<void()> {
+            const Rows& rows, std::int64_t in, std::int64_t out) {
+  return [=, rows = BodyRows(rows)](std::int64_t first, std::int64_t count,
+                                    int g) -> std::function<void()> {
     const bool all = g < 0;
     const View as = all ? a : rows_view(a, first, count, a_width);
     const View ws = all ? w : rows_view(w, g * out, out, in);
     const View bs = all ? b : rows_view(b, first, count, b_width);
-    const std::vector<std::int64_t> r = all ? rows : std::vector<std::int64_t>{count};
     return [=] {
       F32Scope f;
-      pass(f.in(as), f.in(ws), f.out(bs), r, in, out);
+      pass(f.in(as), f.in(ws), f.out(bs), all ? rows.now() : std::vector<std::int64_t>{count}, in,
+           out);
     };
   };
 }
@@ -180,7 +199,7 @@ auto sliced(Pass pass, View a, std::int64_t a_width, View w, View b, std::int64_
 }  // namespace
 
 Tensor linear_forward(At at, const std::string& name, const Tensor& x, const Tensor& w,
-                      const std::vector<std::int64_t>& rows, DType out_dtype) {
+                      const Rows& rows, DType out_dtype) {
   const LinearShape ws = linear_shape(w);
   Tensor y = at.empty({rows_of(x), ws.out}, out_dtype);
   linear_kernels(at, name, GemmLayout::NT, ws, rows, bytes_of({&x, &w, &y}),
@@ -192,7 +211,7 @@ Tensor linear_forward(At at, const std::string& name, const Tensor& x, const Ten
 }
 
 Tensor linear_dgrad(At at, const std::string& name, const Tensor& dy, const Tensor& w,
-                    const std::vector<std::int64_t>& rows, DType out_dtype) {
+                    const Rows& rows, DType out_dtype) {
   const LinearShape ws = linear_shape(w);
   Tensor dx = at.empty({rows_of(dy), ws.in}, out_dtype);
   linear_kernels(at, name + "_dgrad", GemmLayout::NN, ws, rows, bytes_of({&dy, &w, &dx}),
@@ -204,7 +223,7 @@ Tensor linear_dgrad(At at, const std::string& name, const Tensor& dy, const Tens
 }
 
 void linear_wgrad(At at, const std::string& name, const Tensor& dy, const Tensor& x,
-                  const std::vector<std::int64_t>& rows, Parameter& w) {
+                  const Rows& rows, Parameter& w) {
   const LinearShape ws = linear_shape(w.value);
   const std::int64_t in = ws.in, out = ws.out;
   const bool fused = at.k().gradient_accumulation_fusion;
@@ -217,19 +236,20 @@ void linear_wgrad(At at, const std::string& name, const Tensor& dy, const Tensor
       bytes_of({&dy, &x, &grad}) + (fused ? double(w.main_grad.bytes()) : 0.0);  // C read back
   linear_kernels(
       at, name + "_wgrad", GemmLayout::TN, ws, rows, bytes, gemm_type(at, x.dtype()),
-      [=](std::int64_t first, std::int64_t count, int g) -> std::function<void()> {
-        const std::vector<std::int64_t> sub = g < 0 ? rows : std::vector<std::int64_t>{count};
+      [=, split = BodyRows(rows)](std::int64_t first, std::int64_t count,
+                                  int g) -> std::function<void()> {
         const View dyv = g < 0 ? vdy : rows_view(vdy, first, count, out);
         const View xv = g < 0 ? vx : rows_view(vx, first, count, in);
         const View gv = g < 0 ? vg : rows_view(vg, g * out, out, in);
+        auto sub = [=] { return g < 0 ? split.now() : std::vector<std::int64_t>{count}; };
         if (fused)
           return [=] {
             F32Scope f;
-            grouped_linear_wgrad(f.in(dyv), f.in(xv), gv.as<float>(), sub, in, out, true);
+            grouped_linear_wgrad(f.in(dyv), f.in(xv), gv.as<float>(), sub(), in, out, true);
           };
         return [=] {
           F32Scope f;
-          grouped_linear_wgrad(f.in(dyv), f.in(xv), f.out(gv), sub, in, out, false);
+          grouped_linear_wgrad(f.in(dyv), f.in(xv), f.out(gv), sub(), in, out, false);
         };
       },
       {dy, x, grad});
@@ -262,8 +282,10 @@ namespace {
 struct Slices {
   std::vector<std::int64_t> first, count;
 };
-Slices slices_of(const At& at, std::int64_t rows, const std::vector<std::int64_t>& per_expert) {
+Slices slices_of(const At& at, std::int64_t rows, const Rows& split) {
+  const std::vector<std::int64_t>& per_expert = split.host;
   if (per_expert.size() <= 1 || at.k().grouped_gemm) return {{0}, {rows}};
+  NE_CHECK(!split.device, "swiglu: device-side rows need the grouped GEMM");
   const auto off = offsets(per_expert);
   return {std::vector<std::int64_t>(off.begin(), off.end() - 1), per_expert};
 }
@@ -271,7 +293,7 @@ Slices slices_of(const At& at, std::int64_t rows, const std::vector<std::int64_t
 }  // namespace
 
 Tensor swiglu_forward(At at, const std::string& name, const Tensor& h, const Tensor& probs,
-                      const std::vector<std::int64_t>& per_expert) {
+                      const Rows& per_expert) {
   const std::int64_t rows = rows_of(h), f2 = cols_of(h);
   Tensor a = at.empty({rows, f2 / 2}, h.dtype());
   View vh = view(h), vp = probs ? view(probs) : View{}, va = view(a);
@@ -306,8 +328,7 @@ Tensor swiglu_forward(At at, const std::string& name, const Tensor& h, const Ten
 }
 
 void swiglu_backward(At at, const std::string& name, const Tensor& da, const Tensor& h,
-                     const Tensor& probs, Tensor& dh, Tensor& dprobs,
-                     const std::vector<std::int64_t>& per_expert) {
+                     const Tensor& probs, Tensor& dh, Tensor& dprobs, const Rows& per_expert) {
   const std::int64_t rows = rows_of(h), f2 = cols_of(h);
   dh = at.empty(h.shape(), da.dtype());
   if (probs) dprobs = at.empty({rows}, DType::F32);

@@ -13,6 +13,7 @@
 // which backward keeps.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -51,16 +52,30 @@ Tensor rmsnorm_dgrad(At at, const std::string& name, const Tensor& dy, const Ten
 void rmsnorm_wgrad(At at, const std::string& name, const Tensor& dy, const Tensor& x,
                    const Tensor& rstd, Parameter& w);
 
+// Rows per group (local expert) of a linear pass: host-known, as the dispatchers' splits are once
+// the host has synchronised on them; or written on the device by the dispatch (HybridEP's
+// sync-free mode, where TE's fused grouped MLP reads its splits on the GPU): `device` (int64
+// [groups]) is then what the kernel reads when it runs, and `host` what the host declares (the
+// budget, spread evenly), which the timing plane prices. Rows past the device groups' sum (the
+// budget's unused tail) are left alone.
+struct Rows {
+  std::vector<std::int64_t> host;
+  Tensor device;
+  Rows() = default;
+  Rows(std::vector<std::int64_t> h) : host(std::move(h)) {}  // NOLINT(google-explicit-constructor)
+  Rows(std::initializer_list<std::int64_t> h) : host(h) {}
+};
+
 // Linear layers. A 2-D weight [out][in] is one GEMM; a 3-D weight [groups][out][in] holds local
-// experts, run as one grouped GEMM (moe_grouped_gemm) or one GEMM per expert (SequentialMLP).
-// x [rows][in]; `rows` per group is host-known (the dispatcher's splits).
+// experts, run as one grouped GEMM (moe_grouped_gemm) or one GEMM per expert (SequentialMLP,
+// which needs host-known rows).
 Tensor linear_forward(At at, const std::string& name, const Tensor& x, const Tensor& w,
-                      const std::vector<std::int64_t>& rows, DType out_dtype);
+                      const Rows& rows, DType out_dtype);
 Tensor linear_dgrad(At at, const std::string& name, const Tensor& dy, const Tensor& w,
-                    const std::vector<std::int64_t>& rows, DType out_dtype);
+                    const Rows& rows, DType out_dtype);
 // main_grad += dy^T x, in fp32.
 void linear_wgrad(At at, const std::string& name, const Tensor& dy, const Tensor& x,
-                  const std::vector<std::int64_t>& rows, Parameter& w);
+                  const Rows& rows, Parameter& w);
 std::vector<std::int64_t> one_group(const Tensor& x);
 
 void rope(At at, const std::string& name, Tensor& qkv, const kernels::AttentionShape& s,
@@ -75,11 +90,10 @@ Tensor attention_backward(At at, const Tensor& dout, const Tensor& qkv, const Te
 // a = swiglu(h) * probs (probs: fp32 [rows] or empty). `rows` per expert, given for the experts
 // (SequentialMLP runs each expert's activation on its own).
 Tensor swiglu_forward(At at, const std::string& name, const Tensor& h, const Tensor& probs,
-                      const std::vector<std::int64_t>& rows = {});
+                      const Rows& rows = {});
 // dh, and dprobs when probs is given.
 void swiglu_backward(At at, const std::string& name, const Tensor& da, const Tensor& h,
-                     const Tensor& probs, Tensor& dh, Tensor& dprobs,
-                     const std::vector<std::int64_t>& rows = {});
+                     const Tensor& probs, Tensor& dh, Tensor& dprobs, const Rows& rows = {});
 
 // out = a + b (elementwise, any types; out has a's type unless given).
 Tensor add(At at, const std::string& name, const Tensor& a, const Tensor& b);

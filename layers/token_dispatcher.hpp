@@ -33,7 +33,7 @@ struct MoeTokens {
   // Set by sort: the experts' input, grouped by local expert.
   Tensor expert_in;                           // [rows][h]
   Tensor expert_probs;                        // fp32 [rows]
-  std::vector<std::int64_t> rows_per_expert;  // [local experts], host-known
+  ops::Rows rows_per_expert;                  // [local experts]
   Tensor expert_out;                          // [rows][h], set by the mlp node
   Tensor moe_out;                             // [tokens][h] fp32, set by combine
   // Backward.
@@ -84,6 +84,19 @@ class TokenDispatcher {
   // One micro-batch's dispatch; called once per micro-batch and iteration.
   virtual std::unique_ptr<DispatchPlan> plan(std::int64_t tokens, std::int64_t seq,
                                              int microbatch) = 0;
+  // HybridEP's sync-free mode: whether a dispatch since the last reset dropped pairs past its
+  // budget (reads the device flag: the caller has synchronised), and the reset
+  // (MoEFlexTokenDispatcher.check_over_budget / reset_over_budget).
+  virtual bool over_budget() { return false; }
+  virtual void reset_over_budget() {}
+  // Whether plans made from now on use that budget (PagedStashRunner clears
+  // moe_expert_rank_capacity_factor for its dropless rerun and restores it after).
+  virtual void set_sync_free(bool) {}
+  // The next plans repeat the micro-batches planned last (a rerun of the same step: meta mode's
+  // routing is keyed by how often a micro-batch was planned).
+  void rewind_plans() {
+    for (auto& [mb, n] : planned_) n = n > 0 ? n - 1 : 0;
+  }
   int local_experts() const { return local_experts_; }
   int first_expert() const { return first_expert_; }
 

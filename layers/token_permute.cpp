@@ -69,6 +69,53 @@ Sorted sort_by_expert(ops::At at, const std::string& name, const Tensor& x, cons
   return s;
 }
 
+Sorted sort_within_budget(ops::At at, const std::string& name, const Tensor& x, const Tensor& idx,
+                          const Tensor& probs, int topk, std::int64_t count, std::int64_t align,
+                          std::int64_t budget, Tensor& rows, const Tensor& overflow) {
+  NE_CHECK(align > 0 && budget % align == 0, "sort_within_budget: budget not a multiple of align");
+  const std::int64_t h = x.shape().back(), tokens = x.dim(0);
+  Sorted s{at.empty({budget, h}, x.dtype()), at.empty({budget}, DType::F32),
+           at.empty({budget}, DType::I32)};
+  rows = at.empty({count}, DType::I64);
+  View vx = view(x), vi = view(idx), vp = view(probs), vr = view(s.rows), vq = view(s.probs),
+       vs = view(s.slots), vn = view(rows), vo = view(overflow);
+  const std::size_t row_bytes = std::size_t(h) * dtype_bytes(x.dtype());
+  auto padded = [align](std::int64_t n) { return (n + align - 1) / align * align; };
+  launch(
+      at.stream, name,
+      move_work(MemoryOp::Gather, 2.0 * double(s.rows.bytes()) + double(idx.bytes())),
+      [=] {
+        const auto* ids = vi.as<const std::int64_t>();
+        const auto* p = vp.as<const float>();
+        auto* out = static_cast<char*>(vr.data);
+        auto* q = vq.as<float>();
+        auto* slots = vs.as<std::int32_t>();
+        std::fill(slots, slots + budget, -1);  // the unused tail and the padding: no pair
+        std::int64_t start = 0;  // expert e's first place: the previous experts' padded pairs
+        bool dropped = false;
+        for (std::int64_t e = 0; e < count; ++e) {
+          std::int64_t pairs = 0, kept = 0;
+          for (std::int64_t sl = 0; sl < tokens * topk; ++sl) {
+            if (ids[sl] != e) continue;
+            const std::int64_t place = start + pairs++;
+            if (place >= budget) continue;
+            std::memcpy(out + place * std::int64_t(row_bytes),
+                        static_cast<const char*>(vx.data) + (sl / topk) * std::int64_t(row_bytes),
+                        row_bytes);
+            q[place] = p[sl];
+            slots[place] = std::int32_t(sl);
+            ++kept;
+          }
+          dropped |= kept < pairs;
+          vn.as<std::int64_t>()[e] = padded(kept);
+          start += padded(pairs);
+        }
+        if (dropped) vo.as<std::int32_t>()[0] = 1;
+      },
+      {x, idx, probs, s.rows, s.probs, s.slots, rows, overflow}, at.tally);
+  return s;
+}
+
 Tensor unpermute(ops::At at, const std::string& name, const Tensor& rows, const Tensor& probs,
                  const Tensor& slots, int topk, std::int64_t tokens, DType out_dtype) {
   const std::int64_t h = rows.shape().back(), n = rows.dim(0);

@@ -23,6 +23,18 @@ Sorted sort_by_expert(ops::At at, const std::string& name, const Tensor& x, cons
                       const Tensor& probs, int topk, std::int64_t first, std::int64_t count,
                       std::int64_t pad, std::int64_t total);
 
+// HybridEP's permute in its sync-free mode (a non_blocking dispatch_with_permute given
+// num_permuted_tokens; the token-drop path of hybrid_ep_backend.cuh's preprocessing kernel): the
+// rows of experts [0, count) into `budget` rows, in sort_by_expert's order. Expert e's rows start
+// after the previous experts' pairs, each expert's padded to `align`; a pair whose place would be
+// at or past the budget is dropped. Worked out on the device: `rows` gets each expert's kept
+// pairs padded to `align` (int64 [count]: what the grouped GEMM reads), and `overflow` (int32
+// [1]) is set to 1 when a pair was dropped (never cleared here: Megatron or-s it into
+// over_budget until the step's check).
+Sorted sort_within_budget(ops::At at, const std::string& name, const Tensor& x, const Tensor& idx,
+                          const Tensor& probs, int topk, std::int64_t count, std::int64_t align,
+                          std::int64_t budget, Tensor& rows, const Tensor& overflow);
+
 // The reverse: out[s / topk] += rows[i] for every row i with slot s >= 0, in row order, summed
 // in fp32. With `probs` (fp32 [n]) the output is [tokens][h + topk] and column h + s % topk of
 // token s / topk receives probs[i] (how the probabilities' gradients travel back). The sum is

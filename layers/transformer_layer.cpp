@@ -264,7 +264,7 @@ void LayerPlan::mlp_forward(Stream& s) {
   detail::GraphRegions graph(s);
   graph.enter(moe ? ctx_.graphs.moe : ctx_.graphs.mlp);
   Tensor in, probs;
-  std::vector<std::int64_t> rows;
+  ops::Rows rows;
   if (moe) {
     st.dispatch->sort(at);
     in = st.dispatch->io.expert_in;

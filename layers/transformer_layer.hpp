@@ -43,6 +43,7 @@ class TransformerLayer {
                    std::unique_ptr<TokenDispatcher> dispatcher);
   ~TransformerLayer();
   bool is_moe() const { return dispatcher_ != nullptr; }
+  TokenDispatcher* dispatcher() const { return dispatcher_.get(); }  // null for a dense layer
   int layer() const { return layer_; }
   std::vector<Parameter*> parameters();
   const ModelConfig& config() const { return cfg_; }

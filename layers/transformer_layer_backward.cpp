@@ -65,7 +65,7 @@ void LayerPlan::mlp_backward(Stream& s) {
   detail::GraphRegions graph(s);
   graph.enter(moe ? ctx_.graphs.moe : ctx_.graphs.mlp);
   Tensor gy;
-  std::vector<std::int64_t> rows;
+  ops::Rows rows;
   if (moe) {
     st.dispatch->unsort_backward(at);
     gy = st.dispatch->io.grad_expert_out;
@@ -117,8 +117,8 @@ void LayerPlan::mlp_dw(Stream& s) {
   const bool moe = L_.is_moe();
   detail::GraphRegions graph(s);
   graph.enter(moe ? ctx_.graphs.moe : ctx_.graphs.mlp);
-  const std::vector<std::int64_t> rows =
-      moe ? st.dispatch->io.rows_per_expert : std::vector<std::int64_t>{st.batch * st.seq};
+  const ops::Rows rows =
+      moe ? st.dispatch->io.rows_per_expert : ops::Rows{st.batch * st.seq};
   const char* fc1 = fc1_name();
   const char* fc2 = fc2_name();
   // fc2 first, then fc1 (the order Megatron's delayed expert wgrad runs them in).

@@ -71,68 +71,75 @@ TEST(Meta, Qwen3LayerReportsFlopsBytesAndMemoryWithoutData) {
             << " GB\n";
 }
 
+// One full-size Qwen3-30B-A3B MoE layer, forward and backward, on `ranks` GPUs (8 per node) in
+// meta mode: the counts' copies to the host, the host's blocking waits during the forward, the
+// expert fc1 time, and where the permute ran.
+struct FlexRun {
+  int counts_d2h = 0, forward_syncs = 0;
+  double expert_fc1_s = 0;
+  // Where the permute ran: HybridEP's in its dispatch, on the dispatch's stream.
+  int permute_track = -1, dispatch_track = -2;
+  std::string permute;
+};
+FlexRun run_flex_layer(DispatcherType type, FlexBackend backend, int ranks,
+                       double rank_capacity_factor = 0) {
+  ModelConfig cfg = testing::qwen3_30b_a3b_layer();
+  cfg.moe_token_dispatcher_type = type;
+  cfg.moe_flex_dispatcher_backend = backend;
+  cfg.moe_expert_rank_capacity_factor = rank_capacity_factor;
+  cfg.kernels.grouped_gemm = true;  // TEGroupedMLP, as the recipes run it
+  const std::int64_t T = 4096, H = 2048;
+  NodeOptions o = testing::options(testing::calibration_h100(), 8, 1, Mode::Meta);
+  o.nodes = ranks / 8;
+  Node node(o);
+  Communicator comm(node);
+  std::vector<int> all(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) all[std::size_t(r)] = r;
+  FlexRun out;
+  std::vector<double> host_after(static_cast<std::size_t>(ranks));
+  node.run([&](Host& host) {
+    Device& dev = host.device();
+    ModelChunk chunk(cfg, {0, 1, false, false}, dev, 1, comm.group(all, "ep"), host.rank());
+    ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
+    MicroBatch mb;
+    mb.seq = T;
+    mb.tokens.assign(std::size_t(T), 0);
+    mb.labels.assign(std::size_t(T), 0);
+    auto plan = chunk.plan(ctx, 0, mb, 1.0 / double(T));
+    plan->input = Tensor::empty(dev, {T, H}, DType::BF16);
+    plan->forward_all();
+    host_after[std::size_t(host.rank())] = host.now_s();
+    plan->grad_output = Tensor::empty(dev, {T, H}, DType::BF16);
+    plan->backward_all();
+    dev.synchronize();
+  });
+  for (const auto& op : node.trace().ops()) {
+    if (op.device != 0) continue;
+    if (op.name == "recv counts D2H" || op.name == "counts D2H") ++out.counts_d2h;
+    if (op.name == "expert_fc1") out.expert_fc1_s += vtime_to_seconds(op.end - op.start);
+    if (op.name == "flex_permute" || op.name == "hybridep_permute")
+      out.permute = op.name, out.permute_track = op.track;
+    if (op.name == "moe_dispatch_flex") out.dispatch_track = op.track;
+  }
+  // The hosts' blocking waits during the forward (the trace's host calls), per host.
+  const double forward_done = *std::min_element(host_after.begin(), host_after.end());
+  for (const auto& h : node.trace().host_calls())
+    if (h.name == "synchronize" && vtime_to_seconds(h.end) <= forward_done) ++out.forward_syncs;
+  out.forward_syncs /= ranks;
+  return out;
+}
+
 // The flex dispatcher at full size in meta mode (issue 16 items 1, 3 and 9): one Qwen3-30B-A3B
 // MoE layer on EP8 (one DGX) and EP16 (two), forward and backward, for both backends and the
 // alltoall dispatcher. The host waits once per dispatch, for notify_dispatch's counts; the
 // experts run on bf16 rows, so their GEMMs cost what the alltoall dispatcher's do.
 TEST(Meta, FlexDispatcherRunsAFullSizeLayerWithOneHostSyncAndBf16Rows) {
-  struct Run {
-    int counts_d2h = 0, forward_syncs = 0;
-    double expert_fc1_s = 0;
-    // Where the permute ran: HybridEP's in its dispatch, on the dispatch's stream.
-    int permute_track = -1, dispatch_track = -2;
-    std::string permute;
-  };
-  auto run = [](DispatcherType type, FlexBackend backend, int ranks) {
-    ModelConfig cfg = testing::qwen3_30b_a3b_layer();
-    cfg.moe_token_dispatcher_type = type;
-    cfg.moe_flex_dispatcher_backend = backend;
-    const std::int64_t T = 4096, H = 2048;
-    NodeOptions o = testing::options(testing::calibration_h100(), 8, 1, Mode::Meta);
-    o.nodes = ranks / 8;
-    Node node(o);
-    Communicator comm(node);
-    std::vector<int> all(static_cast<std::size_t>(ranks));
-    for (int r = 0; r < ranks; ++r) all[std::size_t(r)] = r;
-    Run out;
-    std::vector<double> host_after(static_cast<std::size_t>(ranks));
-    node.run([&](Host& host) {
-      Device& dev = host.device();
-      ModelChunk chunk(cfg, {0, 1, false, false}, dev, 1, comm.group(all, "ep"), host.rank());
-      ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
-      MicroBatch mb;
-      mb.seq = T;
-      mb.tokens.assign(std::size_t(T), 0);
-      mb.labels.assign(std::size_t(T), 0);
-      auto plan = chunk.plan(ctx, 0, mb, 1.0 / double(T));
-      plan->input = Tensor::empty(dev, {T, H}, DType::BF16);
-      plan->forward_all();
-      host_after[std::size_t(host.rank())] = host.now_s();
-      plan->grad_output = Tensor::empty(dev, {T, H}, DType::BF16);
-      plan->backward_all();
-      dev.synchronize();
-    });
-    for (const auto& op : node.trace().ops()) {
-      if (op.device != 0) continue;
-      if (op.name == "recv counts D2H" || op.name == "counts D2H") ++out.counts_d2h;
-      if (op.name == "expert_fc1") out.expert_fc1_s += vtime_to_seconds(op.end - op.start);
-      if (op.name == "flex_permute" || op.name == "hybridep_permute")
-        out.permute = op.name, out.permute_track = op.track;
-      if (op.name == "moe_dispatch_flex") out.dispatch_track = op.track;
-    }
-    // The hosts' blocking waits during the forward (the trace's host calls), per host.
-    const double forward_done = *std::min_element(host_after.begin(), host_after.end());
-    for (const auto& h : node.trace().host_calls())
-      if (h.name == "synchronize" && vtime_to_seconds(h.end) <= forward_done) ++out.forward_syncs;
-    out.forward_syncs /= ranks;
-    return out;
-  };
-  const Run a2a = run(DispatcherType::AllToAll, FlexBackend::DeepEP, 8);
+  const FlexRun a2a = run_flex_layer(DispatcherType::AllToAll, FlexBackend::DeepEP, 8);
   for (int ranks : {8, 16})
     for (FlexBackend b : {FlexBackend::DeepEP, FlexBackend::HybridEP}) {
       if (b == FlexBackend::DeepEP && ranks > 8) continue;  // DeepEP: NVLink domains of 8
       SCOPED_TRACE(std::to_string(ranks) + (b == FlexBackend::DeepEP ? " deepep" : " hybridep"));
-      const Run flex = run(DispatcherType::Flex, b, ranks);
+      const FlexRun flex = run_flex_layer(DispatcherType::Flex, b, ranks);
       EXPECT_EQ(flex.counts_d2h, 1) << "one copy of the counts per dispatch";
       EXPECT_EQ(flex.forward_syncs, 1) << "and one host sync: nothing blocks after the counts";
       if (b == FlexBackend::HybridEP) {
@@ -145,6 +152,18 @@ TEST(Meta, FlexDispatcherRunsAFullSizeLayerWithOneHostSyncAndBf16Rows) {
         EXPECT_NEAR(flex.expert_fc1_s, a2a.expert_fc1_s, 0.1 * a2a.expert_fc1_s);
       }
     }
+}
+
+// HybridEP's sync-free mode at full size: no copy of the counts and no host wait in the forward;
+// the expert GEMMs are priced at the budget the host declares (int(4096 x 8 x 1.5) = 49152
+// rows, already a multiple of 256), against 32768 rows on average when dropless.
+TEST(Meta, HybridEpSyncFreeNeverWaitsAndPricesTheExpertsAtTheBudget) {
+  const FlexRun dropless = run_flex_layer(DispatcherType::Flex, FlexBackend::HybridEP, 16);
+  const FlexRun free = run_flex_layer(DispatcherType::Flex, FlexBackend::HybridEP, 16, 1.5);
+  EXPECT_EQ(free.counts_d2h, 0);
+  EXPECT_EQ(free.forward_syncs, 0);
+  EXPECT_EQ(free.permute, "hybridep_permute");
+  EXPECT_NEAR(free.expert_fc1_s / dropless.expert_fc1_s, 1.5, 0.15);
 }
 
 }  // namespace
