@@ -106,7 +106,10 @@ void Engine::wire_party(Rendezvous& r, StreamState& s, OpId id, const EventState
     exec_.depend(k + 1 < r.phases ? r.barriers[static_cast<size_t>(k + 1)] : r.done, t);
   }
   // Every party's stream continues after the whole operation: a peer may still be reading this
-  // party's send buffer until then.
+  // party's send buffer until then. For the same reason the buffers live until then: a party's
+  // own phase tasks may finish first (a deferred exchange's receivers pull from the senders'
+  // buffers), and the host may have dropped its last handle already.
+  r.done->keep.insert(r.done->keep.end(), uses.begin(), uses.end());
   op.task = r.done;
   s.last_task = r.done;
   if (r.joined + 1 == r.parties) {

@@ -136,7 +136,7 @@ std::vector<KeySpec> build() {
        T::Float,
        "",
        {},
-       "HybridEP's sync-free mode (meta mode only for now): permuted rows per rank, as a multiple of balanced routing's; "
+       "HybridEP's sync-free mode: permuted rows per rank, as a multiple of balanced routing's; "
        "pairs past it are dropped and the step reruns dropless (PagedStashRunner)"},
       {"model.moe_permute_fusion_into_hybridep",
        T::Bool,

@@ -397,13 +397,6 @@ class Rules {
         error(kRankCapacity,
               "needs the experts as one grouped GEMM that reads its rows on the device "
               "(Megatron: use_transformer_engine_op_fuser); set moe_grouped_gemm: true");
-      // Functional mode moves the routing only the device knows through comm's deferred
-      // exchange, which is not yet ordered against the channels' other traffic: the numerics
-      // would depend on the host's thread timing. Refused until it is.
-      else if (r_.text("emulator.mode") != "meta")
-        error(kRankCapacity,
-              "runs in meta mode only for now (functional mode's device-side exchange is not yet "
-              "deterministic); use --mode meta");
     }
     const char* pre = "model.moe_hybridep_num_sms_preprocessing";
     if (set(pre) && (backend != "hybridep" || i(pre) < 1))

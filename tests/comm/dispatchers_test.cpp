@@ -134,8 +134,11 @@ TEST_P(Dispatchers, AlltoallDispatchAndCombineMatchTheReference) {
   for (int r = 0; r < n; ++r) EXPECT_TRUE(ok[size_t(r)]) << "rank " << r;
 }
 
+// `drop_inputs`: the host lets go of its send buffers right after the dispatch and allocates
+// (and scribbles over) buffers of the same sizes, as a layer does when it moves on: the dispatch
+// must still deliver what they held when it was issued.
 void check_flex(int n, bool async, FlexConfig cfg, int experts, const Dispatchers& t,
-                int capacity = 0) {
+                int capacity = 0, bool drop_inputs = false) {
   Node node(comm_options(n));
   Communicator comm(node);
   std::vector<int> ok(static_cast<size_t>(n));
@@ -148,6 +151,18 @@ void check_flex(int n, bool async, FlexConfig cfg, int experts, const Dispatcher
     const_cast<Dispatchers&>(t).fill(host, me, x, idx, w);
     Stream s = host.device().create_stream(Priority::High, "comm");
     FlexDispatched d = disp.dispatch(x, idx, w, tokens_of(me), s, {.async = async}, {}, {}, capacity);
+    if (drop_inputs) {
+      std::vector<Buffer> junk;
+      for (const Buffer* b : {&x, &idx, &w}) junk.push_back(host.device().allocate(b->bytes()));
+      x = idx = w = Buffer();
+      for (int round = 0; round < 3; ++round)
+        for (Buffer& b : junk) {
+          Buffer fresh = host.device().allocate(b.bytes());
+          std::memset(fresh.data(), 0x5a, fresh.bytes());
+          b = fresh;
+        }
+      const_cast<Dispatchers&>(t).fill(host, me, x, idx, w);  // for combine_backward below
+    }
     if (d.done) d.done->synchronize();
     s.synchronize();
     // Reference: each source in order, its tokens that have any expert here, once each.
@@ -198,9 +213,19 @@ TEST_P(Dispatchers, DeepEpDispatchSendsEachTokenOncePerRankAndCombinesAtTheSourc
   check_flex(n, async, {.backend = FlexBackend::DeepEP}, experts, *this);
 }
 
+TEST_P(Dispatchers, SyncFreeSendBuffersLiveUntilEveryPeerHasReadThem) {
+  for (int round = 0; round < 4; ++round)
+    check_flex(n, async,
+               {.backend = FlexBackend::HybridEP,
+                .max_tokens_per_rank = std::max(tokens_of(0), tokens_of(n - 1))},
+               experts, *this, 64 * n, true);
+}
+
 TEST_P(Dispatchers, HybridEpWithACapacityBudgetNeedsNoHostSync) {
   // Members pass different token counts here, so HybridEP's buffer is sized for the largest.
-  check_flex(n, async, {.backend = FlexBackend::HybridEP, .max_tokens_per_rank = std::max(tokens_of(0), tokens_of(n - 1))},
+  check_flex(n, async,
+             {.backend = FlexBackend::HybridEP,
+              .max_tokens_per_rank = std::max(tokens_of(0), tokens_of(n - 1))},
              experts, *this, 64 * n);
 }
 
