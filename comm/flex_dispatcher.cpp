@@ -181,7 +181,7 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
     throw UsageError(
         "flex dispatch: DeepEP's normal mode always waits for its counts on the host; the "
         "sync-free capacity is HybridEP's (use the hybridep backend)");
-  if (!functional && capacity == 0 && meta_counts.empty())
+  if (!functional && meta_counts.empty())
     throw UsageError(
         "flex dispatch: meta mode has no routing; pass every member's tokens per expert");
   if (o.previous) stream.wait(*o.previous);
@@ -215,10 +215,14 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
   // The rows the receive buffers hold: the received count once the host knows it; without a
   // host sync, every row that can arrive, inside HybridEP's persistent buffer (so not accounted
   // again: reserve_buffers sized it for this many).
+  // Meta mode prices what the device would move, from the caller's counts, whether or not the
+  // host waits for them (the routing is the model's input there, not the host program's); only
+  // a functional sync-free dispatch leaves the routing to the device.
+  const bool priced_by_routing = capacity == 0 || !functional;
   int rows_cap = receive_bound(num_tokens);
-  if (capacity == 0) {
+  if (priced_by_routing) {
     if (!functional) routing->estimate(meta_counts, meta_tokens, me, epr);
-    notify(topk_idx, num_tokens, ks, *routing, out.handle);
+    if (capacity == 0) notify(topk_idx, num_tokens, ks, *routing, out.handle);
     out.handle.num_recv = routing->received;
     out.handle.recv_per_expert = routing->recv_per_expert;
     rows_cap = routing->received;
@@ -241,7 +245,7 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
   };
 
   PartyPhase p(static_cast<size_t>(n));
-  if (capacity == 0) {
+  if (priced_by_routing) {
     for (int d = 0; d < n; ++d) p.send_bytes[size_t(d)] = routing->rows_to[size_t(d)] * row;
     for (int s = 0; s < n; ++s) p.recv_bytes[size_t(s)] = size_t(routing->from[size_t(s)]) * row;
     if (functional) {

@@ -138,9 +138,11 @@ class FlexDispatcher {
   // float[..][topk]. In meta mode, `meta_counts` holds every member's tokens per expert
   // (member-major) and `meta_tokens` every member's tokens.
   // `capacity` > 0: HybridEP's sync-free mode (a non_blocking dispatch given num_permuted_tokens).
-  // The host never waits; the timing plane charges `capacity` rows, spread evenly over the
-  // members (the budget the caller declares), and the rows that really arrive are worked out on
-  // the device, into receive buffers that hold every row that can arrive (receive_bound).
+  // The host never waits. In functional mode the timing plane charges `capacity` rows, spread
+  // evenly over the members (the budget the caller declares: an upper bound, as the real kernels
+  // move what arrives), and the rows that really arrive are worked out on the device, into
+  // receive buffers that hold every row that can arrive (receive_bound). In meta mode the
+  // caller's counts price it as they price a dropless dispatch.
   FlexDispatched dispatch(const Buffer& x, const Buffer& topk_idx, const Buffer& topk_weight,
                           int num_tokens, Stream& stream, const CollOptions& o = {},
                           const std::vector<std::int64_t>& meta_counts = {},

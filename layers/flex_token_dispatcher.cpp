@@ -27,6 +27,7 @@
 #include <optional>
 
 #include "comm/flex_dispatcher.hpp"
+#include "devices/device.hpp"
 #include "devices/errors.hpp"
 #include "layers/token_dispatcher.hpp"
 #include "layers/token_permute.hpp"
@@ -133,14 +134,19 @@ class FlexPlan final : public DispatchPlan {
     recv_x_ = Tensor(got.x, {recv, c.hidden_size}, c.dtype);
     recv_idx_ = Tensor(got.topk_idx, {recv, k}, DType::I64);
     recv_w_ = Tensor(got.topk_weight, {recv, k}, DType::F32);
-    if (budget_ > 0) {
+    if (budget_ > 0 && handle_.num_recv < 0) {
       // Sync-free: the host declares the budget, spread evenly over the local experts (what the
       // timing plane prices); the real rows per expert are made on the device by the permute.
       const std::int64_t L = d_.local_experts();
       io.rows_per_expert = std::vector<std::int64_t>(std::size_t(L), budget_ / L);
       for (std::int64_t e = 0; e < budget_ % L; ++e) ++io.rows_per_expert.host[std::size_t(e)];
       rows_ = budget_;
-      if (!meta_counts_.empty()) d_.meta_over_budget_ |= meta_drops();
+    } else if (budget_ > 0) {
+      // Sync-free in meta mode: the kernels are priced at the rows the device would keep, by
+      // sort_within_budget's rule, from the routing the model is given.
+      rows_ = 0;
+      io.rows_per_expert = within_budget(handle_.recv_per_expert);
+      for (auto n : io.rows_per_expert.host) rows_ += n;
     } else {
       // The counts per local expert reached the host with the one sync (the handle's
       // num_recv_tokens_per_expert_list).
@@ -151,19 +157,28 @@ class FlexPlan final : public DispatchPlan {
     if (in_kernel()) permute(at, "hybridep_permute");
   }
 
-  // Meta mode: whether the pairs each local expert receives (from every member's counts) pass
-  // the budget by sort_within_budget's rule.
-  bool meta_drops() const {
-    const std::int64_t L = d_.local_experts(), E = d_.cfg_.num_moe_experts, a = kFusedGroupedMlpAlign;
+  // Each local expert's kept pairs, padded as the grouped GEMM takes them, from its received
+  // pairs by sort_within_budget's rule; notes a drop on the dispatcher (meta mode's over-budget
+  // flag).
+  std::vector<std::int64_t> within_budget(const std::vector<std::int64_t>& pairs) const {
+    const std::int64_t a = kFusedGroupedMlpAlign;
+    auto padded = [a](std::int64_t n) { return (n + a - 1) / a * a; };
+    std::vector<std::int64_t> kept(pairs.size());
     std::int64_t start = 0;
-    for (std::int64_t e = 0; e < L; ++e) {
-      std::int64_t pairs = 0;
-      for (std::size_t m = 0; m < std::size_t(d_.ep_size_); ++m)
-        pairs += meta_counts_[m * std::size_t(E) + std::size_t(d_.first_expert() + e)];
-      if (start + pairs > budget_) return true;
-      start += (pairs + a - 1) / a * a;
+    for (std::size_t e = 0; e < pairs.size(); ++e) {
+      const std::int64_t k = std::clamp<std::int64_t>(budget_ - start, 0, pairs[e]);
+      d_.meta_over_budget_ |= k < pairs[e];
+      kept[e] = padded(k);
+      start += padded(pairs[e]);
     }
-    return false;
+    return kept;
+  }
+
+  // Sync-free: rows in the received order live in HybridEP's buffer (combine_with_unpermute
+  // writes there), which reserve_buffers accounts once; otherwise they are new allocations.
+  Buffer in_buffer(ops::At at, std::size_t row_bytes) const {
+    if (budget_ == 0) return {};
+    return at.stream.device().workspace(std::max<std::size_t>(1, std::size_t(received()) * row_bytes));
   }
 
   // The rows the receive buffers hold: those received, or in sync-free mode all that can arrive.
@@ -200,8 +215,9 @@ class FlexPlan final : public DispatchPlan {
   }
 
   void unpermute_rows(ops::At at, const char* name) {
-    y_rows_ = unpermute(at, name, expert_out_, Tensor(), slots_, d_.cfg_.router.topk, received(),
-                        d_.cfg_.dtype);
+    const auto& c = d_.cfg_;
+    y_rows_ = unpermute(at, name, expert_out_, Tensor(), slots_, c.router.topk, received(), c.dtype,
+                        in_buffer(at, dtype_bytes(c.dtype) * std::size_t(c.hidden_size)));
     expert_out_ = Tensor();
   }
 
@@ -237,9 +253,10 @@ class FlexPlan final : public DispatchPlan {
 
   void scatter_grads(ops::At at, const char* name) {
     const auto& c = d_.cfg_;
-    g_recv_ = unpermute(at, name, grad_in_, Tensor(), slots_, c.router.topk, received(), c.dtype);
+    g_recv_ = unpermute(at, name, grad_in_, Tensor(), slots_, c.router.topk, received(), c.dtype,
+                        in_buffer(at, dtype_bytes(c.dtype) * std::size_t(c.hidden_size)));
     g_recv_probs_ = scatter_probs(at, std::string(name) + "_probs", grad_probs_, slots_,
-                                  c.router.topk, received());
+                                  c.router.topk, received(), in_buffer(at, 4 * std::size_t(c.router.topk)));
     grad_in_ = grad_probs_ = Tensor();
   }
 

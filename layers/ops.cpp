@@ -198,11 +198,20 @@ auto sliced(Pass pass, View a, std::int64_t a_width, View w, View b, std::int64_
 
 }  // namespace
 
+// The share of an activation's rows a pass computes: below 1 when the rows per group sum to
+// less than the tensor holds (a sync-free budget's unused tail, which the kernel skips).
+double computed_share(const Rows& rows, const Tensor& x) {
+  std::int64_t total = 0;
+  for (auto r : rows.host) total += r;
+  return rows_of(x) > 0 ? std::min(1.0, double(total) / double(rows_of(x))) : 1.0;
+}
+
 Tensor linear_forward(At at, const std::string& name, const Tensor& x, const Tensor& w,
                       const Rows& rows, DType out_dtype) {
   const LinearShape ws = linear_shape(w);
   Tensor y = at.empty({rows_of(x), ws.out}, out_dtype);
-  linear_kernels(at, name, GemmLayout::NT, ws, rows, bytes_of({&x, &w, &y}),
+  linear_kernels(at, name, GemmLayout::NT, ws, rows,
+                 bytes_of({&w}) + computed_share(rows, x) * bytes_of({&x, &y}),
                  gemm_type(at, x.dtype()),
                  sliced(&grouped_linear_forward<float>, view(x), ws.in, view(w), view(y), ws.out,
                         rows, ws.in, ws.out),
@@ -214,7 +223,8 @@ Tensor linear_dgrad(At at, const std::string& name, const Tensor& dy, const Tens
                     const Rows& rows, DType out_dtype) {
   const LinearShape ws = linear_shape(w);
   Tensor dx = at.empty({rows_of(dy), ws.in}, out_dtype);
-  linear_kernels(at, name + "_dgrad", GemmLayout::NN, ws, rows, bytes_of({&dy, &w, &dx}),
+  linear_kernels(at, name + "_dgrad", GemmLayout::NN, ws, rows,
+                 bytes_of({&w}) + computed_share(rows, dy) * bytes_of({&dy, &dx}),
                  gemm_type(at, out_dtype),
                  sliced(&grouped_linear_dgrad<float>, view(dy), ws.out, view(w), view(dx), ws.in,
                         rows, ws.in, ws.out),
@@ -232,8 +242,8 @@ void linear_wgrad(At at, const std::string& name, const Tensor& dy, const Tensor
   const DType gdt = w.value.dtype();
   Tensor grad = fused ? w.main_grad : at.empty(w.value.shape(), gdt);
   View vdy = view(dy), vx = view(x), vg = view(grad);
-  const double bytes =
-      bytes_of({&dy, &x, &grad}) + (fused ? double(w.main_grad.bytes()) : 0.0);  // C read back
+  const double bytes = computed_share(rows, x) * bytes_of({&dy, &x}) + bytes_of({&grad}) +
+                       (fused ? double(w.main_grad.bytes()) : 0.0);  // C read back
   linear_kernels(
       at, name + "_wgrad", GemmLayout::TN, ws, rows, bytes, gemm_type(at, x.dtype()),
       [=, split = BodyRows(rows)](std::int64_t first, std::int64_t count,

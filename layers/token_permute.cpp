@@ -116,13 +116,21 @@ Sorted sort_within_budget(ops::At at, const std::string& name, const Tensor& x, 
   return s;
 }
 
+namespace {
+Tensor output(ops::At at, Shape shape, DType dtype, const Buffer& into) {
+  if (!into) return at.empty(std::move(shape), dtype);
+  return Tensor(into, std::move(shape), dtype);
+}
+}  // namespace
+
 Tensor unpermute(ops::At at, const std::string& name, const Tensor& rows, const Tensor& probs,
-                 const Tensor& slots, int topk, std::int64_t tokens, DType out_dtype) {
+                 const Tensor& slots, int topk, std::int64_t tokens, DType out_dtype,
+                 const Buffer& into) {
   const std::int64_t h = rows.shape().back(), n = rows.dim(0);
   const bool with_probs = static_cast<bool>(probs);
   NE_CHECK(!with_probs || out_dtype == DType::F32, "unpermute: probabilities need an fp32 output");
   const std::int64_t w = h + (with_probs ? topk : 0);
-  Tensor out = at.empty({tokens, w}, out_dtype);
+  Tensor out = output(at, {tokens, w}, out_dtype, into);
   // Without TE's moe_unpermute: zeros, then scatter_add (moe_utils.unpermute).
   if (!at.k().permute_fusion)
     launch(at.stream, name + ".zeros", move_work(MemoryOp::Elementwise, double(out.bytes())),
@@ -156,8 +164,8 @@ Tensor unpermute(ops::At at, const std::string& name, const Tensor& rows, const 
 }
 
 Tensor scatter_probs(ops::At at, const std::string& name, const Tensor& probs, const Tensor& slots,
-                     int topk, std::int64_t tokens) {
-  Tensor out = at.empty({tokens, topk}, DType::F32);
+                     int topk, std::int64_t tokens, const Buffer& into) {
+  Tensor out = output(at, {tokens, topk}, DType::F32, into);
   View vp = view(probs), vs = view(slots), vo = view(out);
   const std::int64_t n = slots.dim(0);
   launch(

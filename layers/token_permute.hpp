@@ -38,14 +38,17 @@ Sorted sort_within_budget(ops::At at, const std::string& name, const Tensor& x, 
 // The reverse: out[s / topk] += rows[i] for every row i with slot s >= 0, in row order, summed
 // in fp32. With `probs` (fp32 [n]) the output is [tokens][h + topk] and column h + s % topk of
 // token s / topk receives probs[i] (how the probabilities' gradients travel back). The sum is
-// stored in `out` (fp32 unless given; only fp32 with `probs`).
+// stored in `out` (fp32 unless given; only fp32 with `probs`). `into`: zero-filled memory of the
+// output's size to write into (a library's buffer), rather than a new allocation.
 Tensor unpermute(ops::At at, const std::string& name, const Tensor& rows, const Tensor& probs,
-                 const Tensor& slots, int topk, std::int64_t tokens, DType out = DType::F32);
+                 const Tensor& slots, int topk, std::int64_t tokens, DType out = DType::F32,
+                 const Buffer& into = {});
 
 // fp32 [tokens][topk]: column s % topk of row s / topk holds probs[i] for every row i with slot
-// s >= 0, zero elsewhere (the probabilities' gradients, placed where their choice was).
+// s >= 0, zero elsewhere (the probabilities' gradients, placed where their choice was). `into`
+// as for unpermute.
 Tensor scatter_probs(ops::At at, const std::string& name, const Tensor& probs, const Tensor& slots,
-                     int topk, std::int64_t tokens);
+                     int topk, std::int64_t tokens, const Buffer& into = {});
 
 // out[i] = src[slots[i] / topk] (zero for slot -1): unpermute's backward. out has src's type.
 Tensor gather_rows(ops::At at, const std::string& name, const Tensor& src, const Tensor& slots,

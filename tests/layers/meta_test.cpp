@@ -154,16 +154,20 @@ TEST(Meta, FlexDispatcherRunsAFullSizeLayerWithOneHostSyncAndBf16Rows) {
     }
 }
 
-// HybridEP's sync-free mode at full size: no copy of the counts and no host wait in the forward;
-// the expert GEMMs are priced at the budget the host declares (int(4096 x 8 x 1.5) = 49152
-// rows, already a multiple of 256), against 32768 rows on average when dropless.
-TEST(Meta, HybridEpSyncFreeNeverWaitsAndPricesTheExpertsAtTheBudget) {
+// HybridEP's sync-free mode at full size: no copy of the counts and no host wait in the forward.
+// Meta mode prices the rows the device keeps: about 4100 pairs per local expert (forced
+// balance), all inside the budget of int(4096 x 8 x 1.5) = 49152 rows, each expert's padded to
+// 256 for the fused grouped MLP (4352 rows for most): the expert GEMMs cost a few percent more
+// than dropless HybridEP's, not the budget's 1.5x.
+TEST(Meta, HybridEpSyncFreeNeverWaitsAndPricesTheRowsTheDeviceKeeps) {
   const FlexRun dropless = run_flex_layer(DispatcherType::Flex, FlexBackend::HybridEP, 16);
   const FlexRun free = run_flex_layer(DispatcherType::Flex, FlexBackend::HybridEP, 16, 1.5);
   EXPECT_EQ(free.counts_d2h, 0);
   EXPECT_EQ(free.forward_syncs, 0);
   EXPECT_EQ(free.permute, "hybridep_permute");
-  EXPECT_NEAR(free.expert_fc1_s / dropless.expert_fc1_s, 1.5, 0.15);
+  const double ratio = free.expert_fc1_s / dropless.expert_fc1_s;
+  EXPECT_GT(ratio, 1.0);
+  EXPECT_LT(ratio, 1.1);
 }
 
 }  // namespace

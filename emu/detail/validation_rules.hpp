@@ -1,0 +1,82 @@
+// The rule set behind validate(): one method per family of Megatron-Core and Megatron-Bridge
+// rules, defined across validate*.cpp (pipeline and overlap rules in validate_pipeline.cpp, the
+// token dispatchers' in validate_dispatcher.cpp). Internal to emu/.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "devices/gpu_spec.hpp"
+#include "emu/recipe.hpp"
+#include "emu/validate.hpp"
+
+namespace nodeemu::emu::detail {
+
+class Rules {
+ public:
+  Rules(const Recipe& r, const GpuSpec& gpu, int gpus_per_node)
+      : r_(r), gpu_(gpu), gpus_per_node_(gpus_per_node) {}
+
+  std::vector<Finding> run() {
+    required();
+    if (!out_.empty()) return out_;  // nothing else can be read sensibly
+    layout();
+    pipeline_transfers();
+    ep_overlap();
+    delay_wgrad();
+    kernels();
+    cuda_graphs();
+    dispatcher();
+    offload();
+    recompute();
+    emulator();
+    not_modelled();
+    return out_;
+  }
+
+ private:
+  void error(const std::string& key, const std::string& what) {
+    out_.push_back({Finding::Level::Error, key, what});
+  }
+  void warning(const std::string& key, const std::string& what) {
+    out_.push_back({Finding::Level::Warning, key, what});
+  }
+  int i(const std::string& key) const { return r_.int32(key); }
+  bool b(const std::string& key) const { return r_.flag(key); }
+  bool set(const std::string& key) const { return r_.is_set(key); }
+  bool recompute_has(const std::string& m) const {
+    return set("model.recompute_modules") && r_.list_has("model.recompute_modules", m);
+  }
+  bool offload_has(const std::string& m) const {
+    return set("model.offload_modules") && r_.list_has("model.offload_modules", m);
+  }
+
+  void required();
+  void layout();
+  void microbatch_groups(std::int64_t m, int pp);
+  void pipeline_transfers();
+  void ep_overlap();
+  void delay_wgrad();
+
+  // ddp.overlap_grad_reduce, or Megatron-Bridge's comm_overlap.overlap_grad_reduce, which
+  // overrides it (CommOverlapConfig._override_user_cfgs).
+  bool overlap_grad_reduce() const {
+    return set("comm_overlap.overlap_grad_reduce") ? b("comm_overlap.overlap_grad_reduce")
+                                                   : b("ddp.overlap_grad_reduce");
+  }
+
+  void kernels();
+  void cuda_graphs();
+  void dispatcher();
+  void offload();
+  void recompute();
+  void emulator();
+  void routing();
+  void not_modelled();
+
+  const Recipe& r_;
+  const GpuSpec& gpu_;
+  int gpus_per_node_;
+  std::vector<Finding> out_;
+};
+
+}  // namespace nodeemu::emu::detail

@@ -1,0 +1,194 @@
+#include <algorithm>
+
+#include "devices/errors.hpp"
+#include "emu/detail/validation_rules.hpp"
+#include "emu/flex_backend_support.hpp"
+#include "emu/recipe_views.hpp"
+#include "emu/schedule.hpp"
+
+namespace nodeemu::emu::detail {
+
+void Rules::layout() {
+  const int world = i("nodes") * gpus_per_node_;
+  const ParallelLayout l = parallel_layout(r_, world);
+  try {
+    l.validate();
+  } catch (const ConfigError& e) {
+    // ParallelLayout names Megatron's key; recipes keep those under model.
+    std::string key = e.key() == "world" ? "nodes" : "model." + e.key();
+    error(key, e.detail() + " (world = " + std::to_string(world) + " GPUs: nodes x " +
+                   std::to_string(gpus_per_node_) + ")");
+    return;
+  }
+  const int pp = pipeline_size(r_), vpp = virtual_chunks(r_), layers = i("model.num_layers");
+  if (set("model.virtual_pipeline_model_parallel_size") && pp < 2)
+    error("model.virtual_pipeline_model_parallel_size",
+          "the interleaved schedule needs pipeline_model_parallel_size > 1; unset it");
+  if (layers_per_virtual_stage(r_).empty()) {
+    if (set("emulator.pipeline_layout"))
+      error("emulator.pipeline_layout",
+            "must list " + std::to_string(pp * vpp) +
+                " non-negative layer counts (PP x VPP virtual stages) summing to num_layers = " +
+                std::to_string(layers));
+    else
+      error("model.num_layers",
+            std::to_string(layers) +
+                " layers do not divide into PP x VPP = " + std::to_string(pp * vpp) +
+                " stages; change num_layers or set emulator.pipeline_layout");
+  }
+  if (set("model.num_moe_experts")) {
+    const int e = i("model.num_moe_experts"), ep = l.ep;
+    if (e % ep)
+      error("model.num_moe_experts",
+            std::to_string(e) + " experts do not divide over EP = " + std::to_string(ep) +
+                "; set expert_model_parallel_size to a divisor");
+    if (i("model.moe_router_topk") > e)
+      error("model.moe_router_topk", "is larger than num_moe_experts");
+  } else if (l.ep > 1) {
+    error("model.expert_model_parallel_size", "EP > 1 needs experts; set num_moe_experts");
+  }
+  const int mbs = i("train.micro_batch_size"), dp = l.dp();
+  const std::int64_t gbs = set("train.global_batch_size") ? r_.integer("train.global_batch_size")
+                                                          : std::int64_t(mbs) * dp;
+  if (gbs % (std::int64_t(mbs) * dp))
+    error("train.global_batch_size", std::to_string(gbs) +
+                                         " is not a multiple of micro_batch_size x DP = " +
+                                         std::to_string(mbs) + " x " + std::to_string(dp));
+  else if (vpp > 1)
+    microbatch_groups(gbs / (std::int64_t(mbs) * dp), pp);
+  if (set("model.microbatch_group_size_per_vp_stage") && vpp == 1)
+    error("model.microbatch_group_size_per_vp_stage",
+          "has no effect without virtual_pipeline_model_parallel_size; unset it");
+  if (b("model.bf16") && b("model.fp16")) error("model.fp16", "bf16 and fp16 are exclusive");
+}
+
+// The interleaved schedule's micro-batch groups (schedules.py
+// forward_backward_pipelining_with_interleaving): the group size lies in [PP, M], and a last,
+// partial group has at least PP micro-batches.
+void Rules::microbatch_groups(std::int64_t m, int pp) {
+  const int g = microbatch_group_size(r_);
+  const bool own = set("model.microbatch_group_size_per_vp_stage");
+  const std::string key =
+      own ? "model.microbatch_group_size_per_vp_stage" : "train.global_batch_size";
+  const std::string counts = " (micro-batches per rank M = " + std::to_string(m) +
+                             ", PP = " + std::to_string(pp) + ", group " + std::to_string(g) +
+                             (own ? ")" : " = PP, microbatch_group_size_per_vp_stage unset)");
+  if (g < pp || g > m)
+    error(key, "the interleaved schedule needs PP <= microbatch_group_size_per_vp_stage <= M" +
+                   counts);
+  else if (m % g != 0 && m % g < pp)
+    error(key, "the interleaved schedule's last micro-batch group has " + std::to_string(m % g) +
+                   ", fewer than PP: make M a multiple of the group "
+                   "or leave at least PP over" +
+                   counts);
+}
+
+// Megatron-Core's p2p_communication and schedules.py; the defaults are Bridge's (schedule.hpp
+// PipelineComm).
+void Rules::pipeline_transfers() {
+  const char* overlap = "comm_overlap.overlap_p2p_comm";
+  const char* batch = "comm_overlap.batch_p2p_comm";
+  const int pp = pipeline_size(r_), vpp = virtual_chunks(r_);
+  for (const char* k : {overlap, batch})
+    if (pp == 1 && set(k) && b(k))
+      error(k,
+            "has no effect without pipeline parallelism (pipeline_model_parallel_size = 1); "
+            "unset it");
+  if (pp == 1) return;
+  const PipelineComm c = pipeline_comm(r_);
+  // _communicate asserts wait_on_reqs for batched transfers: they cannot be left in flight.
+  if (c.overlap && c.batch)
+    error(batch,
+          "cannot be true with overlap_p2p_comm (Megatron batches only transfers it "
+          "waits for at once); set one of them false");
+  if (c.overlap && vpp == 1)
+    error(overlap,
+          "needs the interleaved schedule (virtual_pipeline_model_parallel_size): "
+          "Megatron's non-interleaved 1F1B raises on it");
+  if (!c.overlap && vpp > 1 && b("comm_overlap.overlap_moe_expert_parallel_comm"))
+    error(overlap,
+          "must be true with EP overlap and PP > 1: NodeEmu's combined 1F1B posts each "
+          "receive a step ahead, as Bridge configures it");
+}
+
+// REFERENCE section 4: overlap_moe_expert_parallel_comm.
+void Rules::ep_overlap() {
+  if (!b("comm_overlap.overlap_moe_expert_parallel_comm")) {
+    // TransformerConfig.__post_init__: the release is a step of the overlapped schedule.
+    if (b("model.ep_overlap_early_attn_memory_release"))
+      error("model.ep_overlap_early_attn_memory_release",
+            "needs comm_overlap.overlap_moe_expert_parallel_comm=true (it reorders the "
+            "overlapped layer pair)");
+    return;
+  }
+  const std::string why = " (required by comm_overlap.overlap_moe_expert_parallel_comm)";
+  if (i("model.expert_model_parallel_size") < 2)
+    error("model.expert_model_parallel_size", "must be > 1" + why);
+  if (!set("model.num_moe_experts") || i("model.num_moe_experts") < 2)
+    error("model.num_moe_experts", "must be > 1" + why);
+  const std::string& d = r_.text("model.moe_token_dispatcher_type");
+  if (d != "alltoall" && d != "flex")
+    error("model.moe_token_dispatcher_type", "is '" + d + "'; set alltoall or flex" + why);
+  if (!b("model.bf16") && !b("model.fp16")) error("model.bf16", "set bf16 (or fp16)" + why);
+  if (!version_at_least(r_.text("emulator.torch_version"), "2.6"))
+    error("emulator.torch_version",
+          "is " + r_.text("emulator.torch_version") + "; EP overlap needs torch >= 2.6");
+  if (pipeline_size(r_) > 1 && !set("model.virtual_pipeline_model_parallel_size"))
+    error("model.virtual_pipeline_model_parallel_size",
+          "must be set when pipeline_model_parallel_size > 1" + why);
+  if (r_.text("model.recompute_granularity") == "full")
+    error("model.recompute_granularity", "must not be full" + why);
+  if (set("model.recompute_method")) error("model.recompute_method", "must be unset" + why);
+  if (set("model.recompute_num_layers"))
+    error("model.recompute_num_layers", "must be unset" + why);
+  if (recompute_has("moe")) error("model.recompute_modules", "must not contain moe" + why);
+  if (b("model.moe_shared_expert_overlap"))
+    error("model.moe_shared_expert_overlap", "must be false" + why);
+  if (set("model.mtp_num_layers") && i("model.mtp_num_layers") > 1)
+    error("model.mtp_num_layers", "must be unset, 0 or 1" + why);
+}
+
+// REFERENCE section 4: delay_wgrad_compute.
+void Rules::delay_wgrad() {
+  if (!b("comm_overlap.delay_wgrad_compute")) return;
+  if (!b("comm_overlap.overlap_moe_expert_parallel_comm"))
+    error("comm_overlap.overlap_moe_expert_parallel_comm",
+          "must be true for comm_overlap.delay_wgrad_compute");
+  const bool te_graphs = r_.text("model.cuda_graph_impl") == "transformer_engine";
+  const auto scope_has = [&](const std::string& s) {
+    return set("model.cuda_graph_scope") && r_.list_has("model.cuda_graph_scope", s);
+  };
+  const std::string& te = r_.text("emulator.te_version");
+  // TransformerConfig.__post_init__: any TE graph with the delayed wgrad.
+  if (te_graphs && !version_at_least(te, "2.10"))
+    error("emulator.te_version", "is " + te +
+                                     "; delay_wgrad_compute with cuda_graph_impl="
+                                     "transformer_engine needs TransformerEngine >= 2.10");
+  // Megatron-Bridge comm_overlap.py (and Megatron-LM validate_args): the wgrad is inside a
+  // graph when the attention is captured, or the router is and a shared expert runs beside it
+  // without its own overlap. An unset scope is not the attention scope.
+  const bool attn = te_graphs && scope_has("attn");
+  const bool wgrad_in_graph = attn || (te_graphs && scope_has("moe_router") &&
+                                       set("model.moe_shared_expert_intermediate_size") &&
+                                       !b("model.moe_shared_expert_overlap"));
+  if (wgrad_in_graph) {
+    const std::string why = " when a CUDA graph holds a delayed wgrad (comm_overlap.py)";
+    if (!b("model.gradient_accumulation_fusion"))
+      error("model.gradient_accumulation_fusion", "must be true" + why);
+    if (!version_at_least(te, "2.12"))
+      error("emulator.te_version", "is " + te + "; needs TransformerEngine >= 2.12" + why);
+  }
+  if (attn) {
+    const std::string why = " with the attn CUDA-graph scope and delay_wgrad_compute";
+    if (b("model.add_bias_linear")) error("model.add_bias_linear", "must be false" + why);
+    if (b("model.add_qkv_bias")) error("model.add_qkv_bias", "must be false" + why);
+  }
+  if ((overlap_grad_reduce() || b("model.gradient_accumulation_fusion")) &&
+      !version_at_least(te, "2.7"))
+    error("emulator.te_version",
+          "is " + te +
+              "; delay_wgrad_compute with overlap_grad_reduce or gradient_accumulation_fusion "
+              "needs TransformerEngine >= 2.7");
+}
+
+}  // namespace nodeemu::emu::detail
