@@ -47,8 +47,7 @@ void FlexDispatcher::reserve_buffers(Device& dev, int num_tokens) {
             nvshmem_granules(deepep_rdma_buffer_bytes(hidden_bytes, n, sms_));
   } else {
     bytes = hybridep_buffer_bytes(std::max(num_tokens, config_.max_tokens_per_rank), hidden_,
-                                  ranks_here, nodes.nodes(),
-                                  local_experts_ * ranks_here);
+                                  ranks_here, nodes.nodes(), local_experts_ * ranks_here);
   }
   auto& held = ep_.comm().flex_buffers[{dev.id(), int(config_.backend)}];
   if (bytes <= held.bytes) return;

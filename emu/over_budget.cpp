@@ -50,8 +50,7 @@ int ranks_over_budget(Chunks& chunks, Group& world, Stream& s, std::vector<int>&
   s.read_to_host(host, flag, sizeof(float), "over_budget .item()");
   // Every rank set its slot before it joined the all-reduce, which has completed: the read waits
   // for it.
-  const int ranks = functional ? int(*host.as<float>())
-                               : std::accumulate(slots, slots + n, 0);
+  const int ranks = functional ? int(*host.as<float>()) : std::accumulate(slots, slots + n, 0);
   each_dispatcher(chunks, [](layers::TokenDispatcher& d) { d.reset_over_budget(); });
   return ranks;
 }

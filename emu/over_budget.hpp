@@ -20,8 +20,7 @@ using Chunks = std::vector<std::unique_ptr<layers::ModelChunk>>;
 // rank's own comes from its host-known routing, and `shared` (two rounds of one slot per world
 // member, shared by the ranks of a run) carries them to the others. `round` counts the calls: a
 // rank cannot be two calls ahead of another, as each waits for the all-reduce.
-int ranks_over_budget(Chunks& chunks, Group& world, Stream& s, std::vector<int>& shared,
-                      int round);
+int ranks_over_budget(Chunks& chunks, Group& world, Stream& s, std::vector<int>& shared, int round);
 
 // Turns every MoE layer's sync-free budget on or off for the plans made from now on.
 void set_sync_free(Chunks& chunks, bool on);

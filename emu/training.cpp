@@ -171,14 +171,15 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
       auto forward_backward = [&] {
         for (auto& c : chunks) c->zero_grad(ctx.compute);
         impl.reset();
-        impl.emplace(ctx, chunks, links, microbatches, p, pp,
-                     [&](int mb) {
-                       // Megatron's sampler: each global micro-batch step hands DP rank d its
-                       // slice, so the sample does not depend on how the ranks are pipelined.
-                       const int index = (it * microbatches + mb) * int(dp_size) + d;
-                       return layers::synthetic_microbatch(cfg, mbs, seq, seed, 0, index);
-                     },
-                     loss_scale, layers::Shape{mbs * seq, cfg.hidden_size});
+        impl.emplace(
+            ctx, chunks, links, microbatches, p, pp,
+            [&](int mb) {
+              // Megatron's sampler: each global micro-batch step hands DP rank d its
+              // slice, so the sample does not depend on how the ranks are pipelined.
+              const int index = (it * microbatches + mb) * int(dp_size) + d;
+              return layers::synthetic_microbatch(cfg, mbs, seq, seed, 0, index);
+            },
+            loss_scale, layers::Shape{mbs * seq, cfg.hidden_size});
         StepContext step(*impl);
         {
           // full_iteration: the whole forward-backward of every micro-batch is one captured

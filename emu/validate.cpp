@@ -1,11 +1,10 @@
 #include "emu/validate.hpp"
 
-#include "emu/detail/validation_rules.hpp"
-
 #include <ostream>
 #include <sstream>
 
 #include "devices/errors.hpp"
+#include "emu/detail/validation_rules.hpp"
 #include "emu/flex_backend_support.hpp"
 #include "emu/recipe_views.hpp"
 #include "emu/schedule.hpp"
@@ -161,9 +160,9 @@ void Rules::recompute() {
         error("model.recompute_modules",
               std::string(m) + " needs comm_overlap.overlap_moe_expert_parallel_comm=true");
       if (!set("model.virtual_pipeline_model_parallel_size"))
-        error("model.recompute_modules",
-              std::string(m) +
-                  " needs the interleaved 1F1B (virtual_pipeline_model_parallel_size)");
+        error(
+            "model.recompute_modules",
+            std::string(m) + " needs the interleaved 1F1B (virtual_pipeline_model_parallel_size)");
     }
 }
 
@@ -171,8 +170,7 @@ void Rules::emulator() {
   const int c = i("emulator.cuda_device_max_connections");
   if (c < 1 || c > 32)
     error("emulator.cuda_device_max_connections", "must be between 1 and 32 (CUDA's range)");
-  if (i("emulator.warmup_iterations") < 0)
-    error("emulator.warmup_iterations", "must be 0 or more");
+  if (i("emulator.warmup_iterations") < 0) error("emulator.warmup_iterations", "must be 0 or more");
   routing();
 }
 
@@ -194,8 +192,7 @@ void Rules::not_modelled() {
   if (set("model.mtp_num_layers") && i("model.mtp_num_layers") > 0)
     refuse("model.mtp_num_layers", "multi-token prediction");
   if (r_.text("model.recompute_granularity") == "full")
-    refuse("model.recompute_granularity",
-           "full recompute (use selective with recompute_modules)");
+    refuse("model.recompute_granularity", "full recompute (use selective with recompute_modules)");
   if (recompute_has("mla_up_proj"))
     error("model.recompute_modules",
           "mla_up_proj needs multi-latent attention, which NodeEmu does not model; remove it");

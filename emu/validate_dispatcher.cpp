@@ -43,8 +43,7 @@ void Rules::dispatcher() {
   for (const char* k : sms_keys) {
     if (!set(k)) continue;
     if (i(k) < 1 || i(k) > gpu_.sms)
-      error(k,
-            "is " + std::to_string(i(k)) + "; the GPU has " + std::to_string(gpu_.sms) + " SMs");
+      error(k, "is " + std::to_string(i(k)) + "; the GPU has " + std::to_string(gpu_.sms) + " SMs");
     else if (backend == "deepep" && i(k) % 2)
       error(k,
             "is odd; DeepEP forms num_sms/2 channels (Buffer.set_num_sms), use an even "
@@ -54,7 +53,8 @@ void Rules::dispatcher() {
   // TE's fused grouped experts (use_transformer_engine_op_fuser), here the grouped GEMM.
   if (set(kRankCapacity)) {
     if (backend != "hybridep")
-      error(kRankCapacity, "is HybridEP's sync-free budget; set moe_flex_dispatcher_backend=hybridep");
+      error(kRankCapacity,
+            "is HybridEP's sync-free budget; set moe_flex_dispatcher_backend=hybridep");
     else if (r_.real(kRankCapacity) <= 0)
       error(kRankCapacity, "must be positive (leave it unset for dropless HybridEP)");
     else if (!b("model.moe_grouped_gemm"))
@@ -75,16 +75,14 @@ void Rules::dispatcher() {
     const int ep = i("model.expert_model_parallel_size");
     const int sizes[] = {2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160};
     if (ep > 1 && std::find(std::begin(sizes), std::end(sizes), ep) == std::end(sizes))
-      error(
-          "model.expert_model_parallel_size",
-          "is " + std::to_string(ep) +
-              "; DeepEP has configs for 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144 or 160 ranks");
+      error("model.expert_model_parallel_size",
+            "is " + std::to_string(ep) +
+                "; DeepEP has configs for 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144 or 160 ranks");
   }
   if (b("model.moe_shared_expert_overlap"))
-    warning(
-        "model.moe_shared_expert_overlap",
-        "Megatron-Bridge's apply_flex_dispatcher_backend turns it off with flex (Megatron-Core "
-        "itself allows it from r0.18); NodeEmu follows Bridge");
+    warning("model.moe_shared_expert_overlap",
+            "Megatron-Bridge's apply_flex_dispatcher_backend turns it off with flex (Megatron-Core "
+            "itself allows it from r0.18); NodeEmu follows Bridge");
 }
 
 // Where meta mode's routing comes from (layers/meta_routing.hpp).

@@ -31,17 +31,16 @@ void Rules::layout() {
                 " non-negative layer counts (PP x VPP virtual stages) summing to num_layers = " +
                 std::to_string(layers));
     else
-      error("model.num_layers",
-            std::to_string(layers) +
-                " layers do not divide into PP x VPP = " + std::to_string(pp * vpp) +
-                " stages; change num_layers or set emulator.pipeline_layout");
+      error("model.num_layers", std::to_string(layers) + " layers do not divide into PP x VPP = " +
+                                    std::to_string(pp * vpp) +
+                                    " stages; change num_layers or set emulator.pipeline_layout");
   }
   if (set("model.num_moe_experts")) {
     const int e = i("model.num_moe_experts"), ep = l.ep;
     if (e % ep)
-      error("model.num_moe_experts",
-            std::to_string(e) + " experts do not divide over EP = " + std::to_string(ep) +
-                "; set expert_model_parallel_size to a divisor");
+      error("model.num_moe_experts", std::to_string(e) +
+                                         " experts do not divide over EP = " + std::to_string(ep) +
+                                         "; set expert_model_parallel_size to a divisor");
     if (i("model.moe_router_topk") > e)
       error("model.moe_router_topk", "is larger than num_moe_experts");
   } else if (l.ep > 1) {
@@ -74,8 +73,8 @@ void Rules::microbatch_groups(std::int64_t m, int pp) {
                              ", PP = " + std::to_string(pp) + ", group " + std::to_string(g) +
                              (own ? ")" : " = PP, microbatch_group_size_per_vp_stage unset)");
   if (g < pp || g > m)
-    error(key, "the interleaved schedule needs PP <= microbatch_group_size_per_vp_stage <= M" +
-                   counts);
+    error(key,
+          "the interleaved schedule needs PP <= microbatch_group_size_per_vp_stage <= M" + counts);
   else if (m % g != 0 && m % g < pp)
     error(key, "the interleaved schedule's last micro-batch group has " + std::to_string(m % g) +
                    ", fewer than PP: make M a multiple of the group "
@@ -139,8 +138,7 @@ void Rules::ep_overlap() {
   if (r_.text("model.recompute_granularity") == "full")
     error("model.recompute_granularity", "must not be full" + why);
   if (set("model.recompute_method")) error("model.recompute_method", "must be unset" + why);
-  if (set("model.recompute_num_layers"))
-    error("model.recompute_num_layers", "must be unset" + why);
+  if (set("model.recompute_num_layers")) error("model.recompute_num_layers", "must be unset" + why);
   if (recompute_has("moe")) error("model.recompute_modules", "must not contain moe" + why);
   if (b("model.moe_shared_expert_overlap"))
     error("model.moe_shared_expert_overlap", "must be false" + why);

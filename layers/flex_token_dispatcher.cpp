@@ -178,7 +178,8 @@ class FlexPlan final : public DispatchPlan {
   // writes there), which reserve_buffers accounts once; otherwise they are new allocations.
   Buffer in_buffer(ops::At at, std::size_t row_bytes) const {
     if (budget_ == 0) return {};
-    return at.stream.device().workspace(std::max<std::size_t>(1, std::size_t(received()) * row_bytes));
+    return at.stream.device().workspace(
+        std::max<std::size_t>(1, std::size_t(received()) * row_bytes));
   }
 
   // The rows the receive buffers hold: those received, or in sync-free mode all that can arrive.
@@ -199,8 +200,7 @@ class FlexPlan final : public DispatchPlan {
                              kFusedGroupedMlpAlign, budget_, io.rows_per_expert.device,
                              d_.over_budget_);
     } else {
-      s = sort_by_expert(at, name, recv_x_, recv_idx_, recv_w_, k, 0, d_.local_experts(), 0,
-                         rows_);
+      s = sort_by_expert(at, name, recv_x_, recv_idx_, recv_w_, k, 0, d_.local_experts(), 0, rows_);
     }
     io.expert_in = s.rows;
     io.expert_probs = s.probs;
@@ -255,8 +255,9 @@ class FlexPlan final : public DispatchPlan {
     const auto& c = d_.cfg_;
     g_recv_ = unpermute(at, name, grad_in_, Tensor(), slots_, c.router.topk, received(), c.dtype,
                         in_buffer(at, dtype_bytes(c.dtype) * std::size_t(c.hidden_size)));
-    g_recv_probs_ = scatter_probs(at, std::string(name) + "_probs", grad_probs_, slots_,
-                                  c.router.topk, received(), in_buffer(at, 4 * std::size_t(c.router.topk)));
+    g_recv_probs_ =
+        scatter_probs(at, std::string(name) + "_probs", grad_probs_, slots_, c.router.topk,
+                      received(), in_buffer(at, 4 * std::size_t(c.router.topk)));
     grad_in_ = grad_probs_ = Tensor();
   }
 

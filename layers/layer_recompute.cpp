@@ -134,9 +134,8 @@ Tensor LayerPlan::act_out(Stream& s) {
   const bool moe = L_.is_moe();
   if (!re_act()) return st.saved.need(moe ? "expert_fc2" : "dense_fc2", "input", s);
   if (!st.re_a)
-    st.re_a =
-        ops::swiglu_forward(recompute_at(s), moe ? "moe_act" : "dense_act", fc1_out(s), probs(s),
-                            moe ? st.dispatch->io.rows_per_expert : ops::Rows{});
+    st.re_a = ops::swiglu_forward(recompute_at(s), moe ? "moe_act" : "dense_act", fc1_out(s),
+                                  probs(s), moe ? st.dispatch->io.rows_per_expert : ops::Rows{});
   return st.re_a;
 }
 

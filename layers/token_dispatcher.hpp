@@ -31,11 +31,11 @@ struct MoeTokens {
   Tensor topk_probs;         // fp32 [tokens][topk]
   Tensor tokens_per_expert;  // int64 [experts]: kept pairs per expert on this rank
   // Set by sort: the experts' input, grouped by local expert.
-  Tensor expert_in;                           // [rows][h]
-  Tensor expert_probs;                        // fp32 [rows]
-  ops::Rows rows_per_expert;                  // [local experts]
-  Tensor expert_out;                          // [rows][h], set by the mlp node
-  Tensor moe_out;                             // [tokens][h] fp32, set by combine
+  Tensor expert_in;           // [rows][h]
+  Tensor expert_probs;        // fp32 [rows]
+  ops::Rows rows_per_expert;  // [local experts]
+  Tensor expert_out;          // [rows][h], set by the mlp node
+  Tensor moe_out;             // [tokens][h] fp32, set by combine
   // Backward.
   Tensor grad_moe_out;       // [tokens][h]: set before combine_backward
   Tensor grad_expert_out;    // set by unsort_backward

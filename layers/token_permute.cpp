@@ -15,6 +15,31 @@ Work move_work(MemoryOp op, double bytes) {
 std::int64_t width_of(const Tensor& t) {
   return t.shape().size() < 2 ? 1 : t.numel() / std::max<std::int64_t>(1, t.dim(0));
 }
+
+// A sort's kernel body: places the pair in slot `sl` (token sl / topk's row and probability) at
+// row `place` of the output.
+struct Placer {
+  const char* x;
+  const float* p;
+  char* rows;
+  float* probs;
+  std::int32_t* slots;
+  std::int64_t row_bytes;
+  int topk;
+  Placer(const View& vx, const View& vp, const Sorted& s, int k)
+      : x(static_cast<const char*>(vx.data)),
+        p(vp.as<const float>()),
+        rows(static_cast<char*>(view(s.rows).data)),
+        probs(view(s.probs).as<float>()),
+        slots(view(s.slots).as<std::int32_t>()),
+        row_bytes(s.rows.shape().back() * std::int64_t(dtype_bytes(s.rows.dtype()))),
+        topk(k) {}
+  void put(std::int64_t place, std::int64_t sl) const {
+    std::memcpy(rows + place * row_bytes, x + (sl / topk) * row_bytes, std::size_t(row_bytes));
+    probs[place] = p[sl];
+    slots[place] = std::int32_t(sl);
+  }
+};
 }  // namespace
 
 Sorted sort_by_expert(ops::At at, const std::string& name, const Tensor& x, const Tensor& idx,
@@ -23,9 +48,8 @@ Sorted sort_by_expert(ops::At at, const std::string& name, const Tensor& x, cons
   const std::int64_t h = x.shape().back(), tokens = x.dim(0);
   Sorted s{at.empty({total, h}, x.dtype()), at.empty({total}, DType::F32),
            at.empty({total}, DType::I32)};
-  View vx = view(x), vi = view(idx), vp = view(probs), vr = view(s.rows), vq = view(s.probs),
-       vs = view(s.slots);
-  const std::size_t row_bytes = std::size_t(h) * dtype_bytes(x.dtype());
+  const View vi = view(idx);
+  const Placer put(view(x), view(probs), s, topk);
   if (!at.k().permute_fusion) {
     // moe_utils.permute without TE's fused kernel: the routing map transposed, a stable argsort
     // of it, the probabilities gathered, then the tokens' index_select (below).
@@ -42,25 +66,17 @@ Sorted sort_by_expert(ops::At at, const std::string& name, const Tensor& x, cons
       move_work(MemoryOp::Gather, 2.0 * double(s.rows.bytes()) + double(idx.bytes())),
       [=] {
         const auto* ids = vi.as<const std::int64_t>();
-        const auto* p = vp.as<const float>();
-        auto* rows = static_cast<char*>(vr.data);
-        auto* q = vq.as<float>();
-        auto* slots = vs.as<std::int32_t>();
         std::int64_t at_row = 0;
         for (std::int64_t e = first; e < first + count; ++e) {
           const std::int64_t start = at_row;
           for (std::int64_t sl = 0; sl < tokens * topk; ++sl) {
             if (ids[sl] != e) continue;
             NE_CHECK(at_row < total, "sort_by_expert: more rows than the host was told");
-            std::memcpy(rows + at_row * std::int64_t(row_bytes),
-                        static_cast<const char*>(vx.data) + (sl / topk) * std::int64_t(row_bytes),
-                        row_bytes);
-            q[at_row] = p[sl];
-            slots[at_row++] = std::int32_t(sl);
+            put.put(at_row++, sl);
           }
           if (pad > 0) {
             NE_CHECK(at_row - start <= pad, "sort_by_expert: an expert over its capacity");
-            for (; at_row < start + pad; ++at_row) slots[at_row] = -1;  // zero rows, prob 0
+            for (; at_row < start + pad; ++at_row) put.slots[at_row] = -1;  // zero rows, prob 0
           }
         }
         NE_CHECK(at_row == total, "sort_by_expert: fewer rows than the host was told");
@@ -77,20 +93,15 @@ Sorted sort_within_budget(ops::At at, const std::string& name, const Tensor& x, 
   Sorted s{at.empty({budget, h}, x.dtype()), at.empty({budget}, DType::F32),
            at.empty({budget}, DType::I32)};
   rows = at.empty({count}, DType::I64);
-  View vx = view(x), vi = view(idx), vp = view(probs), vr = view(s.rows), vq = view(s.probs),
-       vs = view(s.slots), vn = view(rows), vo = view(overflow);
-  const std::size_t row_bytes = std::size_t(h) * dtype_bytes(x.dtype());
+  const View vi = view(idx), vn = view(rows), vo = view(overflow);
+  const Placer put(view(x), view(probs), s, topk);
   auto padded = [align](std::int64_t n) { return (n + align - 1) / align * align; };
   launch(
       at.stream, name,
       move_work(MemoryOp::Gather, 2.0 * double(s.rows.bytes()) + double(idx.bytes())),
       [=] {
         const auto* ids = vi.as<const std::int64_t>();
-        const auto* p = vp.as<const float>();
-        auto* out = static_cast<char*>(vr.data);
-        auto* q = vq.as<float>();
-        auto* slots = vs.as<std::int32_t>();
-        std::fill(slots, slots + budget, -1);  // the unused tail and the padding: no pair
+        std::fill(put.slots, put.slots + budget, -1);  // the unused tail and the padding: no pair
         std::int64_t start = 0;  // expert e's first place: the previous experts' padded pairs
         bool dropped = false;
         for (std::int64_t e = 0; e < count; ++e) {
@@ -99,11 +110,7 @@ Sorted sort_within_budget(ops::At at, const std::string& name, const Tensor& x, 
             if (ids[sl] != e) continue;
             const std::int64_t place = start + pairs++;
             if (place >= budget) continue;
-            std::memcpy(out + place * std::int64_t(row_bytes),
-                        static_cast<const char*>(vx.data) + (sl / topk) * std::int64_t(row_bytes),
-                        row_bytes);
-            q[place] = p[sl];
-            slots[place] = std::int32_t(sl);
+            put.put(place, sl);
             ++kept;
           }
           dropped |= kept < pairs;

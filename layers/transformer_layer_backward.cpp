@@ -117,8 +117,7 @@ void LayerPlan::mlp_dw(Stream& s) {
   const bool moe = L_.is_moe();
   detail::GraphRegions graph(s);
   graph.enter(moe ? ctx_.graphs.moe : ctx_.graphs.mlp);
-  const ops::Rows rows =
-      moe ? st.dispatch->io.rows_per_expert : ops::Rows{st.batch * st.seq};
+  const ops::Rows rows = moe ? st.dispatch->io.rows_per_expert : ops::Rows{st.batch * st.seq};
   const char* fc1 = fc1_name();
   const char* fc2 = fc2_name();
   // fc2 first, then fc1 (the order Megatron's delayed expert wgrad runs them in).

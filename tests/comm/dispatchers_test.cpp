@@ -150,7 +150,8 @@ void check_flex(int n, bool async, FlexConfig cfg, int experts, const Dispatcher
     Buffer x, idx, w;
     const_cast<Dispatchers&>(t).fill(host, me, x, idx, w);
     Stream s = host.device().create_stream(Priority::High, "comm");
-    FlexDispatched d = disp.dispatch(x, idx, w, tokens_of(me), s, {.async = async}, {}, {}, capacity);
+    FlexDispatched d =
+        disp.dispatch(x, idx, w, tokens_of(me), s, {.async = async}, {}, {}, capacity);
     if (drop_inputs) {
       std::vector<Buffer> junk;
       for (const Buffer* b : {&x, &idx, &w}) junk.push_back(host.device().allocate(b->bytes()));

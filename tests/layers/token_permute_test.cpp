@@ -55,7 +55,7 @@ TEST(SortWithinBudget, KeepsEveryPairWhenThePaddedExpertsFit) {
   const Permuted p = permute(20);
   EXPECT_EQ(p.per_expert, (std::vector<std::int64_t>{8, 8, 4}));
   EXPECT_EQ(p.overflow, 0);
-  const std::vector<std::int32_t> want = {0, 2, 4, 7, 9, -1, -1, -1, 1,  3,
+  const std::vector<std::int32_t> want = {0, 2, 4, 7,  9,  -1, -1, -1, 1,  3,
                                           5, 6, 8, 10, -1, -1, 11, -1, -1, -1};
   EXPECT_EQ(p.slots, want);
   for (std::size_t i = 0; i < want.size(); ++i) {
