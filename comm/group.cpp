@@ -180,7 +180,7 @@ std::optional<Event> Group::reduce_scatter(const Buffer& send, const Buffer& rec
   for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * sizeof(float);
   check_buffer(send, sum(bytes), stream, op, "send");
   check_buffer(recv, bytes[size_t(me)], stream, op, "receive");
-  if (send && recv && send.data() == recv.data())
+  if (send && recv && send.state() == recv.state())  // the same buffer (meta ones have no data)
     throw UsageError(op + ": send and receive must be different buffers");
   Call c;
   c.kind = "reduce_scatter(f32 sum)";

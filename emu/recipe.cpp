@@ -3,8 +3,10 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "devices/check.hpp"
@@ -28,8 +30,46 @@ const char* type_name(ValueType t) {
       return "a list of names, e.g. [a, b]";
     case ValueType::IntList:
       return "a list of integers, e.g. [2, 1]";
+    case ValueType::LayerPattern:
+      return "an integer N (every Nth layer) or one 0/1 per layer: [0, 1, 1] or \"([0]*1+[1]*2)\"";
   }
   return "?";
+}
+
+// Megatron's --moe-layer-freq expression (its arguments.py evaluates it as Python): a sum of
+// list literals, each optionally repeated, in optional parentheses: "([0]*3+[1]*58)". Returns
+// the integers, or nothing when the text is not of that form.
+std::optional<std::vector<std::string>> expand_pattern(std::string text) {
+  std::erase_if(text, [](unsigned char c) { return std::isspace(c); });
+  if (text.size() >= 2 && text.front() == '(' && text.back() == ')')
+    text = text.substr(1, text.size() - 2);
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  auto number = [&](std::int64_t& v) {
+    const std::size_t from = at;
+    while (at < text.size() && std::isdigit(static_cast<unsigned char>(text[at]))) ++at;
+    if (at == from || at - from > 9) return false;
+    v = std::stoll(text.substr(from, at - from));
+    return true;
+  };
+  while (at < text.size()) {
+    if (text[at++] != '[') return std::nullopt;
+    std::vector<std::string> items;
+    for (std::int64_t v = 0; at < text.size() && text[at] != ']';) {
+      if (!number(v)) return std::nullopt;
+      items.push_back(std::to_string(v));
+      if (at < text.size() && text[at] == ',') ++at;
+    }
+    if (at >= text.size()) return std::nullopt;
+    ++at;  // ']'
+    std::int64_t times = 1;
+    if (at < text.size() && text[at] == '*' && (++at, !number(times))) return std::nullopt;
+    if (times > 100000) return std::nullopt;
+    for (std::int64_t r = 0; r < times; ++r) out.insert(out.end(), items.begin(), items.end());
+    if (at < text.size() && text[at++] != '+') return std::nullopt;
+  }
+  if (out.empty()) return std::nullopt;
+  return out;
 }
 
 [[noreturn]] void unknown_key(const std::string& where, const std::string& key) {
@@ -56,6 +96,27 @@ Value convert(const KeySpec& k, const YAML::Node& n, const std::string& where,
   };
   if (!n || n.IsNull()) return v;  // unset
   v.null = false;
+  if (k.type == ValueType::LayerPattern) {
+    if (n.IsMap()) throw bad("a mapping");
+    if (n.IsScalar()) {
+      std::int64_t every = 0;
+      if (YAML::convert<std::int64_t>::decode(n, every)) {
+        v.list = {std::to_string(every)};
+      } else if (auto l = expand_pattern(n.Scalar())) {
+        v.list = std::move(*l);
+      } else {
+        throw bad("'" + n.Scalar() + "'");
+      }
+      return v;
+    }
+    for (const auto& e : n) {
+      std::int64_t x = 0;
+      if (!e.IsScalar() || !YAML::convert<std::int64_t>::decode(e, x))
+        throw bad("a list of non-integers");
+      v.list.push_back(std::to_string(x));
+    }
+    return v;
+  }
   const bool list = k.type == ValueType::StringList || k.type == ValueType::IntList;
   if (list != n.IsSequence() || n.IsMap())
     throw bad(n.IsMap() ? "a mapping" : n.IsSequence() ? "a list" : "'" + n.Scalar() + "'");
@@ -73,6 +134,7 @@ Value convert(const KeySpec& k, const YAML::Node& n, const std::string& where,
       case ValueType::String:
         v.s = n.as<std::string>();
         break;
+      case ValueType::LayerPattern:  // handled above
       case ValueType::StringList:
       case ValueType::IntList:
         for (const auto& e : n) {
@@ -299,8 +361,11 @@ const std::vector<std::string>& Recipe::list(const std::string& key) const {
   return checked(key, ValueType::StringList).list;
 }
 std::vector<int> Recipe::int_list(const std::string& key) const {
+  const KeySpec* spec = find_key(key);
+  const bool pattern = spec && spec->type == ValueType::LayerPattern;
   std::vector<int> out;
-  for (const auto& s : checked(key, ValueType::IntList).list) out.push_back(std::stoi(s));
+  for (const auto& s : checked(key, pattern ? ValueType::LayerPattern : ValueType::IntList).list)
+    out.push_back(std::stoi(s));
   return out;
 }
 bool Recipe::list_has(const std::string& key, const std::string& item) const {
@@ -321,6 +386,7 @@ std::string to_yaml(const Value& v, ValueType t) {
       return os.str();
     case ValueType::String:
       return v.s;
+    case ValueType::LayerPattern:
     case ValueType::StringList:
     case ValueType::IntList: {
       std::string s;

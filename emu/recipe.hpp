@@ -20,7 +20,9 @@
 
 namespace nodeemu::emu {
 
-enum class ValueType { Bool, Int, Float, String, StringList, IntList };
+// LayerPattern: Megatron's moe_layer_freq, an integer N (every Nth layer) or one 0/1 per layer,
+// as a list or as Megatron's Python expression ("([0]*3+[1]*58)"); stored as integers.
+enum class ValueType { Bool, Int, Float, String, StringList, IntList, LayerPattern };
 
 struct KeySpec {
   std::string key;  // "model.num_layers"
@@ -43,7 +45,7 @@ struct Value {
   std::int64_t i = 0;
   double f = 0;
   std::string s;
-  std::vector<std::string> list;  // StringList and IntList (as text)
+  std::vector<std::string> list;  // StringList, IntList and LayerPattern (as text)
   std::string origin;             // "recipe", "default", or the override that set it
 };
 
@@ -75,7 +77,7 @@ class Recipe {
   double real(const std::string& key) const;
   const std::string& text(const std::string& key) const;  // "" when null
   const std::vector<std::string>& list(const std::string& key) const;
-  std::vector<int> int_list(const std::string& key) const;
+  std::vector<int> int_list(const std::string& key) const;  // IntList or LayerPattern
   bool list_has(const std::string& key, const std::string& item) const;
   const Value& value(const std::string& key) const;
   // Every key with its value as YAML text, for the summary.

@@ -126,7 +126,7 @@ layers::ModelConfig model_config(const Recipe& r, const GpuSpec& gpu) {
   c.num_moe_experts = opt_int("model.num_moe_experts", 0);
   c.moe_ffn_hidden_size = opt_int("model.moe_ffn_hidden_size", c.ffn_hidden_size);
   c.moe_shared_expert_intermediate_size = opt_int("model.moe_shared_expert_intermediate_size", 0);
-  c.moe_layer_freq = r.int32("model.moe_layer_freq");
+  c.moe_layer_freq = r.int_list("model.moe_layer_freq");
   c.mtp_num_layers = opt_int("model.mtp_num_layers", 0);
   const std::string& d = r.text("model.moe_token_dispatcher_type");
   c.moe_token_dispatcher_type = d == "alltoall" ? DispatcherType::AllToAll
@@ -229,6 +229,29 @@ std::vector<int> layers_per_virtual_stage(const Recipe& r) {
     for (int n : l)
       if (n < 0) return {};
     return l;
+  }
+  const char* first_key = "model.num_layers_in_first_pipeline_stage";
+  const char* last_key = "model.num_layers_in_last_pipeline_stage";
+  if (r.is_set(first_key) || r.is_set(last_key)) {
+    // transformer_block.py get_num_layers_to_build: the first (last) PP rank holds the given
+    // count over all its virtual stages, the other ranks share the rest evenly, and each rank's
+    // count divides over its virtual stages.
+    const int pp = pipeline_size(r), vpp = virtual_chunks(r);
+    std::vector<int> per_rank(static_cast<std::size_t>(pp), 0);
+    int rest = layers, ranks_left = pp;
+    if (r.is_set(first_key)) rest -= r.int32(first_key), --ranks_left;
+    if (r.is_set(last_key)) rest -= r.int32(last_key), --ranks_left;
+    if (pp < 2 || rest < 0 || (ranks_left > 0 && rest % ranks_left) || (ranks_left == 0 && rest))
+      return {};
+    for (int p = 0; p < pp; ++p) per_rank[std::size_t(p)] = ranks_left > 0 ? rest / ranks_left : 0;
+    if (r.is_set(first_key)) per_rank.front() = r.int32(first_key);
+    if (r.is_set(last_key)) per_rank.back() = r.int32(last_key);
+    std::vector<int> out(static_cast<std::size_t>(stages));
+    for (int p = 0; p < pp; ++p) {
+      if (per_rank[std::size_t(p)] < 0 || per_rank[std::size_t(p)] % vpp) return {};
+      for (int v = 0; v < vpp; ++v) out[std::size_t(v * pp + p)] = per_rank[std::size_t(p)] / vpp;
+    }
+    return out;
   }
   if (stages < 1 || layers % stages) return {};
   return std::vector<int>(static_cast<std::size_t>(stages), layers / stages);

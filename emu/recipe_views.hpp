@@ -41,7 +41,9 @@ Priority comm_stream_priority(const Recipe& r);
 // PP when unset).
 int microbatch_group_size(const Recipe& r);
 // Layers of each virtual stage, in stage order (virtual stage v * PP + pp_rank): the
-// emulator.pipeline_layout when set, otherwise an even split. Empty when it does not divide.
+// emulator.pipeline_layout when set; else Megatron's uneven split when
+// num_layers_in_first/last_pipeline_stage is set; otherwise an even split. Empty when it does not
+// divide.
 std::vector<int> layers_per_virtual_stage(const Recipe& r);
 // The offload engine's settings for pipeline rank `pp_rank`; none when
 // model.fine_grained_activation_offloading is off.

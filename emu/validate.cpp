@@ -17,12 +17,11 @@ void Rules::required() {
   for (const char* k : {"model.num_layers", "model.hidden_size", "model.num_attention_heads",
                         "model.vocab_size", "train.seq_length"})
     if (!set(k)) error(k, "is required; set it in the recipe or as " + std::string(k) + "=N");
-  for (const char* k :
-       {"nodes", "model.num_layers", "model.hidden_size", "model.num_attention_heads",
-        "model.vocab_size", "train.seq_length", "train.micro_batch_size", "train.train_iters",
-        "model.moe_router_topk", "model.tensor_model_parallel_size",
-        "model.pipeline_model_parallel_size", "model.context_parallel_size",
-        "model.expert_model_parallel_size", "model.moe_layer_freq"})
+  for (const char* k : {"nodes", "model.num_layers", "model.hidden_size",
+                        "model.num_attention_heads", "model.vocab_size", "train.seq_length",
+                        "train.micro_batch_size", "train.train_iters", "model.moe_router_topk",
+                        "model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
+                        "model.context_parallel_size", "model.expert_model_parallel_size"})
     if (set(k) && r_.integer(k) < 1) error(k, "must be at least 1");
   for (const char* k : {"model.virtual_pipeline_model_parallel_size", "train.global_batch_size",
                         "model.num_moe_experts", "model.ffn_hidden_size",
@@ -204,6 +203,14 @@ void Rules::not_modelled() {
   if (b("model.cpu_offloading"))
     refuse("model.cpu_offloading",
            "whole-layer cpu_offloading (use fine_grained_activation_offloading)");
+}
+
+void Rules::model() {
+  try {
+    model_config(r_, gpu_).validate();
+  } catch (const ConfigError& e) {
+    error(e.file() == "model" ? "model." + e.key() : e.key(), e.detail());
+  }
 }
 
 }  // namespace detail

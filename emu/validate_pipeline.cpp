@@ -24,12 +24,24 @@ void Rules::layout() {
   if (set("model.virtual_pipeline_model_parallel_size") && pp < 2)
     error("model.virtual_pipeline_model_parallel_size",
           "the interleaved schedule needs pipeline_model_parallel_size > 1; unset it");
-  if (layers_per_virtual_stage(r_).empty()) {
+  const char* uneven[] = {"model.num_layers_in_first_pipeline_stage",
+                          "model.num_layers_in_last_pipeline_stage"};
+  const bool uneven_set = set(uneven[0]) || set(uneven[1]);
+  if (uneven_set && set("emulator.pipeline_layout"))
+    error("emulator.pipeline_layout",
+          "and num_layers_in_first/last_pipeline_stage both place layers; keep one");
+  else if (layers_per_virtual_stage(r_).empty()) {
     if (set("emulator.pipeline_layout"))
       error("emulator.pipeline_layout",
             "must list " + std::to_string(pp * vpp) +
                 " non-negative layer counts (PP x VPP virtual stages) summing to num_layers = " +
                 std::to_string(layers));
+    else if (uneven_set)
+      error(set(uneven[0]) ? uneven[0] : uneven[1],
+            pp < 2 ? std::string("needs pipeline_model_parallel_size > 1")
+                   : "leaves layers that do not divide evenly over the other PP ranks, or a "
+                     "rank's count that does not divide over its " +
+                         std::to_string(vpp) + " virtual stages");
     else
       error("model.num_layers", std::to_string(layers) + " layers do not divide into PP x VPP = " +
                                     std::to_string(pp * vpp) +

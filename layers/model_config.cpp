@@ -16,6 +16,12 @@ const char* dispatcher_name(DispatcherType t) {
   return "?";
 }
 
+bool ModelConfig::is_moe_layer(int layer) const {
+  if (num_moe_experts == 0) return false;
+  if (moe_layer_freq.size() == 1) return layer % moe_layer_freq[0] == 0;
+  return moe_layer_freq.at(std::size_t(layer)) == 1;
+}
+
 void ModelConfig::validate() const {
   auto fail = [](const std::string& key, const std::string& what) {
     throw ConfigError("model", key, what);
@@ -31,7 +37,18 @@ void ModelConfig::validate() const {
   if (ffn_hidden_size < 1) fail("ffn_hidden_size", "must be at least 1");
   if (moe_expert_rank_capacity_factor < 0)
     fail("moe_expert_rank_capacity_factor", "must be positive (leave it unset for dropless)");
-  if (moe_layer_freq < 1) fail("moe_layer_freq", "must be at least 1");
+  if (moe_layer_freq.size() == 1 && moe_layer_freq[0] < 1)
+    fail("moe_layer_freq", "must be at least 1 (every Nth layer), or one 0/1 per layer");
+  if (moe_layer_freq.size() > 1) {
+    if (int(moe_layer_freq.size()) != num_layers)
+      fail("moe_layer_freq", "lists " + std::to_string(moe_layer_freq.size()) +
+                                 " layers but num_layers is " + std::to_string(num_layers) +
+                                 "; give one 0/1 per layer");
+    for (int v : moe_layer_freq)
+      if (v != 0 && v != 1)
+        fail("moe_layer_freq", "a per-layer list holds only 0 (dense) and 1 (MoE)");
+  }
+  if (moe_layer_freq.empty()) fail("moe_layer_freq", "is empty; give N or one 0/1 per layer");
   if (mtp_num_layers > 0)
     fail("mtp_num_layers",
          "multi-token prediction is not modelled yet; set 0 (the mtp schedule "

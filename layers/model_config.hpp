@@ -33,8 +33,10 @@ struct ModelConfig {
   int num_moe_experts = 8;
   int moe_ffn_hidden_size = 128;
   int moe_shared_expert_intermediate_size = 0;  // 0: no shared experts
-  // moe_layer_freq as a pattern: 1 = every layer is MoE; N = every Nth layer (0, N, 2N...).
-  int moe_layer_freq = 1;
+  // Megatron's moe_layer_freq: {N} makes every Nth layer MoE (0, N, 2N...; {1}: all of them);
+  // a longer list gives each layer's kind, 1 for MoE ([0, 0, 0, 1, ...]: DeepSeek-V3's first
+  // three layers are dense).
+  std::vector<int> moe_layer_freq = {1};
   RouterConfig router;  // num_experts/topk mirror num_moe_experts/moe_router_topk
   // Meta mode's routing (layers/meta_routing.hpp): shared by every rank of a run, so that each
   // rank reads its peers' counts from one memo. None in functional mode.
@@ -49,7 +51,7 @@ struct ModelConfig {
   KernelChoices kernels;  // which kernels run (transformer_impl, attention_backend, fusions)
 
   int head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
-  bool is_moe_layer(int layer) const { return num_moe_experts > 0 && layer % moe_layer_freq == 0; }
+  bool is_moe_layer(int layer) const;
   // Throws ConfigError naming the Megatron key.
   void validate() const;
 };

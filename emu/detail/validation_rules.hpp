@@ -30,6 +30,7 @@ class Rules {
     recompute();
     emulator();
     not_modelled();
+    if (!has_errors(out_)) model();
     return out_;
   }
 
@@ -72,6 +73,9 @@ class Rules {
   void emulator();
   void routing();
   void not_modelled();
+  // The model's own checks (layers::ModelConfig::validate), so that a run never fails on what
+  // validate passed; run last, when nothing else is wrong, to say each problem once.
+  void model();
 
   const Recipe& r_;
   const GpuSpec& gpu_;

@@ -125,7 +125,7 @@ TEST(Model, DelayedWgradGivesTheSameBits) {
 
 TEST(Model, DenseLayersRunWithNoOpDispatchAndCombine) {
   auto cfg = tiny_moe();
-  cfg.moe_layer_freq = 2;  // layers 1 and 3 are dense
+  cfg.moe_layer_freq = {2};  // layers 1 and 3 are dense
   expect_matches_reference(run_distributed(cfg, 4), run_reference(cfg, 4));
 }
 
