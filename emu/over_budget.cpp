@@ -55,8 +55,15 @@ int ranks_over_budget(Chunks& chunks, Group& world, Stream& s, std::vector<int>&
   return ranks;
 }
 
-void set_sync_free(Chunks& chunks, bool on) {
-  each_dispatcher(chunks, [on](layers::TokenDispatcher& d) { d.set_sync_free(on); });
+void prepare_for_rerun(Chunks& chunks) {
+  each_dispatcher(chunks, [](layers::TokenDispatcher& d) {
+    d.set_sync_free(false);
+    d.rewind_plans();
+  });
+}
+
+void restore_budget(Chunks& chunks) {
+  each_dispatcher(chunks, [](layers::TokenDispatcher& d) { d.set_sync_free(true); });
 }
 
 }  // namespace nodeemu::emu

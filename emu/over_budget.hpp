@@ -22,7 +22,10 @@ using Chunks = std::vector<std::unique_ptr<layers::ModelChunk>>;
 // rank cannot be two calls ahead of another, as each waits for the all-reduce.
 int ranks_over_budget(Chunks& chunks, Group& world, Stream& s, std::vector<int>& shared, int round);
 
-// Turns every MoE layer's sync-free budget on or off for the plans made from now on.
-void set_sync_free(Chunks& chunks, bool on);
+// PagedStashRunner.prepare_for_rerun: the plans made from now on are dropless and repeat the
+// step's micro-batches (meta mode's routing is keyed by how often each was planned).
+void prepare_for_rerun(Chunks& chunks);
+// The budget back on for the next step.
+void restore_budget(Chunks& chunks);
 
 }  // namespace nodeemu::emu

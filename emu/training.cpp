@@ -195,16 +195,12 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
       forward_backward();
       if (sync_free &&
           ranks_over_budget(chunks, world_group, ctx.compute, over_budget_slots, it) > 0) {
-        // PagedStashRunner.prepare_for_rerun: the same step again, dropless.
+        // Megatron's PagedStashRunner: the same step again, dropless.
         ++out.reruns;
-        set_sync_free(chunks, false);
-        for (auto& c : chunks)
-          for (auto& l : c->layers())
-            if (l->dispatcher()) l->dispatcher()->rewind_plans();
+        prepare_for_rerun(chunks);
         forward_backward();
-        set_sync_free(chunks, true);
+        restore_budget(chunks);
       }
-      StepContext::Impl& step_impl = *impl;
       for (auto& c : chunks) layers::reduce_gradients(*c, dp, edp, ctx.compute);
       if (functional) {
         dev.synchronize();
@@ -223,7 +219,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
       }
       out.end_s.push_back(host.now_s());
       double loss = 0;
-      for (const auto& l : step_impl.loss_handles()) loss += *l * loss_scale;
+      for (const auto& l : impl->loss_handles()) loss += *l * loss_scale;
       out.loss.push_back(last_stage ? loss : 0.0);
       if (r == 0 && options.progress) {
         std::ostringstream line;

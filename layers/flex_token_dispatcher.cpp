@@ -24,6 +24,7 @@
 // dropped and the layer's over-budget flag is set (Megatron's over_budget, which the step
 // checks once at its end).
 #include <algorithm>
+#include <numeric>
 #include <optional>
 
 #include "comm/flex_dispatcher.hpp"
@@ -140,20 +141,17 @@ class FlexPlan final : public DispatchPlan {
       const std::int64_t L = d_.local_experts();
       io.rows_per_expert = std::vector<std::int64_t>(std::size_t(L), budget_ / L);
       for (std::int64_t e = 0; e < budget_ % L; ++e) ++io.rows_per_expert.host[std::size_t(e)];
-      rows_ = budget_;
     } else if (budget_ > 0) {
       // Sync-free in meta mode: the kernels are priced at the rows the device would keep, by
       // sort_within_budget's rule, from the routing the model is given.
-      rows_ = 0;
       io.rows_per_expert = within_budget(handle_.recv_per_expert);
-      for (auto n : io.rows_per_expert.host) rows_ += n;
     } else {
       // The counts per local expert reached the host with the one sync (the handle's
       // num_recv_tokens_per_expert_list).
       io.rows_per_expert = handle_.recv_per_expert;
-      rows_ = 0;
-      for (auto n : io.rows_per_expert.host) rows_ += n;
     }
+    rows_ = std::accumulate(io.rows_per_expert.host.begin(), io.rows_per_expert.host.end(),
+                            std::int64_t(0));
     if (in_kernel()) permute(at, "hybridep_permute");
   }
 
