@@ -1,0 +1,69 @@
+// `validate` and a run agree (issue 17): over a grid of layouts on the tiny recipe (TP, CP, ETP,
+// PP, VPP, EP, dispatcher, MTP: 864 combinations), every recipe validate passes runs one
+// iteration to the end in meta mode, and every one it refuses names a key for each error.
+#include <gtest/gtest.h>
+
+#include "devices/errors.hpp"
+#include "emu/recipe_views.hpp"
+#include "emu/training.hpp"
+#include "emu/validate.hpp"
+#include "tests/emu/emu_test_support.hpp"
+
+namespace nodeemu::emu {
+namespace {
+
+TEST(ValidateGrid, ARecipeValidatePassesRunsAndOneItRefusesNamesAKey) {
+  const int tps[] = {1, 2}, cps[] = {1, 2}, etps[] = {0, 1, 2}, pps[] = {1, 2}, vpps[] = {0, 2},
+            eps[] = {1, 2, 4}, mtps[] = {0, 1};
+  const char* dispatchers[] = {"alltoall", "allgather", "flex"};
+  int ran = 0, refused = 0;
+  for (int tp : tps)
+    for (int cp : cps)
+      for (int etp : etps)
+        for (int pp : pps)
+          for (int vpp : vpps)
+            for (int ep : eps)
+              for (const char* d : dispatchers)
+                for (int mtp : mtps) {
+                  std::vector<std::string> o = {
+                      "emulator.mode=meta",
+                      "emulator.gpus_per_node=8",
+                      "model.moe_router_force_load_balancing=true",
+                      "model.num_layers=8",
+                      "train.global_batch_size=32",
+                      "model.tensor_model_parallel_size=" + std::to_string(tp),
+                      "model.context_parallel_size=" + std::to_string(cp),
+                      "model.pipeline_model_parallel_size=" + std::to_string(pp),
+                      "model.expert_model_parallel_size=" + std::to_string(ep),
+                      std::string("model.moe_token_dispatcher_type=") + d,
+                      "model.mtp_num_layers=" + std::to_string(mtp)};
+                  if (etp) o.push_back("model.expert_tensor_parallel_size=" + std::to_string(etp));
+                  if (vpp)
+                    o.push_back("model.virtual_pipeline_model_parallel_size=" +
+                                std::to_string(vpp));
+                  std::string name;
+                  for (const auto& s : o) name += s + " ";
+                  SCOPED_TRACE(name);
+                  const Recipe r = testing::tiny(o);
+                  const auto topo = load_topology(r);
+                  const auto findings = validate(r, topo->gpu, topo->gpus);
+                  if (has_errors(findings)) {
+                    ++refused;
+                    for (const auto& f : findings) {
+                      if (f.level == Finding::Level::Error) {
+                        EXPECT_FALSE(f.key.empty());
+                      }
+                    }
+                    continue;
+                  }
+                  ++ran;
+                  EXPECT_NO_THROW(train(r, {.iterations = 1}));
+                }
+  EXPECT_EQ(ran + refused, 864);
+  EXPECT_GE(ran, 40);
+  EXPECT_GT(ran, 0);
+  std::cout << "validate grid: " << ran << " ran, " << refused << " refused\n";
+}
+
+}  // namespace
+}  // namespace nodeemu::emu
