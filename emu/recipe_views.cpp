@@ -128,6 +128,7 @@ layers::ModelConfig model_config(const Recipe& r, const GpuSpec& gpu) {
   c.moe_shared_expert_intermediate_size = opt_int("model.moe_shared_expert_intermediate_size", 0);
   c.moe_layer_freq = r.int_list("model.moe_layer_freq");
   c.mtp_num_layers = opt_int("model.mtp_num_layers", 0);
+  c.qk_layernorm = r.flag("model.qk_layernorm");
   const std::string& d = r.text("model.moe_token_dispatcher_type");
   c.moe_token_dispatcher_type = d == "alltoall" ? DispatcherType::AllToAll
                                 : d == "flex"   ? DispatcherType::Flex

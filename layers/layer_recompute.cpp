@@ -38,6 +38,11 @@ Tensor LayerPlan::qkv(Stream& s) {
     const Tensor in = ln1(s);
     st.re_qkv =
         ops::linear_forward(at, "linear_qkv", in, L_.qkv_.value, ops::one_group(in), L_.cfg_.dtype);
+    if (L_.cfg_.qk_layernorm) {
+      Tensor rstd;  // the forward's, saved, is what backward uses
+      st.re_qkv = ops::qk_norm_forward(at, st.re_qkv, L_.q_norm_, L_.k_norm_, st.attn(),
+                                       L_.cfg_.layernorm_epsilon, rstd);
+    }
     ops::rope(at, "rotary_pos_emb", st.re_qkv, st.attn(), L_.cfg_.rotary_base, false);
   }
   return st.re_qkv;

@@ -48,6 +48,8 @@ struct ModelConfig {
   // > 0: HybridEP's sync-free mode, with this budget per rank relative to balanced routing.
   double moe_expert_rank_capacity_factor = 0;
   int mtp_num_layers = 0;
+  // qk_layernorm: an RMSNorm over each query and key head before RoPE (Qwen3 has it).
+  bool qk_layernorm = false;
   KernelChoices kernels;  // which kernels run (transformer_impl, attention_backend, fusions)
 
   int head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }

@@ -80,6 +80,15 @@ std::vector<std::int64_t> one_group(const Tensor& x);
 
 void rope(At at, const std::string& name, Tensor& qkv, const kernels::AttentionShape& s,
           double base, bool inverse);
+// QK layer norm (qk_layernorm: Megatron's q_layernorm and k_layernorm, an RMSNorm over each
+// query and key head's head_dim, before RoPE). Returns qkv with its query and key heads
+// normalised (values copied); rstd: fp32 [rows][heads + kv_heads], saved for backward.
+Tensor qk_norm_forward(At at, const Tensor& qkv, const Parameter& wq, const Parameter& wk,
+                       const kernels::AttentionShape& s, double eps, Tensor& rstd);
+// The backward, given the gradient of the normalised qkv: returns the gradient of the norm's
+// input (values' columns passed through), and accumulates wq's and wk's main_grad.
+Tensor qk_norm_backward(At at, const Tensor& g, const Tensor& qkv, const Tensor& rstd,
+                        Parameter& wq, Parameter& wk, const kernels::AttentionShape& s);
 // `probs`: the unfused core attention's softmax probabilities [batch][heads][seq][seq], which its
 // backward reads (left empty by the fused backends, which keep only the log-sum-exp).
 void attention_forward(At at, const Tensor& qkv, const kernels::AttentionShape& s, Tensor& out,

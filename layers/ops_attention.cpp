@@ -3,6 +3,11 @@
 #include "layers/detail/op_launch.hpp"
 #include "layers/ops.hpp"
 
+#include <algorithm>
+
+#include "layers/kernels/partition.hpp"
+#include "layers/kernels/rmsnorm.hpp"
+
 namespace nodeemu::layers::ops {
 
 using namespace detail;
@@ -12,6 +17,91 @@ using namespace detail;
 // of q and k runs: cos and sin (cast), rotate-half (neg, cat), t*cos, rot*sin, their add, and the
 // final cat with the part RoPE leaves alone; its backward: the two products' grads, the
 // rotate-half's neg and the sum.
+
+// The query heads of each row are `heads` rows of head_dim in a row of qkv, the key heads the
+// next `kv_heads`: each is a contiguous block of norm rows, normalised with its own weight.
+template <class F>
+void each_qk_block(const kernels::AttentionShape& s, F f) {
+  const std::int64_t d = s.head_dim, w = s.qkv_width();
+  kernels::for_row_blocks(s.rows(), [&](std::int64_t r) {
+    f(r * w, r * (s.heads + s.kv_heads), s.heads, true);
+    f(r * w + s.heads * d, r * (s.heads + s.kv_heads) + s.heads, s.kv_heads, false);
+  });
+}
+
+Tensor qk_norm_forward(At at, const Tensor& qkv, const Parameter& wq, const Parameter& wk,
+                       const kernels::AttentionShape& s, double eps, Tensor& rstd) {
+  Tensor out = at.empty(qkv.shape(), qkv.dtype());
+  rstd = at.empty({s.rows(), s.heads + s.kv_heads}, DType::F32);
+  const double e = double(dtype_bytes(qkv.dtype()));
+  View vx = view(qkv), vy = view(out), vq = view(wq.value), vk = view(wk.value), vr = view(rstd);
+  // TE's RMSNorm, one kernel per norm (q_layernorm, then k_layernorm); the values are computed
+  // once, by the first, with the copy of the values' columns.
+  for (const char* which : {"q_layernorm", "k_layernorm"}) {
+    const bool q = which[0] == 'q';
+    const double elems = double(s.rows() * (q ? s.heads : s.kv_heads) * s.head_dim);
+    std::function<void()> body;
+    if (q)
+      body = [=] {
+        F32Scope f;
+        const float *x = f.in(vx), *gq = f.in(vq), *gk = f.in(vk);
+        float* y = f.out(vy);
+        std::copy(x, x + vx.numel, y);  // the values' columns
+        each_qk_block(s, [&](std::int64_t at_x, std::int64_t at_r, std::int64_t n, bool is_q) {
+          kernels::rmsnorm_forward(x + at_x, is_q ? gq : gk, y + at_x, vr.as<float>() + at_r, n,
+                                   s.head_dim, eps);
+        });
+      };
+    launch(at.stream, at.named(which),
+           memory(MemoryOp::Norm, 4.0 * elems, elems * 2 * e + elems / double(s.head_dim) * 4,
+                  qkv.dtype()),
+           std::move(body),
+           q ? std::vector<Tensor>{qkv, out, wq.value, wk.value, rstd} : std::vector<Tensor>{},
+           at.tally);
+  }
+  return out;
+}
+
+Tensor qk_norm_backward(At at, const Tensor& g, const Tensor& qkv, const Tensor& rstd,
+                        Parameter& wq, Parameter& wk, const kernels::AttentionShape& s) {
+  Tensor dx = at.empty(qkv.shape(), g.dtype());
+  const double e = double(dtype_bytes(qkv.dtype()));
+  View vg = view(g), vx = view(qkv), vq = view(wq.value), vk = view(wk.value), vr = view(rstd),
+       vd = view(dx), mq = view(wq.main_grad), mk = view(wk.main_grad);
+  const std::int64_t d = s.head_dim;
+  for (const char* which : {"q_layernorm_bwd", "k_layernorm_bwd"}) {
+    const bool q = which[0] == 'q';
+    const double elems = double(s.rows() * (q ? s.heads : s.kv_heads) * d);
+    std::function<void()> body;
+    if (q)
+      body = [=] {
+        F32Scope f;
+        const float *dy = f.in(vg), *x = f.in(vx), *gq = f.in(vq), *gk = f.in(vk);
+        float* out = f.out(vd);
+        std::copy(dy, dy + vg.numel, out);  // the values' gradient passes through
+        each_qk_block(s, [&](std::int64_t at_x, std::int64_t at_r, std::int64_t n, bool is_q) {
+          kernels::rmsnorm_dgrad(dy + at_x, x + at_x, is_q ? gq : gk, vr.as<const float>() + at_r,
+                                 out + at_x, n, d);
+        });
+        // The weights' gradients, in row order whatever the thread count: each block adds its
+        // rows' sum, blocks in row order.
+        for (std::int64_t r = 0; r < s.rows(); ++r) {
+          const std::int64_t w = s.qkv_width(), at_r = r * (s.heads + s.kv_heads);
+          kernels::rmsnorm_wgrad(dy + r * w, x + r * w, vr.as<const float>() + at_r, mq.as<float>(),
+                                 s.heads, d, true);
+          kernels::rmsnorm_wgrad(dy + r * w + s.heads * d, x + r * w + s.heads * d,
+                                 vr.as<const float>() + at_r + s.heads, mk.as<float>(), s.kv_heads,
+                                 d, true);
+        }
+      };
+    launch(at.stream, at.named(which),
+           memory(MemoryOp::Norm, 8.0 * elems, elems * 3 * e, qkv.dtype()), std::move(body),
+           q ? std::vector<Tensor>{g, qkv, rstd, dx, wq.value, wk.value, wq.main_grad, wk.main_grad}
+             : std::vector<Tensor>{},
+           at.tally);
+  }
+  return dx;
+}
 
 void rope(At at, const std::string& name, Tensor& qkv, const kernels::AttentionShape& s,
           double base, bool inverse) {

@@ -52,6 +52,12 @@ void TransformerLayer::make_parameters(Device& device, std::uint64_t seed) {
   proj_ = make_parameter(device, p + "self_attention.linear_proj.weight",
                          {H, cfg.num_attention_heads * d}, dt, Init::Normal, sd, seed);
   mlp_norm_ = make_parameter(device, p + "pre_mlp_layernorm.weight", {H}, dt, Init::Ones, 0, seed);
+  if (cfg.qk_layernorm) {
+    q_norm_ = make_parameter(device, p + "self_attention.q_layernorm.weight", {d}, dt, Init::Ones,
+                             0, seed);
+    k_norm_ = make_parameter(device, p + "self_attention.k_layernorm.weight", {d}, dt, Init::Ones,
+                             0, seed);
+  }
   if (!dispatcher_) {
     const std::int64_t F = cfg.ffn_hidden_size;
     fc1_ =
@@ -83,6 +89,7 @@ TransformerLayer::~TransformerLayer() = default;
 
 std::vector<Parameter*> TransformerLayer::parameters() {
   std::vector<Parameter*> out{&input_norm_, &qkv_, &proj_, &mlp_norm_};
+  if (q_norm_.value) out.insert(out.end(), {&q_norm_, &k_norm_});
   if (router_.value) out.push_back(&router_);
   out.push_back(&fc1_);
   out.push_back(&fc2_);
@@ -168,6 +175,16 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
   {
     ModuleScope m(sv, "qkv_linear", s);
     qkv = ops::linear_forward(at, "linear_qkv", ln1, L_.qkv_.value, ops::one_group(ln1), c.dtype);
+    if (c.qk_layernorm) {
+      // SelfAttention.get_query_key_value_tensors: q_layernorm and k_layernorm after the split,
+      // before RoPE; their input is kept for backward.
+      Tensor rstd;
+      const Tensor raw = qkv;
+      qkv = ops::qk_norm_forward(at, raw, L_.q_norm_, L_.k_norm_, st.attn(), c.layernorm_epsilon,
+                                 rstd);
+      sv.save("qkv_linear", "qk_norm_input", raw, s);
+      sv.save("qkv_linear", "qk_norm_rstd", rstd, s);
+    }
     ops::rope(at, "rotary_pos_emb", qkv, st.attn(), c.rotary_base, false);
     if (!re.input_norm) sv.save("qkv_linear", "input", ln1, s);
   }

@@ -59,6 +59,7 @@ class TransformerLayer {
   ModelConfig cfg_;
   int layer_;
   Parameter input_norm_, qkv_, proj_, mlp_norm_;
+  Parameter q_norm_, k_norm_;          // [head_dim] each, with qk_layernorm
   Parameter router_;                   // fp32 [experts][hidden]
   Tensor expert_bias_;                 // fp32 [experts] (moe_router_enable_expert_bias)
   Parameter fc1_, fc2_;                // experts: [local][2f][h], [local][h][f]; dense: 2-D

@@ -206,6 +206,13 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
   st.re_qkv = st.re_lse = st.re_probs = Tensor();
   dgrad_end("core_attn", s, false);
   ops::rope(at, "rotary_pos_emb_bwd", g_qkv, st.attn(), c.rotary_base, true);
+  if (c.qk_layernorm) {
+    g_qkv = ops::qk_norm_backward(at, g_qkv, sv.need("qkv_linear", "qk_norm_input", s),
+                                  sv.need("qkv_linear", "qk_norm_rstd", s), L_.q_norm_, L_.k_norm_,
+                                  st.attn());
+    sv.release("qkv_linear", "qk_norm_input");
+    sv.release("qkv_linear", "qk_norm_rstd");
+  }
   st.g_qkv = g_qkv;
   backward_start("qkv_linear", s);
   st.g_ln1 =

@@ -111,6 +111,28 @@ TEST(OffloadRun, CombinedScheduleWithOffloadAndOverlapNodeRecomputeIsBitIdentica
   EXPECT_GT(all.recompute_s, 0);
 }
 
+// QK layer norm under every variant at once: the combined 1F1B with delayed wgrad over PP 2 and
+// VPP 2, the attention recomputed (QKV, norm and RoPE again from the input norm) and the
+// qkv_linear module offloaded (its input and the QK norm's input): the sequential run's bits.
+TEST(OffloadRun, QkLayernormKeepsTheNumericsHashUnderEverySchedule) {
+  const RunReport seq =
+      train(tiny({"model.qk_layernorm=true", "model.num_layers=4", "train.train_iters=2"}));
+  const std::vector<std::string> pp = {"model.qk_layernorm=true",
+                                       "emulator.gpus_per_node=8",
+                                       "model.pipeline_model_parallel_size=2",
+                                       "model.virtual_pipeline_model_parallel_size=2",
+                                       "comm_overlap.overlap_moe_expert_parallel_comm=true",
+                                       "comm_overlap.delay_wgrad_compute=true",
+                                       "train.train_iters=2"};
+  const RunReport all = train(tiny(with(
+      pp, {"model.recompute_granularity=selective", "model.recompute_modules=[a2a_overlap_attn]",
+           "model.fine_grained_activation_offloading=true", "model.offload_modules=[qkv_linear]",
+           "model.min_offloaded_tensor_size=0"})));
+  ASSERT_TRUE(seq.numerics_hash);
+  EXPECT_EQ(all.numerics_hash, seq.numerics_hash);
+  EXPECT_NE(seq.numerics_hash, train(tiny({"train.train_iters=2"})).numerics_hash);
+}
+
 TEST(OffloadRun, TraceShowsTheD2HAndH2DTracks) {
   const std::string path =
       (std::filesystem::temp_directory_path() / "nodeemu_offload_trace.json").string();

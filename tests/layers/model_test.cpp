@@ -200,6 +200,41 @@ TEST(Model, NodeGradientsMatchFiniteDifferences) {
   }
 }
 
+// QK layer norm: the same central differences for its two weights and for the QKV projection
+// beneath it (whose gradient now passes through the norm), and the split layout against the
+// reference.
+TEST(Model, QkLayernormGradientsMatchFiniteDifferences) {
+  auto cfg = tiny_moe();
+  cfg.router.force_load_balancing = true;
+  cfg.qk_layernorm = true;
+  const StepResult base = run_reference(cfg, 2);
+  for (const std::string name : {"decoder.layers.1.self_attention.q_layernorm.weight",
+                                 "decoder.layers.2.self_attention.k_layernorm.weight",
+                                 "decoder.layers.0.self_attention.linear_qkv.weight"}) {
+    SCOPED_TRACE(name);
+    const auto& g = base.grads.at(name);
+    double norm = 0;
+    for (float v : g) norm += double(v) * v;
+    norm = std::sqrt(norm);
+    ASSERT_GT(norm, 1e-6);
+    const double h = 1e-2;
+    auto loss_at = [&](double step) {
+      return run_reference(cfg, 2, false,
+                           [&](Parameter& p) {
+                             if (p.name != name) return;
+                             auto v = p.value.to_f32();
+                             for (std::size_t i = 0; i < v.size(); ++i)
+                               v[i] += float(step * g[i] / norm);
+                             p.value.copy_from_f32(v);
+                           })
+          .loss();
+    };
+    const double fd = (loss_at(h) - loss_at(-h)) / (2 * h);
+    EXPECT_NEAR(fd, norm, 0.03 * norm);
+  }
+  expect_matches_reference(run_distributed(cfg, 4), run_reference(cfg, 4));
+}
+
 // Records what the layers tell the hooks.
 class RecordingHooks : public ActivationHooks {
  public:
