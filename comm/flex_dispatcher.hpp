@@ -28,8 +28,9 @@
 // DeepEP's CPU spins on moe_recv_counter and moe_recv_expert_counter; it then knows the rows it
 // receives and the pairs per local expert (num_recv_tokens_per_expert_list), so nothing after it
 // blocks. With a capacity (HybridEP's sync-free budget) nothing waits on the host: each rank's
-// routing is worked out on its device, and the timing plane charges the budget. In meta mode the
-// caller passes every member's tokens per expert instead of indices.
+// routing is worked out on its device, and the timing plane charges the budget (in meta mode,
+// the caller's counts). In meta mode the caller passes every member's tokens per expert instead
+// of indices.
 //
 // The kernels' speed depends on their SMs (flex_kernel_speed.hpp): a load on the device's
 // EP-kernel link makes a call last at least its bytes over that speed, while its SMs are taken
