@@ -55,14 +55,14 @@ TEST(SyncFree, AStepOverBudgetRunsAgainDroplessWithTheDroplessBits) {
 
 TEST(SyncFree, TheCombinedOverlapIsBitExactWithSequential) {
   const RunReport seq = run("2.5");
-  const RunReport overlap = train(
-      testing::tiny({"model.moe_token_dispatcher_type=flex",
-                     "model.moe_flex_dispatcher_backend=hybridep",
-                     "model.moe_router_force_load_balancing=true",
-                     "model.moe_expert_rank_capacity_factor=2.5",
-                     "comm_overlap.overlap_moe_expert_parallel_comm=true",
-                     "comm_overlap.delay_wgrad_compute=true"}),
-      {.iterations = kIterations});
+  const RunReport overlap =
+      train(testing::tiny({"model.moe_token_dispatcher_type=flex",
+                           "model.moe_flex_dispatcher_backend=hybridep",
+                           "model.moe_router_force_load_balancing=true",
+                           "model.moe_expert_rank_capacity_factor=2.5",
+                           "comm_overlap.overlap_moe_expert_parallel_comm=true",
+                           "comm_overlap.delay_wgrad_compute=true"}),
+            {.iterations = kIterations});
   EXPECT_EQ(overlap.schedule, "combined-1f1b-a2a-overlap");
   EXPECT_EQ(overlap.numerics_hash, seq.numerics_hash);
 }
