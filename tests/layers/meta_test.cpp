@@ -10,6 +10,15 @@
 namespace nodeemu::layers {
 namespace {
 
+// A micro-batch of `T` tokens, all id 0 (meta mode reads shapes, not ids).
+MicroBatch token_zeros(std::int64_t T) {
+  MicroBatch mb;
+  mb.seq = T;
+  mb.tokens.assign(std::size_t(T), 0);
+  mb.labels.assign(std::size_t(T), 0);
+  return mb;
+}
+
 TEST(Meta, Qwen3LayerReportsFlopsBytesAndMemoryWithoutData) {
   const ModelConfig cfg = testing::qwen3_30b_a3b_layer();
   const std::int64_t T = 4096, H = 2048;
@@ -22,11 +31,7 @@ TEST(Meta, Qwen3LayerReportsFlopsBytesAndMemoryWithoutData) {
     Device& dev = host.device();
     ModelChunk chunk(cfg, {0, 1, false, false}, dev, 1, comm.group({0}, "ep"), 0);
     ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
-    MicroBatch mb;
-    mb.seq = T;
-    mb.tokens.assign(std::size_t(T), 0);
-    mb.labels.assign(std::size_t(T), 0);
-    auto plan = chunk.plan(ctx, 0, mb, 1.0 / double(T));
+    auto plan = chunk.plan(ctx, 0, token_zeros(T), 1.0 / double(T));
     plan->input = Tensor::empty(dev, {T, H}, DType::BF16);
     dev.synchronize();
     before = dev.memory();
@@ -101,11 +106,7 @@ FlexRun run_flex_layer(DispatcherType type, FlexBackend backend, int ranks,
     Device& dev = host.device();
     ModelChunk chunk(cfg, {0, 1, false, false}, dev, 1, comm.group(all, "ep"), host.rank());
     ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
-    MicroBatch mb;
-    mb.seq = T;
-    mb.tokens.assign(std::size_t(T), 0);
-    mb.labels.assign(std::size_t(T), 0);
-    auto plan = chunk.plan(ctx, 0, mb, 1.0 / double(T));
+    auto plan = chunk.plan(ctx, 0, token_zeros(T), 1.0 / double(T));
     plan->input = Tensor::empty(dev, {T, H}, DType::BF16);
     plan->forward_all();
     host_after[std::size_t(host.rank())] = host.now_s();

@@ -155,28 +155,12 @@ TEST(Model, Bf16StaysWithinTheDocumentedDistanceOfFp32) {
   EXPECT_NEAR(f16.loss(), f32.loss(), 1e-3 * f32.loss());
 }
 
-// Central differences of the whole step's loss along each weight's gradient direction, in fp32.
-// With unit direction v and step h = 1e-2, truncation is O(h^2) and fp32 rounding of a loss of
-// about 5 is about 5e-7 / h = 5e-5, against directional derivatives of 1e-3 and more: 3% covers
-// both. One weight per schedule node: embedding, pre_dispatch (norms, QKV, projection, router,
-// shared experts), mlp (experts), loss (final norm, output layer); dispatch and combine carry
-// every upstream gradient, so the embedding's checks their backward too.
-TEST(Model, NodeGradientsMatchFiniteDifferences) {
-  // Top-k routing is piecewise: a step that changes a token's experts jumps the loss. Forced
-  // balance fixes the choice (the probabilities, the router's gradient path, still come from
-  // the logits), so the loss is smooth in every weight.
-  auto cfg = tiny_moe();
-  cfg.router.force_load_balancing = true;
+// The step's loss differentiated by central differences along each named weight's gradient
+// direction, against that gradient's norm (the sequential reference, two micro-batches).
+void expect_gradients_match_finite_differences(const ModelConfig& cfg,
+                                               const std::vector<std::string>& names) {
   const StepResult base = run_reference(cfg, 2);
-  for (const std::string name :
-       {"embedding.word_embeddings.weight", "decoder.layers.0.input_layernorm.weight",
-        "decoder.layers.1.self_attention.linear_qkv.weight",
-        "decoder.layers.2.self_attention.linear_proj.weight", "decoder.layers.1.mlp.router.weight",
-        "decoder.layers.3.mlp.shared_experts.linear_fc1.weight",
-        "decoder.layers.0.mlp.experts.linear_fc1.weight",
-        "decoder.layers.2.mlp.experts.linear_fc2.weight",
-        "decoder.layers.3.pre_mlp_layernorm.weight", "decoder.final_layernorm.weight",
-        "output_layer.weight"}) {
+  for (const std::string& name : names) {
     SCOPED_TRACE(name);
     const auto& g = base.grads.at(name);
     double norm = 0;
@@ -200,6 +184,30 @@ TEST(Model, NodeGradientsMatchFiniteDifferences) {
   }
 }
 
+// Central differences of the whole step's loss along each weight's gradient direction, in fp32.
+// With unit direction v and step h = 1e-2, truncation is O(h^2) and fp32 rounding of a loss of
+// about 5 is about 5e-7 / h = 5e-5, against directional derivatives of 1e-3 and more: 3% covers
+// both. One weight per schedule node: embedding, pre_dispatch (norms, QKV, projection, router,
+// shared experts), mlp (experts), loss (final norm, output layer); dispatch and combine carry
+// every upstream gradient, so the embedding's checks their backward too.
+TEST(Model, NodeGradientsMatchFiniteDifferences) {
+  // Top-k routing is piecewise: a step that changes a token's experts jumps the loss. Forced
+  // balance fixes the choice (the probabilities, the router's gradient path, still come from
+  // the logits), so the loss is smooth in every weight.
+  auto cfg = tiny_moe();
+  cfg.router.force_load_balancing = true;
+  expect_gradients_match_finite_differences(
+      cfg,
+      {"embedding.word_embeddings.weight", "decoder.layers.0.input_layernorm.weight",
+       "decoder.layers.1.self_attention.linear_qkv.weight",
+       "decoder.layers.2.self_attention.linear_proj.weight", "decoder.layers.1.mlp.router.weight",
+       "decoder.layers.3.mlp.shared_experts.linear_fc1.weight",
+       "decoder.layers.0.mlp.experts.linear_fc1.weight",
+       "decoder.layers.2.mlp.experts.linear_fc2.weight",
+       "decoder.layers.3.pre_mlp_layernorm.weight", "decoder.final_layernorm.weight",
+       "output_layer.weight"});
+}
+
 // QK layer norm: the same central differences for its two weights and for the QKV projection
 // beneath it (whose gradient now passes through the norm), and the split layout against the
 // reference.
@@ -207,31 +215,10 @@ TEST(Model, QkLayernormGradientsMatchFiniteDifferences) {
   auto cfg = tiny_moe();
   cfg.router.force_load_balancing = true;
   cfg.qk_layernorm = true;
-  const StepResult base = run_reference(cfg, 2);
-  for (const std::string name : {"decoder.layers.1.self_attention.q_layernorm.weight",
-                                 "decoder.layers.2.self_attention.k_layernorm.weight",
-                                 "decoder.layers.0.self_attention.linear_qkv.weight"}) {
-    SCOPED_TRACE(name);
-    const auto& g = base.grads.at(name);
-    double norm = 0;
-    for (float v : g) norm += double(v) * v;
-    norm = std::sqrt(norm);
-    ASSERT_GT(norm, 1e-6);
-    const double h = 1e-2;
-    auto loss_at = [&](double step) {
-      return run_reference(cfg, 2, false,
-                           [&](Parameter& p) {
-                             if (p.name != name) return;
-                             auto v = p.value.to_f32();
-                             for (std::size_t i = 0; i < v.size(); ++i)
-                               v[i] += float(step * g[i] / norm);
-                             p.value.copy_from_f32(v);
-                           })
-          .loss();
-    };
-    const double fd = (loss_at(h) - loss_at(-h)) / (2 * h);
-    EXPECT_NEAR(fd, norm, 0.03 * norm);
-  }
+  expect_gradients_match_finite_differences(cfg,
+                                            {"decoder.layers.1.self_attention.q_layernorm.weight",
+                                             "decoder.layers.2.self_attention.k_layernorm.weight",
+                                             "decoder.layers.0.self_attention.linear_qkv.weight"});
   expect_matches_reference(run_distributed(cfg, 4), run_reference(cfg, 4));
 }
 
