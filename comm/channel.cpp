@@ -112,6 +112,11 @@ void scatter(const std::vector<Segment>& segments, std::size_t& segment, std::si
       std::byte* to = s.ptr + offset;
       if (mode == Consume::AddF32) {
         add_f32(reinterpret_cast<float*>(to), reinterpret_cast<const float*>(in), piece / 4);
+      } else if (mode == Consume::MaxF32) {
+        max_f32(reinterpret_cast<float*>(to), reinterpret_cast<const float*>(in), piece / 4);
+      } else if (mode == Consume::AddBF16) {
+        add_bf16(reinterpret_cast<std::uint16_t*>(to), reinterpret_cast<const std::uint16_t*>(in),
+                 piece / 2);
       } else if (to != in) {  // an in-place local copy has nothing to move
         if (streaming)
           stream_bytes_unfenced(to, in, piece);  // the caller fences before publishing
@@ -234,14 +239,15 @@ Transfer::Transfer(ChannelPool& pool, int src_device, int dst_device, std::vecto
   for (const ConstSegment& s : src_) bytes_ += s.bytes;
   for (const Segment& s : dst_) dst_bytes += s.bytes;
   NE_CHECK(bytes_ == dst_bytes, "source and destination totals differ");
-  if (consume_ == Consume::AddF32) {
-    // Slots are whole cache lines, so with float-sized segments no float straddles a slot or a
-    // segment boundary and every piece handed to add_f32 is whole floats.
-    for (const ConstSegment& s : src_) NE_CHECK(s.bytes % 4 == 0, "AddF32 segment not floats");
+  if (consume_ != Consume::Copy) {
+    // Slots are whole cache lines, so with element-sized segments no element straddles a slot
+    // or a segment boundary and every piece handed to the reduction is whole elements.
+    const std::size_t elem = consume_ == Consume::AddBF16 ? 2 : 4;
+    for (const ConstSegment& s : src_) NE_CHECK(s.bytes % elem == 0, "reduced segment not whole");
     for (const Segment& s : dst_) {
-      NE_CHECK(s.bytes % 4 == 0, "AddF32 segment not floats");
-      NE_CHECK(reinterpret_cast<std::uintptr_t>(s.ptr) % alignof(float) == 0,
-               "AddF32 destination not float-aligned");
+      NE_CHECK(s.bytes % elem == 0, "reduced segment not whole elements");
+      NE_CHECK(reinterpret_cast<std::uintptr_t>(s.ptr) % elem == 0,
+               "reduced destination not element-aligned");
     }
   }
   // Accumulation reads the destination, so it gains nothing from bypassing the cache.

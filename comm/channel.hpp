@@ -30,9 +30,11 @@ struct ConstSegment {  // source side
   std::size_t bytes;
 };
 
-// How the consumer applies a slot to the destination. AddF32: dst += slot as floats; every
-// segment size is then a multiple of 4 and every destination segment is float-aligned.
-enum class Consume : std::uint8_t { Copy, AddF32 };
+// How the consumer applies a slot to the destination. AddF32: dst += slot as floats; MaxF32:
+// dst = max(dst, slot) as floats; AddBF16: dst += slot as bf16 values (each sum rounded to bf16,
+// as NCCL's bf16 reductions store). Every segment size is then a multiple of the element size and
+// every destination segment is aligned to it.
+enum class Consume : std::uint8_t { Copy, AddF32, MaxF32, AddBF16 };
 
 struct Ring;  // one ring buffer with its counters; defined in channel.cpp
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace nodeemu::detail {
 
@@ -24,6 +25,10 @@ void store_fence();
 // vector width or the position of i in the call, so the result does not depend on how a sum is
 // split into calls. dst == src is allowed (it doubles); otherwise they must not overlap.
 void add_f32(float* dst, const float* src, std::size_t n);
+// dst[i] = max(dst[i], src[i]) (a NaN in either stays NaN), and dst[i] = bf16(dst[i] + src[i])
+// on bf16 bit patterns, each addition in fp32 rounded to nearest-even once.
+void max_f32(float* dst, const float* src, std::size_t n);
+void add_bf16(std::uint16_t* dst, const std::uint16_t* src, std::size_t n);
 
 // The copy size in bytes from which streaming stores beat memcpy on this machine.
 std::size_t streaming_threshold();

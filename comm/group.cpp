@@ -79,6 +79,29 @@ int Group::index_of(int device) const {
   return it == g_->ranks.end() ? -1 : static_cast<int>(it - g_->ranks.begin());
 }
 
+namespace {
+
+// A reduction's element size, channel operation and name in traces and mismatch reports.
+struct Reducing {
+  std::size_t bytes;
+  Consume consume;
+  const char* name;
+};
+
+Reducing reducing(Reduction r) {
+  switch (r) {
+    case Reduction::SumBF16:
+      return {2, Consume::AddBF16, "bf16 sum"};
+    case Reduction::MaxF32:
+      return {4, Consume::MaxF32, "f32 max"};
+    case Reduction::SumF32:
+      break;
+  }
+  return {4, Consume::AddF32, "f32 sum"};
+}
+
+}  // namespace
+
 std::optional<Event> Group::all_to_all_v(const Buffer& send,
                                          const std::vector<std::size_t>& send_bytes,
                                          const Buffer& recv,
@@ -170,21 +193,23 @@ std::optional<Event> Group::all_gather(const Buffer& send, const Buffer& recv, s
 
 std::optional<Event> Group::reduce_scatter(const Buffer& send, const Buffer& recv,
                                            const std::vector<std::size_t>& counts, Stream& stream,
-                                           const CollOptions& o) {
+                                           const CollOptions& o, Reduction red) {
   const std::string op = describe("reduce_scatter");
   const int me = comm_->caller_member(*g_, stream, op);
   const int n = size();
   if (static_cast<int>(counts.size()) != n)
     throw UsageError(op + ": give one element count per member (" + std::to_string(n) + ")");
   std::vector<std::size_t> bytes(counts.size());
-  for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * sizeof(float);
+  const Reducing how = reducing(red);
+  for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * how.bytes;
   check_buffer(send, sum(bytes), stream, op, "send");
   check_buffer(recv, bytes[size_t(me)], stream, op, "receive");
   if (send && recv && send.state() == recv.state())  // the same buffer (meta ones have no data)
     throw UsageError(op + ": send and receive must be different buffers");
   Call c;
-  c.kind = "reduce_scatter(f32 sum)";
-  c.text = "reduce_scatter(f32 counts " + detail::sizes_text(counts) + ")";
+  c.kind = std::string("reduce_scatter(") + how.name + ")";
+  c.text = std::string("reduce_scatter(") + how.name + ", counts " + detail::sizes_text(counts) +
+           ")";
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
@@ -194,7 +219,7 @@ std::optional<Event> Group::reduce_scatter(const Buffer& send, const Buffer& rec
   p.recv_bytes.assign(size_t(n), bytes[size_t(me)]);
   // The fixed order: member 0's part is copied, the others are added to it one by one.
   p.ordered = true;
-  p.consume.assign(size_t(n), Consume::AddF32);
+  p.consume.assign(size_t(n), how.consume);
   p.consume[0] = Consume::Copy;
   if (functional(stream)) {
     auto so = detail::offsets_of(bytes);
@@ -209,24 +234,25 @@ std::optional<Event> Group::reduce_scatter(const Buffer& send, const Buffer& rec
 }
 
 std::optional<Event> Group::all_reduce(const Buffer& send, const Buffer& recv, std::size_t count,
-                                       Stream& stream, const CollOptions& o) {
+                                       Stream& stream, const CollOptions& o, Reduction red) {
   const std::string op = describe("all_reduce");
+  const Reducing how = reducing(red);
   const int me = comm_->caller_member(*g_, stream, op);
   const int n = size();
-  check_buffer(send, count * sizeof(float), stream, op, "send");
-  check_buffer(recv, count * sizeof(float), stream, op, "receive");
+  check_buffer(send, count * how.bytes, stream, op, "send");
+  check_buffer(recv, count * how.bytes, stream, op, "receive");
   // Reduce-scatter into a private chunk, then all-gather the chunks: the ring algorithm's
   // traffic, and every member sums its chunk in member order, so all get the same bits. The
   // chunk goes to scratch memory so that send and recv may be the same buffer.
   std::vector<std::size_t> chunk(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i)
     chunk[size_t(i)] =
-        (count / size_t(n) + (size_t(i) < count % size_t(n) ? 1 : 0)) * sizeof(float);
+        (count / size_t(n) + (size_t(i) < count % size_t(n) ? 1 : 0)) * how.bytes;
   auto at = detail::offsets_of(chunk);
   const std::size_t mine = chunk[size_t(me)];
   Call c;
-  c.kind = "all_reduce(f32 sum, " + std::to_string(count) + ")";
-  c.text = "all_reduce(f32 count " + std::to_string(count) + ")";
+  c.kind = std::string("all_reduce(") + how.name + ", " + std::to_string(count) + ")";
+  c.text = std::string("all_reduce(") + how.name + ", count " + std::to_string(count) + ")";
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
@@ -235,7 +261,7 @@ std::optional<Event> Group::all_reduce(const Buffer& send, const Buffer& recv, s
   rs.send_bytes = chunk;
   rs.recv_bytes.assign(size_t(n), mine);
   rs.ordered = true;
-  rs.consume.assign(size_t(n), Consume::AddF32);
+  rs.consume.assign(size_t(n), how.consume);
   rs.consume[0] = Consume::Copy;
   ag.send_bytes.assign(size_t(n), mine);
   ag.recv_bytes = chunk;
@@ -251,7 +277,7 @@ std::optional<Event> Group::all_reduce(const Buffer& send, const Buffer& recv, s
   }
   if (functional(stream) && mine) {
     // Host memory standing in for NCCL's internal buffer; the call's bodies keep it alive.
-    auto scratch = std::make_shared<std::vector<float>>(mine / sizeof(float));
+    auto scratch = std::make_shared<std::vector<float>>((mine + sizeof(float) - 1) / sizeof(float));
     auto* s = reinterpret_cast<std::byte*>(scratch->data());
     for (int d = 0; d < n; ++d) {
       c.plan[0].recv[size_t(d)] = {{s, mine}};

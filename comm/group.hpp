@@ -2,7 +2,8 @@
 // stream it runs on, an optional event to wait for first, and an async flag, and returns an
 // event when asked to.
 //
-// Sizes are bytes, except for the reductions, which sum fp32 elements. Buffers are contiguous:
+// Sizes are bytes, except for the reductions, which count elements of their Reduction's type
+// (fp32 unless told). Buffers are contiguous:
 // the part for (or from) member i starts where the parts of members 0..i-1 end, as in
 // torch.distributed.all_to_all_single.
 //
@@ -39,6 +40,11 @@ struct CollOptions {
   std::string name;  // trace name; empty = the collective's kind
 };
 
+// What a reduction computes, on which element type: fp32 sums (gradients, statistics), bf16
+// sums (sequence-parallel activations, NCCL's bf16 reduce-scatter), fp32 maxima (the vocab-
+// parallel cross-entropy's logit maximum).
+enum class Reduction { SumF32, SumBF16, MaxF32 };
+
 class Group {
  public:
   Group() = default;
@@ -61,15 +67,17 @@ class Group {
                                     const CollOptions& o = {});
   std::optional<Event> all_gather(const Buffer& send, const Buffer& recv, std::size_t bytes,
                                   Stream& stream, const CollOptions& o = {});
-  // recv (counts[me] floats) = the sum over members, in member order, of each member's part
-  // `me` of send (sum(counts) floats).
+  // recv (counts[me] elements) = the reduction over members, in member order, of each member's
+  // part `me` of send (sum(counts) elements).
   std::optional<Event> reduce_scatter(const Buffer& send, const Buffer& recv,
                                       const std::vector<std::size_t>& counts, Stream& stream,
-                                      const CollOptions& o = {});
-  // recv (count floats) = the sum over members, in member order, of send. send and recv may be
-  // the same buffer. Every member gets the same bits.
+                                      const CollOptions& o = {},
+                                      Reduction op = Reduction::SumF32);
+  // recv (count elements) = the reduction over members, in member order, of send. send and recv
+  // may be the same buffer. Every member gets the same bits.
   std::optional<Event> all_reduce(const Buffer& send, const Buffer& recv, std::size_t count,
-                                  Stream& stream, const CollOptions& o = {});
+                                  Stream& stream, const CollOptions& o = {},
+                                  Reduction op = Reduction::SumF32);
   // The first `bytes` of buf on member `root` are copied into buf on every member.
   std::optional<Event> broadcast(const Buffer& buf, std::size_t bytes, int root, Stream& stream,
                                  const CollOptions& o = {});

@@ -129,6 +129,8 @@ layers::ModelConfig model_config(const Recipe& r, const GpuSpec& gpu) {
   c.moe_layer_freq = r.int_list("model.moe_layer_freq");
   c.mtp_num_layers = opt_int("model.mtp_num_layers", 0);
   c.qk_layernorm = r.flag("model.qk_layernorm");
+  c.tensor_model_parallel_size = r.int32("model.tensor_model_parallel_size");
+  c.sequence_parallel = r.flag("model.sequence_parallel");
   const std::string& d = r.text("model.moe_token_dispatcher_type");
   c.moe_token_dispatcher_type = d == "alltoall" ? DispatcherType::AllToAll
                                 : d == "flex"   ? DispatcherType::Flex

@@ -122,6 +122,9 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     RankResult& out = results[std::size_t(r)];
     const int p = pg.rank_in(GroupKind::PP, r), d = pg.rank_in(GroupKind::DP, r);
     Group ep = comm.group_of(pg, GroupKind::EP, r);
+    const layers::TensorParallel tp =
+        pg.layout().tp > 1 ? layers::TensorParallel::of(comm.group_of(pg, GroupKind::TP, r), r)
+                           : layers::TensorParallel{};
     std::vector<std::unique_ptr<layers::ModelChunk>> chunks;
     for (int v = 0; v < vpp; ++v) {
       const int vs = v * pp + p;
@@ -129,7 +132,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
       for (int s = 0; s < vs; ++s) first += stage_layers[std::size_t(s)];
       chunks.push_back(std::make_unique<layers::ModelChunk>(
           cfg, layers::ChunkSpec{first, stage_layers[std::size_t(vs)], vs == 0, vs == pp * vpp - 1},
-          dev, seed, ep, r));
+          dev, seed, ep, r, tp));
     }
     layers::ExecContext ctx{dev.default_stream(),
                             dev.create_stream(comm_stream_priority(recipe), "comm")};
@@ -179,7 +182,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
               const int index = (it * microbatches + mb) * int(dp_size) + d;
               return layers::synthetic_microbatch(cfg, mbs, seq, seed, 0, index);
             },
-            loss_scale, layers::Shape{mbs * seq, cfg.hidden_size});
+            loss_scale, layers::Shape{mbs * seq / tp.size, cfg.hidden_size});
         StepContext step(*impl);
         {
           // full_iteration: the whole forward-backward of every micro-batch is one captured
@@ -201,14 +204,16 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
         forward_backward();
         restore_budget(chunks);
       }
-      for (auto& c : chunks) layers::reduce_gradients(*c, dp, edp, ctx.compute);
+      for (auto& c : chunks) layers::reduce_gradients(*c, dp, edp, ctx.compute, tp);
       if (functional) {
         dev.synchronize();
         for (auto* prm : params) {
           if (prm->expert ? !owns_experts : !owns_dense) continue;
+          // A weight every TP rank holds whole is digested once; a TP shard by its TP rank.
+          if (prm->sequence_parallel && tp.rank != 0) continue;
           Fnv h;
           h.add(prm->main_grad.data<float>(), prm->main_grad.bytes());
-          out.digests.push_back({it, prm->name, prm->expert ? shard : 0, h.h});
+          out.digests.push_back({it, prm->name, prm->expert ? shard : tp.rank, h.h});
         }
       }
       optimizer.step(ctx.compute);
@@ -220,7 +225,8 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
       out.end_s.push_back(host.now_s());
       double loss = 0;
       for (const auto& l : impl->loss_handles()) loss += *l * loss_scale;
-      out.loss.push_back(last_stage ? loss : 0.0);
+      // Every TP rank computes the whole loss (the vocab-parallel cross-entropy); one counts it.
+      out.loss.push_back(last_stage && tp.rank == 0 ? loss : 0.0);
       if (r == 0 && options.progress) {
         std::ostringstream line;
         line << "iter " << it + 1 << "/" << iterations << ": virtual " << std::fixed

@@ -46,19 +46,6 @@ DType parse_dtype(const std::string& s) {
   throw UsageError("dtype '" + s + "': use fp32, bf16 or fp16");
 }
 
-std::uint16_t f32_to_bf16(float f) {
-  std::uint32_t u = std::bit_cast<std::uint32_t>(f);
-  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu))
-    return static_cast<std::uint16_t>((u >> 16) | 0x40);  // quiet NaN, sign kept
-  // Ties to even: add 0x7fff plus the lowest kept bit, then truncate.
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-
-float bf16_to_f32(std::uint16_t h) {
-  return std::bit_cast<float>(std::uint32_t(h) << 16);
-}
-
 std::uint16_t f32_to_f16(float f) {
   const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
   const std::uint32_t sign = (u >> 16) & 0x8000u;

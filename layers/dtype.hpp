@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "devices/bf16.hpp"
+
 namespace nodeemu::layers {
 
 // I32 and I64 hold indices (routing, token slots); they are never widened or rounded.
@@ -16,8 +18,8 @@ const char* dtype_name(DType t);
 DType parse_dtype(const std::string& s);
 
 // Round-to-nearest-even conversions. NaN stays NaN (quiet); overflow goes to infinity.
-std::uint16_t f32_to_bf16(float f);
-float bf16_to_f32(std::uint16_t h);
+using ::nodeemu::bf16_to_f32;
+using ::nodeemu::f32_to_bf16;
 std::uint16_t f32_to_f16(float f);
 float f16_to_f32(std::uint16_t h);
 

@@ -30,12 +30,26 @@ Tensor LayerPlan::ln1(Stream& s) {
   return st.re_ln1;
 }
 
+Tensor LayerPlan::ln1_all(Stream& s) {
+  State& st = *st_;
+  if (!L_.tp_.on()) return ln1(s);
+  if (!st.ln1_all) st.ln1_all = gathered(at_(s), ln1(s), "sp_allgather_qkv_bwd");
+  return st.ln1_all;
+}
+
+Tensor LayerPlan::ln2_all(Stream& s) {
+  State& st = *st_;
+  if (!L_.tp_.on()) return ln2(s);
+  if (!st.ln2_all) st.ln2_all = gathered(at_(s), ln2(s), "sp_allgather_mlp_bwd");
+  return st.ln2_all;
+}
+
 Tensor LayerPlan::qkv(Stream& s) {
   State& st = *st_;
   if (!ctx_.recompute.qkv) return st.saved.need("core_attn", "input", s);
   if (!st.re_qkv) {
     const ops::At at = recompute_at(s);
-    const Tensor in = ln1(s);
+    const Tensor in = ln1_all(s);
     st.re_qkv =
         ops::linear_forward(at, "linear_qkv", in, L_.qkv_.value, ops::one_group(in), L_.cfg_.dtype);
     if (L_.cfg_.qk_layernorm) {
@@ -94,7 +108,7 @@ void LayerPlan::recompute_shared(Stream& s) {
   State& st = *st_;
   if (st.re_shared_f1 || st.re_shared_a) return;
   const ops::At at = recompute_at(s);
-  const Tensor in = ln2(s);
+  const Tensor in = ln2_all(s);
   st.re_shared_f1 = ops::linear_forward(at, "shared_fc1", in, L_.shared_fc1_.value,
                                         ops::one_group(in), L_.cfg_.dtype);
   st.re_shared_a = ops::swiglu_forward(at, "shared_act", st.re_shared_f1, Tensor());
@@ -113,7 +127,7 @@ Tensor LayerPlan::shared_act_out(Stream& s) {
 }
 
 Tensor LayerPlan::fc1_in(Stream& s) {
-  return L_.is_moe() ? st_->saved.need("expert_fc1", "dispatched_input", s) : ln2(s);
+  return L_.is_moe() ? st_->saved.need("expert_fc1", "dispatched_input", s) : ln2_all(s);
 }
 
 Tensor LayerPlan::probs(Stream& s) {

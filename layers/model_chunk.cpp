@@ -31,8 +31,8 @@ MicroBatch synthetic_microbatch(const ModelConfig& cfg, std::int64_t batch, std:
 }
 
 ModelChunk::ModelChunk(const ModelConfig& cfg, ChunkSpec spec, Device& device, std::uint64_t seed,
-                       Group ep, int rank)
-    : cfg_(cfg), spec_(spec), device_(device) {
+                       Group ep, int rank, TensorParallel tp)
+    : cfg_(cfg), spec_(spec), device_(device), tp_(std::move(tp)) {
   cfg.validate();
   if (spec.first_layer < 0 || spec.num_layers < 0 ||
       spec.first_layer + spec.num_layers > cfg.num_layers)
@@ -40,19 +40,22 @@ ModelChunk::ModelChunk(const ModelConfig& cfg, ChunkSpec spec, Device& device, s
                       "chunk layers [" + std::to_string(spec.first_layer) + ", " +
                           std::to_string(spec.first_layer + spec.num_layers) + ") exceed " +
                           std::to_string(cfg.num_layers) + " layers");
-  const std::int64_t H = cfg.hidden_size, V = cfg.vocab_size;
+  // The vocabulary's rows split over TP: this rank's shard starts at row rank * V / tp.
+  const std::int64_t H = cfg.hidden_size, V = cfg.vocab_size / tp_.size;
+  const std::int64_t first_row = tp_.rank * V * H;
   if (spec.pre_process)
     embedding_ = make_parameter(device, "embedding.word_embeddings.weight", {V, H}, cfg.dtype,
-                                Init::Normal, cfg.init_method_std, seed);
+                                Init::Normal, cfg.init_method_std, seed, first_row);
   for (int l = spec.first_layer; l < spec.first_layer + spec.num_layers; ++l)
-    layers_.push_back(std::make_unique<TransformerLayer>(cfg, l, device, seed, ep, rank));
+    layers_.push_back(std::make_unique<TransformerLayer>(cfg, l, device, seed, ep, rank, tp_));
   if (spec.post_process) {
     final_norm_ = make_parameter(device, "decoder.final_layernorm.weight", {H}, cfg.dtype,
                                  Init::Ones, 0, seed);
+    final_norm_.sequence_parallel = tp_.on();
     // The output layer and the loss run in fp32 (fp32 logits, as Megatron's fused
     // cross-entropy upcasts them).
     output_ = make_parameter(device, "output_layer.weight", {V, H}, DType::F32, Init::Normal,
-                             cfg.init_method_std, seed);
+                             cfg.init_method_std, seed, first_row);
   }
 }
 
@@ -118,96 +121,54 @@ ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const 
   if (chunk.spec_.pre_process) {
     embedding = ScheduleNode(
         "embedding", StreamKind::Compute, &ctx, &event,
-        [this, T, &c](Stream& s) {
-          embedded_ = Tensor::empty(s.device(), {T, c.hidden_size}, c.dtype);
-          View vt = view(tokens_), vw = view(chunk_.embedding_.value), vy = view(embedded_);
-          const std::int64_t H = c.hidden_size;
-          launch(
-              s, "embedding",
-              Work{.bytes = 2.0 * double(embedded_.bytes()),
-                   .shape = KernelShape::memory(MemoryOp::Gather)},
-              [=] {
-                F32Scope f;
-                kernels::embedding_forward(vt.as<const std::int32_t>(), f.in(vw), f.out(vy), T, H);
-              },
-              {tokens_, chunk_.embedding_.value, embedded_}, ctx_.tally);
+        [this, &c](Stream& s) {
+          ops::At at{s, ctx_.tally, nullptr, &c.kernels};
+          embedded_ = embedding_forward(at, chunk_.tp_, tokens_, chunk_.embedding_, c.dtype);
         },
-        [](Stream&) {},
-        [this, T, &c](Stream& s) {
-          const Tensor& g = layers.empty() ? grad_hidden_ : layers.front()->grad_input;
-          View vt = view(tokens_), vg = view(g), vw = view(chunk_.embedding_.main_grad);
-          const std::int64_t H = c.hidden_size;
-          launch(
-              s, "embedding_wgrad",
-              Work{.bytes = 3.0 * double(g.bytes()),
-                   .shape = KernelShape::memory(MemoryOp::Scatter)},
-              [=] {
-                F32Scope f;
-                kernels::embedding_wgrad(vt.as<const std::int32_t>(), f.in(vg), vw.as<float>(), T,
-                                         H);
-              },
-              {tokens_, g, chunk_.embedding_.main_grad}, ctx_.tally);
-          embedded_ = Tensor();
+        [this, &c](Stream& s) {
+          ops::At at{s, ctx_.tally, nullptr, &c.kernels};
+          g_embedded_ = embedding_grad_all(
+              at, chunk_.tp_, layers.empty() ? grad_hidden_ : layers.front()->grad_input);
+        },
+        [this, &c](Stream& s) {
+          ops::At at{s, ctx_.tally, nullptr, &c.kernels};
+          embedding_wgrad(at, chunk_.tp_, tokens_, g_embedded_, chunk_.embedding_);
+          embedded_ = g_embedded_ = Tensor();
         });
   }
   if (chunk.spec_.post_process) {
     loss = ScheduleNode(
         "loss", StreamKind::Compute, &ctx, &event,
-        [this, T, last, &c](Stream& s) {
-          ops::At at{s, ctx_.tally, nullptr, &chunk_.cfg_.kernels};
+        [this, last, &c](Stream& s) {
+          ops::At at{s, ctx_.tally, nullptr, &c.kernels};
           hidden_ = *last;
           ops::rmsnorm_forward(at, "final_layernorm", hidden_, chunk_.final_norm_,
                                c.layernorm_epsilon, lnf_, rstd_);
-          logits_ = ops::linear_forward(at, "output_layer", lnf_, chunk_.output_.value,
-                                        ops::one_group(lnf_), DType::F32);
-          View vl = view(logits_), vy = view(labels_);
-          const std::int64_t V = c.vocab_size;
-          auto sum = loss_sum_;
-          launch(
-              s, "cross_entropy",
-              Work{.flops = 4.0 * double(T * V),
-                   .bytes = double(logits_.bytes()),
-                   .precision = Precision::FP32,
-                   .shape = KernelShape::memory(MemoryOp::Elementwise)},
-              [=] {
-                std::vector<float> per(static_cast<std::size_t>(T));
-                kernels::cross_entropy_forward(vl.as<const float>(), vy.as<const std::int32_t>(),
-                                               per.data(), T, V);
-                double total = 0;  // token order: a fixed reduction order
-                for (float v : per) total += v;
-                *sum = total;
-              },
-              {logits_, labels_}, ctx_.tally);
+          // The output layer is column-parallel over the vocabulary: all tokens' normed rows.
+          lnf_all_ = chunk_.tp_.on() ? gather_tokens(at, chunk_.tp_, lnf_, "sp_allgather_output")
+                                     : lnf_;
+          logits_ = ops::linear_forward(at, "output_layer", lnf_all_, chunk_.output_.value,
+                                        ops::one_group(lnf_all_), DType::F32);
+          cross_entropy_forward(at, chunk_.tp_, logits_, labels_, loss_sum_, ce_);
         },
-        [this, T, &c](Stream& s) {
-          ops::At at{s, ctx_.tally, nullptr, &chunk_.cfg_.kernels};
-          g_logits_ = at.empty({T, c.vocab_size}, DType::F32);
-          View vl = view(logits_), vy = view(labels_), vg = view(g_logits_);
-          const std::int64_t V = c.vocab_size;
-          const double scale = loss_scale_;
-          launch(
-              s, "cross_entropy_bwd",
-              Work{.flops = 4.0 * double(T * V),
-                   .bytes = 2.0 * double(logits_.bytes()),
-                   .precision = Precision::FP32,
-                   .shape = KernelShape::memory(MemoryOp::Elementwise)},
-              [=] {
-                kernels::cross_entropy_backward(vl.as<const float>(), vy.as<const std::int32_t>(),
-                                                vg.as<float>(), T, V, scale);
-              },
-              {logits_, labels_, g_logits_}, ctx_.tally);
+        [this, &c](Stream& s) {
+          ops::At at{s, ctx_.tally, nullptr, &c.kernels};
+          g_logits_ = cross_entropy_backward(at, chunk_.tp_, logits_, labels_, ce_, loss_scale_);
           logits_ = Tensor();
+          ce_ = {};
           g_lnf_ = ops::linear_dgrad(at, "output_layer", g_logits_, chunk_.output_.value,
                                      ops::one_group(g_logits_), c.dtype);
+          if (chunk_.tp_.on())
+            g_lnf_ = scatter_tokens(at, chunk_.tp_, g_lnf_, "sp_reducescatter_output_bwd");
           grad_hidden_ =
               ops::rmsnorm_dgrad(at, "final_layernorm", g_lnf_, hidden_, chunk_.final_norm_, rstd_);
         },
         [this](Stream& s) {
           ops::At at{s, ctx_.tally, nullptr, &chunk_.cfg_.kernels};
-          ops::linear_wgrad(at, "output_layer", g_logits_, lnf_, ops::one_group(lnf_),
+          ops::linear_wgrad(at, "output_layer", g_logits_, lnf_all_, ops::one_group(lnf_all_),
                             chunk_.output_);
           ops::rmsnorm_wgrad(at, "final_layernorm", g_lnf_, hidden_, rstd_, chunk_.final_norm_);
-          g_logits_ = g_lnf_ = lnf_ = hidden_ = rstd_ = Tensor();
+          g_logits_ = g_lnf_ = lnf_ = lnf_all_ = hidden_ = rstd_ = Tensor();
         });
   }
 }
@@ -247,14 +208,21 @@ void ChunkPlan::backward_all() {
   embedding.backward();
 }
 
-void reduce_gradients(ModelChunk& chunk, Group dp, Group edp, Stream& s) {
+void reduce_gradients(ModelChunk& chunk, Group dp, Group edp, Stream& s,
+                      const TensorParallel& tp) {
+  auto all_reduce = [&](Group& g, Parameter& p, const char* name) {
+    g.all_reduce(p.main_grad.buffer(), p.main_grad.buffer(),
+                 static_cast<std::size_t>(p.main_grad.numel()), s,
+                 {.async = true, .name = name});
+  };
   for (auto* p : chunk.parameters()) {
     Group& g = p->expert ? edp : dp;
-    if (g.size() == 1) continue;
-    g.all_reduce(p->main_grad.buffer(), p->main_grad.buffer(),
-                 static_cast<std::size_t>(p->main_grad.numel()), s,
-                 {.async = true, .name = "grad_allreduce"});
+    if (g.size() > 1) all_reduce(g, *p, "grad_allreduce");
   }
+  if (!tp.on()) return;
+  Group tp_group = tp.group;
+  for (auto* p : chunk.parameters())
+    if (p->sequence_parallel) all_reduce(tp_group, *p, "sp_grad_allreduce");
 }
 
 }  // namespace nodeemu::layers

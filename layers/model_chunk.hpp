@@ -9,6 +9,7 @@
 
 #include "comm/group.hpp"
 #include "layers/transformer_layer.hpp"
+#include "layers/vocab_parallel.hpp"
 
 namespace nodeemu::layers {
 
@@ -33,9 +34,9 @@ class ChunkPlan;
 
 class ModelChunk {
  public:
-  // `ep` is this rank's EP group, used by MoE layers.
+  // `ep` is this rank's EP group, used by MoE layers; `tp` its TP group (tensor_parallel.hpp).
   ModelChunk(const ModelConfig& cfg, ChunkSpec spec, Device& device, std::uint64_t seed, Group ep,
-             int rank);
+             int rank, TensorParallel tp = {});
   ~ModelChunk();
   const ChunkSpec& spec() const { return spec_; }
   const ModelConfig& config() const { return cfg_; }
@@ -53,6 +54,7 @@ class ModelChunk {
   ModelConfig cfg_;
   ChunkSpec spec_;
   Device& device_;
+  TensorParallel tp_;
   Parameter embedding_, final_norm_, output_;
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
 };
@@ -88,13 +90,17 @@ class ChunkPlan {
   ExecContext& ctx_;
   MicroBatch data_;
   double loss_scale_;
-  Tensor tokens_, labels_, embedded_, hidden_, rstd_, logits_, lnf_, grad_hidden_, g_lnf_,
-      g_logits_, g_embedded_;
+  Tensor tokens_, labels_, embedded_, hidden_, rstd_, logits_, lnf_, lnf_all_, grad_hidden_,
+      g_lnf_, g_logits_, g_embedded_;
+  CrossEntropySaved ce_;
   std::shared_ptr<double> loss_sum_ = std::make_shared<double>(0);
 };
 
 // All-reduces gradients over data parallelism: dense weights over `dp`, expert weights over
-// `edp` (either may be a one-member group). fp32 sums in member order.
-void reduce_gradients(ModelChunk& chunk, Group dp, Group edp, Stream& s);
+// `edp` (either may be a one-member group); then, with TP, the weights every TP rank holds whole
+// over `tp` (Megatron's finalize_model_grads: the data-parallel sync, then
+// _allreduce_layernorm_grads). fp32 sums in member order.
+void reduce_gradients(ModelChunk& chunk, Group dp, Group edp, Stream& s,
+                      const TensorParallel& tp = {});
 
 }  // namespace nodeemu::layers

@@ -22,6 +22,43 @@ bool ModelConfig::is_moe_layer(int layer) const {
   return moe_layer_freq.at(std::size_t(layer)) == 1;
 }
 
+// What a TP split needs: whole heads, query groups, MLP columns and vocabulary rows per rank,
+// and with sequence parallelism whole sequence chunks (train.seq_length is checked where it is
+// known). Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by x TP; here
+// vocab_size must already divide.
+namespace {
+
+template <class Fail>
+void tensor_parallel_rules(const ModelConfig& c, const Fail& fail) {
+  const int t = c.tp();
+  if (t < 1) fail("tensor_model_parallel_size", "must be at least 1");
+  if (t == 1) {
+    if (c.sequence_parallel)
+      fail("sequence_parallel", "needs tensor_model_parallel_size > 1 (Megatron turns it off)");
+    return;
+  }
+  if (c.dtype == DType::F16)
+    fail("fp16", "with tensor_model_parallel_size > 1 is not modelled (fp16 reduce-scatter); "
+                 "use bf16");
+  if (!c.sequence_parallel)
+    fail("sequence_parallel",
+         "must be true with tensor_model_parallel_size > 1 (Megatron requires it with MoE; TP "
+         "without sequence parallelism is not modelled)");
+  auto whole = [&](int n, const char* key) {
+    if (n % t)
+      fail(key, std::to_string(n) + " does not split over tensor_model_parallel_size " +
+                    std::to_string(t));
+  };
+  whole(c.num_attention_heads, "num_attention_heads");
+  whole(c.num_query_groups, "num_query_groups");
+  whole(c.ffn_hidden_size, "ffn_hidden_size");
+  whole(c.vocab_size, "vocab_size");
+  if (c.moe_shared_expert_intermediate_size > 0)
+    whole(c.moe_shared_expert_intermediate_size, "moe_shared_expert_intermediate_size");
+}
+
+}  // namespace
+
 void ModelConfig::validate() const {
   auto fail = [](const std::string& key, const std::string& what) {
     throw ConfigError("model", key, what);
@@ -53,6 +90,7 @@ void ModelConfig::validate() const {
     fail("mtp_num_layers",
          "multi-token prediction is not modelled yet; set 0 (the mtp schedule "
          "node exists and is a no-op)");
+  tensor_parallel_rules(*this, fail);
   if (num_moe_experts > 0) {
     if (moe_ffn_hidden_size < 1) fail("moe_ffn_hidden_size", "must be at least 1");
     if (router.num_experts != num_moe_experts)

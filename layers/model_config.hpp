@@ -50,9 +50,15 @@ struct ModelConfig {
   int mtp_num_layers = 0;
   // qk_layernorm: an RMSNorm over each query and key head before RoPE (Qwen3 has it).
   bool qk_layernorm = false;
+  // Tensor parallelism as Megatron-Core lays it out (tensor_parallel.hpp): attention heads, the
+  // dense and shared-expert MLPs and the vocabulary split over tensor_model_parallel_size ranks.
+  // It is modelled with sequence_parallel only (Megatron requires it for MoE with TP > 1).
+  int tensor_model_parallel_size = 1;
+  bool sequence_parallel = false;
   KernelChoices kernels;  // which kernels run (transformer_impl, attention_backend, fusions)
 
   int head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
+  int tp() const { return tensor_model_parallel_size; }
   bool is_moe_layer(int layer) const;
   // Throws ConfigError naming the Megatron key.
   void validate() const;

@@ -32,10 +32,17 @@ double counter_normal(std::uint64_t seed, std::uint64_t stream, std::uint64_t in
 
 Parameter make_parameter(Device& device, std::string name, Shape shape, DType dtype, Init init,
                          double std, std::uint64_t seed, std::int64_t global_offset, bool expert) {
+  Parameter p = make_parameter(device, std::move(name), std::move(shape), dtype, init, std, seed,
+                               [global_offset](std::int64_t i) { return global_offset + i; });
+  p.expert = expert;
+  return p;
+}
+
+Parameter make_parameter(Device& device, std::string name, Shape shape, DType dtype, Init init,
+                         double std, std::uint64_t seed, const ShardIndex& global) {
   Parameter p;
   p.value = Tensor::empty(device, shape, dtype);
   p.main_grad = Tensor::empty(device, shape, DType::F32);
-  p.expert = expert;
   if (!p.value.is_meta()) {
     std::vector<float> v(static_cast<std::size_t>(p.value.numel()));
     // Expert shards share one stream per weight name with the shard index stripped by the
@@ -44,10 +51,11 @@ Parameter make_parameter(Device& device, std::string name, Shape shape, DType dt
     for (std::size_t i = 0; i < v.size(); ++i)
       v[i] = init == Init::Ones
                  ? 1.0f
-                 : float(std * counter_normal(seed, stream, std::uint64_t(global_offset) + i));
+                 : float(std * counter_normal(seed, stream, std::uint64_t(global(std::int64_t(i)))));
     p.value.copy_from_f32(v);
   }
   p.name = std::move(name);
+  p.whole_index = global;
   return p;
 }
 

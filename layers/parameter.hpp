@@ -6,6 +6,7 @@
 // the same on the one device of the reference and on the EP rank that owns it.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "layers/tensor.hpp"
@@ -23,7 +24,16 @@ struct Parameter {
   Tensor value;
   Tensor main_grad;     // fp32, zeroed by zero_grad()
   bool expert = false;  // expert weights reduce over the expert-data-parallel group
+  // Megatron's `sequence_parallel` attribute: a weight every TP rank holds whole (norms, the
+  // router) whose gradient each rank computes from its own tokens only, so it is all-reduced
+  // over the TP group (finalize_model_grads' _allreduce_layernorm_grads).
+  bool sequence_parallel = false;
+  // Where local element i sits in the whole (unsharded) weight: a TP shard is not one contiguous
+  // range of it. For putting shards back together (tests, a checkpoint's export).
+  std::function<std::int64_t(std::int64_t)> whole_index;
 };
+
+using ShardIndex = std::function<std::int64_t(std::int64_t)>;
 
 // Allocates and initialises a parameter. `global_offset` is the index of this shard's first
 // element in the whole (unsharded) weight: for local expert i of EP rank r, (r * local + i) *
@@ -32,6 +42,9 @@ struct Parameter {
 Parameter make_parameter(Device& device, std::string name, Shape shape, DType dtype, Init init,
                          double std, std::uint64_t seed, std::int64_t global_offset = 0,
                          bool expert = false);
+// The same for a shard whose elements sit where `global` says.
+Parameter make_parameter(Device& device, std::string name, Shape shape, DType dtype, Init init,
+                         double std, std::uint64_t seed, const ShardIndex& global);
 
 // A standard-normal draw that depends only on (seed, stream, index).
 double counter_normal(std::uint64_t seed, std::uint64_t stream, std::uint64_t index);

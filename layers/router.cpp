@@ -101,29 +101,24 @@ void chosen_probs(const RouterConfig& cfg, const T* l, const std::int64_t* chose
   }
 }
 
-// The load-balancing counts: (token, expert) pairs of the top-k choice, per expert, over tokens
-// [t0, t1).
-std::vector<std::int64_t> counts_of(const std::vector<std::int64_t>& chosen, int k, std::int64_t E,
-                                    std::int64_t t0, std::int64_t t1) {
-  std::vector<std::int64_t> c(std::size_t(E), 0);
-  for (std::int64_t i = t0 * k; i < t1 * k; ++i) ++c[size_t(chosen[size_t(i)])];
-  return c;
+// Tokens per load-balancing span: all of them (aux_loss) or one sequence (seq_aux_loss).
+std::int64_t span_length(const RouterConfig& cfg, TokenSpan span) {
+  return cfg.load_balancing == LoadBalancing::SeqAuxLoss ? span.seq : span.total;
 }
 
 }  // namespace
 
 template <class T>
-Routing<T> route(const RouterConfig& cfg, const T* logits, std::int64_t tokens, std::int64_t seq,
-                 const T* expert_bias) {
+Routing<T> route_choice(const RouterConfig& cfg, const T* logits, std::int64_t tokens,
+                        const T* expert_bias) {
   const int k = cfg.topk;
   const std::int64_t E = cfg.num_experts;
-  NE_CHECK(seq > 0 && tokens % seq == 0, "router: tokens must be whole sequences");
   Routing<T> r;
   r.tokens = tokens;
   r.topk = k;
   r.chosen.resize(static_cast<std::size_t>(tokens * k));
   r.probs.resize(static_cast<std::size_t>(tokens * k));
-  std::vector<T> v(static_cast<std::size_t>(E)), s(static_cast<std::size_t>(E));
+  std::vector<T> v(static_cast<std::size_t>(E));
   for (std::int64_t t = 0; t < tokens; ++t) {
     const T* l = logits + t * E;
     std::int64_t* chosen = r.chosen.data() + t * k;
@@ -166,35 +161,6 @@ Routing<T> route(const RouterConfig& cfg, const T* logits, std::int64_t tokens, 
   }
   r.idx = r.chosen;
 
-  // Load-balancing losses, on the choice before any capacity drop.
-  const T kE = T(E) / T(k);
-  if (cfg.aux_loss_coeff > 0 && cfg.load_balancing != LoadBalancing::None) {
-    const std::int64_t span = cfg.load_balancing == LoadBalancing::AuxLoss ? tokens : seq;
-    const std::int64_t spans = tokens / span;
-    T total = 0;
-    for (std::int64_t b = 0; b < spans; ++b) {
-      const auto c = counts_of(r.chosen, k, E, b * span, (b + 1) * span);
-      std::vector<T> ssum(std::size_t(E), T(0));
-      for (std::int64_t t = b * span; t < (b + 1) * span; ++t) {
-        aux_scores(cfg, logits + t * E, s.data());
-        for (std::int64_t e = 0; e < E; ++e) ssum[size_t(e)] += s[size_t(e)];
-      }
-      T dot = 0;
-      for (std::int64_t e = 0; e < E; ++e) dot += ssum[size_t(e)] * T(c[size_t(e)]);
-      total += dot * kE / (T(span) * T(span));
-    }
-    const T loss = total / T(spans) * T(cfg.aux_loss_coeff);
-    (cfg.load_balancing == LoadBalancing::AuxLoss ? r.aux_loss : r.seq_aux_loss) = loss;
-  }
-  if (cfg.z_loss_coeff > 0) {
-    T z = 0;
-    for (std::int64_t t = 0; t < tokens; ++t) {
-      const T lse = kernels::logsumexp(logits + t * E, E);
-      z += lse * lse;
-    }
-    r.z_loss = z / T(tokens) * T(cfg.z_loss_coeff);
-  }
-
   // Capacity: an expert keeps at most `cap` of its (token, choice) pairs, by probability or by
   // position; a dropped choice is removed from the routing and its probability zeroed.
   if (cfg.capacity_factor) {
@@ -221,8 +187,69 @@ Routing<T> route(const RouterConfig& cfg, const T* logits, std::int64_t tokens, 
 }
 
 template <class T>
+std::vector<std::int64_t> balance_counts(const RouterConfig& cfg, const Routing<T>& r,
+                                         TokenSpan span) {
+  const std::int64_t E = cfg.num_experts, first = span.first, len = span_length(cfg, span);
+  std::vector<std::int64_t> c(std::size_t(span.total / len * E), 0);
+  for (std::int64_t t = 0; t < r.tokens; ++t)
+    for (int j = 0; j < r.topk; ++j)
+      ++c[size_t((first + t) / len * E + r.chosen[size_t(t * r.topk + j)])];
+  return c;
+}
+
+template <class T>
+void add_balance_losses(const RouterConfig& cfg, const T* logits, Routing<T>& r, TokenSpan span,
+                        std::vector<std::int64_t> counts) {
+  const std::int64_t E = cfg.num_experts, k = cfg.topk, first = span.first;
+  NE_CHECK(first >= 0 && first + r.tokens <= span.total, "router: tokens outside their span");
+  r.span = span;
+  r.balance_counts = std::move(counts);
+  // Load-balancing losses, on the choice before any capacity drop, with every count and
+  // normalisation over all the span's tokens: a rank's share of the loss covers its own tokens'
+  // scores, so the shares add up to the loss of the whole.
+  const T kE = T(E) / T(k);
+  if (cfg.aux_loss_coeff > 0 && cfg.load_balancing != LoadBalancing::None) {
+    const std::int64_t len = span_length(cfg, span), spans = span.total / len;
+    std::vector<T> s(static_cast<std::size_t>(E));
+    T total = 0;
+    for (std::int64_t b = first / len; b <= (first + r.tokens - 1) / len && r.tokens > 0; ++b) {
+      const std::int64_t* c = r.balance_counts.data() + b * E;
+      std::vector<T> ssum(std::size_t(E), T(0));
+      for (std::int64_t t = std::max(b * len, first); t < std::min((b + 1) * len, first + r.tokens);
+           ++t) {
+        aux_scores(cfg, logits + (t - first) * E, s.data());
+        for (std::int64_t e = 0; e < E; ++e) ssum[size_t(e)] += s[size_t(e)];
+      }
+      T dot = 0;
+      for (std::int64_t e = 0; e < E; ++e) dot += ssum[size_t(e)] * T(c[e]);
+      total += dot * kE / (T(len) * T(len));
+    }
+    const T loss = total / T(spans) * T(cfg.aux_loss_coeff);
+    (cfg.load_balancing == LoadBalancing::AuxLoss ? r.aux_loss : r.seq_aux_loss) = loss;
+  }
+  if (cfg.z_loss_coeff > 0) {
+    T z = 0;
+    for (std::int64_t t = 0; t < r.tokens; ++t) {
+      const T lse = kernels::logsumexp(logits + t * E, E);
+      z += lse * lse;
+    }
+    r.z_loss = z / T(span.total) * T(cfg.z_loss_coeff);
+  }
+}
+
+template <class T>
+Routing<T> route(const RouterConfig& cfg, const T* logits, std::int64_t tokens, std::int64_t seq,
+                 const T* expert_bias) {
+  NE_CHECK(seq > 0 && tokens % seq == 0, "router: tokens must be whole sequences");
+  Routing<T> r = route_choice(cfg, logits, tokens, expert_bias);
+  const TokenSpan all{0, tokens, seq};
+  add_balance_losses(cfg, logits, r, all, balance_counts(cfg, r, all));
+  return r;
+}
+
+template <class T>
 void route_backward(const RouterConfig& cfg, const T* logits, const Routing<T>& r, const T* dprobs,
-                    double loss_scale, std::int64_t seq, T* dlogits) {
+                    double loss_scale, T* dlogits) {
   const int k = cfg.topk;
   const std::int64_t E = cfg.num_experts, tokens = r.tokens;
   std::fill(dlogits, dlogits + tokens * E, T(0));
@@ -257,22 +284,21 @@ void route_backward(const RouterConfig& cfg, const T* logits, const Routing<T>& 
     }
   }
   const T kE = T(E) / T(k);
+  const TokenSpan span = r.span;
   if (cfg.aux_loss_coeff > 0 && cfg.load_balancing != LoadBalancing::None) {
-    const std::int64_t span = cfg.load_balancing == LoadBalancing::AuxLoss ? tokens : seq;
-    const std::int64_t spans = tokens / span;
-    for (std::int64_t b = 0; b < spans; ++b) {
-      const auto c = counts_of(r.chosen, k, E, b * span, (b + 1) * span);
-      const T scale = T(loss_scale * cfg.aux_loss_coeff) * kE / (T(span) * T(span) * T(spans));
-      for (std::int64_t e = 0; e < E; ++e) ds[size_t(e)] = scale * T(c[size_t(e)]);
-      for (std::int64_t t = b * span; t < (b + 1) * span; ++t)
-        aux_scores_backward(cfg, logits + t * E, ds.data(), dlogits + t * E);
+    const std::int64_t len = span_length(cfg, span), spans = span.total / len;
+    const T scale = T(loss_scale * cfg.aux_loss_coeff) * kE / (T(len) * T(len) * T(spans));
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      const std::int64_t* c = r.balance_counts.data() + (span.first + t) / len * E;
+      for (std::int64_t e = 0; e < E; ++e) ds[size_t(e)] = scale * T(c[e]);
+      aux_scores_backward(cfg, logits + t * E, ds.data(), dlogits + t * E);
     }
   }
   if (cfg.z_loss_coeff > 0) {
     for (std::int64_t t = 0; t < tokens; ++t) {
       const T* l = logits + t * E;
       const T lse = kernels::logsumexp(l, E);
-      const T c = T(loss_scale * cfg.z_loss_coeff) * T(2) * lse / T(tokens);
+      const T c = T(loss_scale * cfg.z_loss_coeff) * T(2) * lse / T(span.total);
       softmax(l, E, s.data());
       for (std::int64_t e = 0; e < E; ++e) dlogits[t * E + e] += c * s[size_t(e)];
     }
@@ -291,13 +317,22 @@ void update_expert_bias(float* bias, const std::vector<std::int64_t>& tokens_per
   }
 }
 
+#define NE_INSTANTIATE(T)                                                                     \
+  template Routing<T> route_choice<T>(const RouterConfig&, const T*, std::int64_t, const T*);  \
+  template std::vector<std::int64_t> balance_counts<T>(const RouterConfig&, const Routing<T>&, \
+                                                       TokenSpan);                             \
+  template void add_balance_losses<T>(const RouterConfig&, const T*, Routing<T>&, TokenSpan,   \
+                                      std::vector<std::int64_t>);
+NE_INSTANTIATE(float)
+NE_INSTANTIATE(double)
+#undef NE_INSTANTIATE
 template Routing<float> route<float>(const RouterConfig&, const float*, std::int64_t, std::int64_t,
                                      const float*);
 template Routing<double> route<double>(const RouterConfig&, const double*, std::int64_t,
                                        std::int64_t, const double*);
 template void route_backward<float>(const RouterConfig&, const float*, const Routing<float>&,
-                                    const float*, double, std::int64_t, float*);
+                                    const float*, double, float*);
 template void route_backward<double>(const RouterConfig&, const double*, const Routing<double>&,
-                                     const double*, double, std::int64_t, double*);
+                                     const double*, double, double*);
 
 }  // namespace nodeemu::layers

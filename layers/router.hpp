@@ -10,6 +10,13 @@
 
 namespace nodeemu::layers {
 
+// Which tokens the load-balancing losses are taken over, and where this rank's sit among them:
+// with sequence parallelism the TP group's tokens, of which this rank routes rows
+// [first, first + tokens). `seq` is the sequence length (seq_aux_loss's span).
+struct TokenSpan {
+  std::int64_t first = 0, total = 0, seq = 0;
+};
+
 template <class T>
 struct Routing {
   std::int64_t tokens = 0;
@@ -23,6 +30,11 @@ struct Routing {
   // [experts]: kept (token, expert) pairs per expert, before any padding.
   std::vector<std::int64_t> tokens_per_expert;
   T aux_loss = 0, seq_aux_loss = 0, z_loss = 0;  // already multiplied by their coefficients
+  // The losses' tokens, and their counts of top-k choices per span and expert
+  // ([spans][experts]; one span for aux_loss, one per sequence for seq_aux_loss), summed over
+  // every rank of the span (Megatron all-reduces them over the TP x CP group).
+  TokenSpan span;
+  std::vector<std::int64_t> balance_counts;
 };
 
 // logits: [tokens][experts], tokens in sequence order for `batch` sequences of `seq` tokens
@@ -31,11 +43,25 @@ template <class T>
 Routing<T> route(const RouterConfig& cfg, const T* logits, std::int64_t tokens, std::int64_t seq,
                  const T* expert_bias);
 
+// The same in three steps, for tokens split over ranks: the choice (top-k, probabilities,
+// capacity) of this rank's tokens; this rank's share of the balance counts (to be summed over
+// the span's ranks); and the losses' shares, given the summed counts. The z-loss is averaged
+// over the span's tokens too, so the shares add up to the whole's losses.
+template <class T>
+Routing<T> route_choice(const RouterConfig& cfg, const T* logits, std::int64_t tokens,
+                        const T* expert_bias);
+template <class T>
+std::vector<std::int64_t> balance_counts(const RouterConfig& cfg, const Routing<T>& r,
+                                         TokenSpan span);
+template <class T>
+void add_balance_losses(const RouterConfig& cfg, const T* logits, Routing<T>& r, TokenSpan span,
+                        std::vector<std::int64_t> counts);
+
 // The gradient of (sum_i dprobs . probs + loss_scale * (aux + seq_aux + z)) with respect to the
 // logits: dlogits [tokens][experts], overwritten. dprobs: [tokens][topk].
 template <class T>
 void route_backward(const RouterConfig& cfg, const T* logits, const Routing<T>& r, const T* dprobs,
-                    double loss_scale, std::int64_t seq, T* dlogits);
+                    double loss_scale, T* dlogits);
 
 // Megatron's aux-loss-free balancing step (moe_router_enable_expert_bias): each expert's bias
 // moves by rate * sign(mean load - its load).

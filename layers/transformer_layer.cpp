@@ -20,19 +20,33 @@ std::string prefix(int layer) {
 
 }  // namespace
 
+namespace {
+
+void check_tp(const ModelConfig& cfg, const TensorParallel& tp, int layer) {
+  if (tp.size != cfg.tp())
+    throw UsageError("layer " + std::to_string(layer) + ": a TP group of " +
+                     std::to_string(tp.size) + " for tensor_model_parallel_size " +
+                     std::to_string(cfg.tp()));
+}
+
+}  // namespace
+
 TransformerLayer::TransformerLayer(const ModelConfig& cfg, int layer, Device& device,
-                                   std::uint64_t seed, Group ep, int rank)
-    : cfg_(cfg), layer_(layer) {
+                                   std::uint64_t seed, Group ep, int rank, TensorParallel tp)
+    : cfg_(cfg), layer_(layer), tp_(std::move(tp)) {
   cfg.validate();
+  check_tp(cfg, tp_, layer);
   if (cfg.is_moe_layer(layer))
     dispatcher_ = TokenDispatcher::create(cfg, ep, device.node().mode(), rank, layer);
   make_parameters(device, seed);
 }
 
 TransformerLayer::TransformerLayer(const ModelConfig& cfg, int layer, Device& device,
-                                   std::uint64_t seed, std::unique_ptr<TokenDispatcher> dispatcher)
-    : cfg_(cfg), layer_(layer), dispatcher_(std::move(dispatcher)) {
+                                   std::uint64_t seed, std::unique_ptr<TokenDispatcher> dispatcher,
+                                   TensorParallel tp)
+    : cfg_(cfg), layer_(layer), tp_(std::move(tp)), dispatcher_(std::move(dispatcher)) {
   cfg.validate();
+  check_tp(cfg, tp_, layer);
   if (cfg.is_moe_layer(layer) != static_cast<bool>(dispatcher_))
     throw UsageError("layer " + std::to_string(layer) +
                      ": a MoE layer needs a dispatcher and a dense layer none");
@@ -42,33 +56,45 @@ TransformerLayer::TransformerLayer(const ModelConfig& cfg, int layer, Device& de
 void TransformerLayer::make_parameters(Device& device, std::uint64_t seed) {
   const ModelConfig& cfg = cfg_;
   const std::string p = prefix(layer_);
-  const std::int64_t H = cfg.hidden_size, d = cfg.head_dim();
-  const std::int64_t qkv_out = (cfg.num_attention_heads + 2 * cfg.num_query_groups) * d;
+  const std::int64_t H = cfg.hidden_size, d = cfg.head_dim(), t = tp_.size;
+  const std::int64_t heads = cfg.num_attention_heads, groups = cfg.num_query_groups;
   const double sd = cfg.init_method_std;
   const DType dt = cfg.dtype;
-  input_norm_ = make_parameter(device, p + "input_layernorm.weight", {H}, dt, Init::Ones, 0, seed);
-  qkv_ = make_parameter(device, p + "self_attention.linear_qkv.weight", {qkv_out, H}, dt,
-                        Init::Normal, sd, seed);
-  proj_ = make_parameter(device, p + "self_attention.linear_proj.weight",
-                         {H, cfg.num_attention_heads * d}, dt, Init::Normal, sd, seed);
-  mlp_norm_ = make_parameter(device, p + "pre_mlp_layernorm.weight", {H}, dt, Init::Ones, 0, seed);
+  // A weight every TP rank holds whole; its gradient is all-reduced over TP.
+  auto replicated = [&](std::string name, Shape shape, DType type, Init init, double std) {
+    Parameter w = make_parameter(device, std::move(name), std::move(shape), type, init, std, seed);
+    w.sequence_parallel = tp_.on();
+    return w;
+  };
+  // Column-parallel [segments][H] and row-parallel [H][in] shards of the whole weights.
+  auto column = [&](std::string name, const std::vector<std::int64_t>& segments) {
+    std::int64_t out = 0;
+    for (auto n : segments) out += n;
+    return make_parameter(device, std::move(name), {out / t, H}, dt, Init::Normal, sd, seed,
+                          column_shard(segments, H, tp_));
+  };
+  auto row = [&](std::string name, std::int64_t in) {
+    return make_parameter(device, std::move(name), {H, in / t}, dt, Init::Normal, sd, seed,
+                          row_shard(H, in, tp_));
+  };
+  input_norm_ = replicated(p + "input_layernorm.weight", {H}, dt, Init::Ones, 0);
+  qkv_ = column(p + "self_attention.linear_qkv.weight", {heads * d, groups * d, groups * d});
+  proj_ = row(p + "self_attention.linear_proj.weight", heads * d);
+  mlp_norm_ = replicated(p + "pre_mlp_layernorm.weight", {H}, dt, Init::Ones, 0);
   if (cfg.qk_layernorm) {
-    q_norm_ = make_parameter(device, p + "self_attention.q_layernorm.weight", {d}, dt, Init::Ones,
-                             0, seed);
-    k_norm_ = make_parameter(device, p + "self_attention.k_layernorm.weight", {d}, dt, Init::Ones,
-                             0, seed);
+    q_norm_ = replicated(p + "self_attention.q_layernorm.weight", {d}, dt, Init::Ones, 0);
+    k_norm_ = replicated(p + "self_attention.k_layernorm.weight", {d}, dt, Init::Ones, 0);
   }
   if (!dispatcher_) {
     const std::int64_t F = cfg.ffn_hidden_size;
-    fc1_ =
-        make_parameter(device, p + "mlp.linear_fc1.weight", {2 * F, H}, dt, Init::Normal, sd, seed);
-    fc2_ = make_parameter(device, p + "mlp.linear_fc2.weight", {H, F}, dt, Init::Normal, sd, seed);
+    fc1_ = column(p + "mlp.linear_fc1.weight", {F, F});  // [gate | up]
+    fc2_ = row(p + "mlp.linear_fc2.weight", F);
     return;
   }
   const std::int64_t E = cfg.num_moe_experts, F = cfg.moe_ffn_hidden_size;
   const std::int64_t local = dispatcher_->local_experts(), first = dispatcher_->first_expert();
-  router_ =
-      make_parameter(device, p + "mlp.router.weight", {E, H}, DType::F32, Init::Normal, sd, seed);
+  // Megatron's router weight carries the sequence_parallel attribute (router.py).
+  router_ = replicated(p + "mlp.router.weight", {E, H}, DType::F32, Init::Normal, sd);
   if (cfg.router.enable_expert_bias) expert_bias_ = Tensor::empty(device, {E}, DType::F32);
   // Expert e's weights are drawn at offset e * per-expert elements of one stream per name, so
   // they do not depend on how the experts are sharded.
@@ -78,10 +104,8 @@ void TransformerLayer::make_parameters(Device& device, std::uint64_t seed) {
                         Init::Normal, sd, seed, first * H * F, true);
   if (cfg.moe_shared_expert_intermediate_size > 0) {
     const std::int64_t S = cfg.moe_shared_expert_intermediate_size;
-    shared_fc1_ = make_parameter(device, p + "mlp.shared_experts.linear_fc1.weight", {2 * S, H}, dt,
-                                 Init::Normal, sd, seed);
-    shared_fc2_ = make_parameter(device, p + "mlp.shared_experts.linear_fc2.weight", {H, S}, dt,
-                                 Init::Normal, sd, seed);
+    shared_fc1_ = column(p + "mlp.shared_experts.linear_fc1.weight", {S, S});
+    shared_fc2_ = row(p + "mlp.shared_experts.linear_fc2.weight", S);
   }
 }
 
@@ -125,7 +149,7 @@ LayerPlan::LayerPlan(TransformerLayer& layer, ExecContext& ctx, Event* plan_even
       n + "mlp", StreamKind::Compute, &ctx, plan_event, [this](Stream& s) { mlp_forward(s); },
       [this](Stream& s) { mlp_backward(s); }, [this](Stream& s) { mlp_dw(s); });
   if (L_.is_moe()) {
-    st_->dispatch = L_.dispatcher_->plan(batch * seq, seq, microbatch);
+    st_->dispatch = L_.dispatcher_->plan(st_->local_tokens(), seq, microbatch);
     dispatch = ScheduleNode(
         n + "dispatch", StreamKind::Comm, &ctx, plan_event,
         [this](Stream& s) {
@@ -174,7 +198,8 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
   sv.save("attn_norm", "rstd", rstd1, s);
   {
     ModuleScope m(sv, "qkv_linear", s);
-    qkv = ops::linear_forward(at, "linear_qkv", ln1, L_.qkv_.value, ops::one_group(ln1), c.dtype);
+    const Tensor in = gathered(at, ln1, "sp_allgather_qkv");
+    qkv = ops::linear_forward(at, "linear_qkv", in, L_.qkv_.value, ops::one_group(in), c.dtype);
     if (c.qk_layernorm) {
       // SelfAttention.get_query_key_value_tensors: q_layernorm and k_layernorm after the split,
       // before RoPE; their input is kept for backward.
@@ -200,8 +225,10 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
   Tensor attn_out;
   {
     ModuleScope m(sv, "attn_proj", s);
-    attn_out =
-        ops::linear_forward(at, "linear_proj", ctx, L_.proj_.value, ops::one_group(ctx), c.dtype);
+    attn_out = scattered(
+        at,
+        ops::linear_forward(at, "linear_proj", ctx, L_.proj_.value, ops::one_group(ctx), c.dtype),
+        "sp_reducescatter_proj");
     // Also core_attn's output, for its backward.
     if (!re.attn_out) sv.save("attn_proj", "input", ctx, s);
   }
@@ -228,40 +255,10 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
     shared_experts_forward(s);
   {
     ModuleScope m(sv, "router", s);
-    const std::int64_t T = st.batch * st.seq, E = c.num_moe_experts, k = c.router.topk;
     Tensor logits = ops::linear_forward(router_at(s), "router_gating", ln2, L_.router_.value,
                                         ops::one_group(ln2), DType::F32);
-    MoeTokens& io = st.dispatch->io;
-    io.hidden = ln2;
-    io.topk_idx = at.empty({T, k}, DType::I64);
-    io.topk_probs = at.empty({T, k}, DType::F32);
-    io.tokens_per_expert = at.empty({E}, DType::I64);
-    st.routing = std::make_shared<Routing<float>>();
-    View vl = view(logits), vb = L_.expert_bias_ ? view(L_.expert_bias_) : View{},
-         vi = view(io.topk_idx), vp = view(io.topk_probs), vc = view(io.tokens_per_expert);
-    auto routing = st.routing;
-    auto stats = stats_;
-    const RouterConfig rc = c.router;
-    const std::int64_t seq = st.seq;
-    launch(
-        s, "router_topk",
-        // The measured router series is keyed by its fp32 logits (profile.yaml memory_ops).
-        Work{.flops = 12.0 * double(T * E),
-             .bytes = double(logits.bytes()),
-             .precision = Precision::FP32,
-             .shape = KernelShape::memory(MemoryOp::Router)},
-        [=] {
-          *routing = route(rc, vl.as<const float>(), T, seq, vb.as<const float>());
-          std::copy(routing->idx.begin(), routing->idx.end(), vi.as<std::int64_t>());
-          std::copy(routing->probs.begin(), routing->probs.end(), vp.as<float>());
-          std::copy(routing->tokens_per_expert.begin(), routing->tokens_per_expert.end(),
-                    vc.as<std::int64_t>());
-          stats->aux_loss = routing->aux_loss;
-          stats->seq_aux_loss = routing->seq_aux_loss;
-          stats->z_loss = routing->z_loss;
-          stats->tokens_per_expert = routing->tokens_per_expert;
-        },
-        {logits, L_.expert_bias_, io.topk_idx, io.topk_probs, io.tokens_per_expert}, ctx_.tally);
+    st.dispatch->io.hidden = ln2;
+    route_tokens(s, logits, st.local_tokens());
     sv.save("router", "logits", logits, s);
     // The router's input, read again by its wgrad and the shared experts' (the tensor
     // LoongForge's offload_tensors calls pre_mlp_layernorm_output).
@@ -280,7 +277,7 @@ void LayerPlan::mlp_forward(Stream& s) {
   const bool moe = L_.is_moe();
   detail::GraphRegions graph(s);
   graph.enter(moe ? ctx_.graphs.moe : ctx_.graphs.mlp);
-  Tensor in, probs;
+  Tensor in, probs, ln2;
   ops::Rows rows;
   if (moe) {
     st.dispatch->sort(at);
@@ -288,9 +285,8 @@ void LayerPlan::mlp_forward(Stream& s) {
     probs = st.dispatch->io.expert_probs;
     rows = st.dispatch->io.rows_per_expert;
   } else {
-    in = st.dense_in;
+    ln2 = st.dense_in;
     st.dense_in = Tensor();
-    rows = ops::one_group(in);
   }
   const char* fc1 = moe ? "expert_fc1" : "dense_fc1";
   const char* act = moe ? "moe_act" : "dense_act";
@@ -298,13 +294,17 @@ void LayerPlan::mlp_forward(Stream& s) {
   Tensor h1, a, y;
   {
     ModuleScope m(sv, fc1, s);
+    if (!moe) {
+      in = gathered(at, ln2, "sp_allgather_fc1");
+      rows = ops::one_group(in);
+    }
     h1 = ops::linear_forward(at, fc1, in, L_.fc1_.value, rows, c.dtype);
     // The experts' input is the dispatched tokens (LoongForge's dispatched_input); a dense
-    // MLP's is the pre-MLP norm's output.
+    // MLP's is the pre-MLP norm's output (this rank's tokens: TP gathers it again).
     if (moe)
       sv.save(fc1, "dispatched_input", in, s);
     else if (!ctx_.recompute.mlp_norm)
-      sv.save(fc1, "pre_mlp_layernorm_output", in, s);
+      sv.save(fc1, "pre_mlp_layernorm_output", ln2, s);
   }
   {
     ModuleScope m(sv, act, s);
@@ -324,7 +324,7 @@ void LayerPlan::mlp_forward(Stream& s) {
     st.dispatch->io.expert_out = Tensor();
     return;
   }
-  output = ops::add(at, "mlp_residual_add", y, st.h);
+  output = ops::add(at, "mlp_residual_add", scattered(at, y, "sp_reducescatter_fc2"), st.h);
   st.saved.end_module("mlp_norm", s);
   st.h = Tensor();
 }
@@ -343,13 +343,14 @@ void LayerPlan::shared_experts_forward(Stream& s) {
   SavedTensors& sv = st.saved;
   if (overlap_shared()) s.wait(st.shared_ready);
   ModuleScope m(sv, "shared_experts", s);
-  const Tensor ln2 = st.shared_in;
+  const Tensor ln2 = gathered(at, st.shared_in, "sp_allgather_shared_fc1");
   st.shared_in = Tensor();
   Tensor f1 = ops::linear_forward(at, "shared_fc1", ln2, L_.shared_fc1_.value, ops::one_group(ln2),
                                   c.dtype);
   Tensor a = ops::swiglu_forward(at, "shared_act", f1, Tensor());
-  st.shared_out =
-      ops::linear_forward(at, "shared_fc2", a, L_.shared_fc2_.value, ops::one_group(a), c.dtype);
+  st.shared_out = scattered(
+      at, ops::linear_forward(at, "shared_fc2", a, L_.shared_fc2_.value, ops::one_group(a), c.dtype),
+      "sp_reducescatter_shared_fc2");
   if (!ctx_.recompute.shared) {
     sv.save("shared_experts", "fc1_output", f1, s);
     sv.save("shared_experts", "act_output", a, s);
@@ -372,6 +373,92 @@ void LayerPlan::combine_forward(Stream& s) {
   st.saved.end_module("mlp_norm", s);
   st.shared_out = st.h = Tensor();
   if (st.dispatch->frees_dispatch_input()) st.dispatch->io.hidden = Tensor();
+}
+
+// The router's top-k on this rank's tokens, into the dispatcher's inputs. With TP, the
+// load-balancing counts are summed over the TP group between the choice and the losses
+// (Megatron's router all-reduces tokens_per_expert over the TP x CP group for its aux losses).
+void LayerPlan::route_tokens(Stream& s, const Tensor& logits, std::int64_t T) {
+  const ModelConfig& c = L_.cfg_;
+  State& st = *st_;
+  ops::At at = at_(s);
+  const std::int64_t E = c.num_moe_experts, k = c.router.topk;
+  MoeTokens& io = st.dispatch->io;
+  io.topk_idx = at.empty({T, k}, DType::I64);
+  io.topk_probs = at.empty({T, k}, DType::F32);
+  io.tokens_per_expert = at.empty({E}, DType::I64);
+  st.routing = std::make_shared<Routing<float>>();
+  View vl = view(logits), vb = L_.expert_bias_ ? view(L_.expert_bias_) : View{},
+       vi = view(io.topk_idx), vp = view(io.topk_probs), vc = view(io.tokens_per_expert);
+  auto routing = st.routing;
+  auto stats = stats_;
+  const RouterConfig rc = c.router;
+  const TokenSpan span{L_.tp_.rank * T, T * L_.tp_.size, st.seq};
+  const bool split = L_.tp_.on();
+  auto publish = [=] {
+    std::copy(routing->idx.begin(), routing->idx.end(), vi.as<std::int64_t>());
+    std::copy(routing->probs.begin(), routing->probs.end(), vp.as<float>());
+    std::copy(routing->tokens_per_expert.begin(), routing->tokens_per_expert.end(),
+              vc.as<std::int64_t>());
+    stats->aux_loss = routing->aux_loss;
+    stats->seq_aux_loss = routing->seq_aux_loss;
+    stats->z_loss = routing->z_loss;
+    stats->tokens_per_expert = routing->tokens_per_expert;
+  };
+  // The measured router series is keyed by its fp32 logits (profile.yaml memory_ops).
+  const Work work{.flops = 12.0 * double(T * E),
+                  .bytes = double(logits.bytes()),
+                  .precision = Precision::FP32,
+                  .shape = KernelShape::memory(MemoryOp::Router)};
+  const bool balanced = rc.aux_loss_coeff > 0 && rc.load_balancing != LoadBalancing::None;
+  if (!split || !balanced) {
+    launch(
+        s, "router_topk", work,
+        [=] {
+          *routing = split ? route_choice(rc, vl.as<const float>(), T, vb.as<const float>())
+                           : route(rc, vl.as<const float>(), T, span.seq, vb.as<const float>());
+          if (split) add_balance_losses(rc, vl.as<const float>(), *routing, span, {});
+          publish();
+        },
+        {logits, L_.expert_bias_, io.topk_idx, io.topk_probs, io.tokens_per_expert}, ctx_.tally);
+    return;
+  }
+  const std::int64_t n = span.total / (rc.load_balancing == LoadBalancing::SeqAuxLoss ? span.seq
+                                                                                       : span.total) *
+                         E;
+  Tensor counts = at.empty({n}, DType::F32);  // fp32 sums of integers: exact below 2^24
+  View vn = view(counts);
+  launch(
+      s, "router_topk", work,
+      [=] {
+        *routing = route_choice(rc, vl.as<const float>(), T, vb.as<const float>());
+        const auto mine = balance_counts(rc, *routing, span);
+        std::copy(mine.begin(), mine.end(), vn.as<float>());
+      },
+      {logits, L_.expert_bias_, counts}, ctx_.tally);
+  L_.tp_.group.all_reduce(counts.buffer(), counts.buffer(), std::size_t(n), s,
+                          {.async = true, .name = "router_balance_counts_allreduce"});
+  launch(
+      s, "router_aux_loss",
+      Work{.flops = 4.0 * double(T * E),
+           .bytes = double(logits.bytes()),
+           .precision = Precision::FP32,
+           .shape = KernelShape::memory(MemoryOp::Elementwise)},
+      [=] {
+        const float* summed = vn.as<const float>();
+        add_balance_losses(rc, vl.as<const float>(), *routing, span,
+                           std::vector<std::int64_t>(summed, summed + n));
+        publish();
+      },
+      {logits, counts, io.topk_idx, io.topk_probs, io.tokens_per_expert}, ctx_.tally);
+}
+
+Tensor LayerPlan::gathered(ops::At at, const Tensor& x, const char* name) const {
+  return L_.tp_.on() ? gather_tokens(at, L_.tp_, x, name) : x;
+}
+
+Tensor LayerPlan::scattered(ops::At at, const Tensor& x, const char* name) const {
+  return L_.tp_.on() ? scatter_tokens(at, L_.tp_, x, name) : x;
 }
 
 ops::At LayerPlan::at_(Stream& s) const {

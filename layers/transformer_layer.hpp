@@ -9,7 +9,10 @@
 //   mtp          (compute)  multi-token prediction: a no-op node (mtp_num_layers must be 0)
 //
 // A dense layer runs its MLP (and the residual add) in `mlp`; its dispatch and combine are no-op
-// nodes. TP = CP = 1: attention is data-parallel over the EP ranks, experts are sharded by EP.
+// nodes. With TP (tensor_parallel.hpp) the layer's input and output are this rank's share of the
+// tokens; attention, the dense MLP and the shared experts run on all of them with their heads or
+// features split, and the router and the token dispatcher see this rank's share. Experts are
+// sharded by EP (expert TP is 1). CP = 1.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -21,6 +24,7 @@
 #include "layers/ops.hpp"
 #include "layers/parameter.hpp"
 #include "layers/schedule_node.hpp"
+#include "layers/tensor_parallel.hpp"
 #include "layers/token_dispatcher.hpp"
 
 namespace nodeemu::layers {
@@ -35,12 +39,13 @@ class LayerPlan;
 
 class TransformerLayer {
  public:
-  // `ep` is this rank's EP group (ignored by dense layers); `rank` its global device id.
+  // `ep` is this rank's EP group (ignored by dense layers); `rank` its global device id; `tp` its
+  // TP group, of cfg.tensor_model_parallel_size ranks.
   TransformerLayer(const ModelConfig& cfg, int layer, Device& device, std::uint64_t seed, Group ep,
-                   int rank);
+                   int rank, TensorParallel tp = {});
   // With a dispatcher of the caller's (TokenDispatcher::alone); null for a dense layer.
   TransformerLayer(const ModelConfig& cfg, int layer, Device& device, std::uint64_t seed,
-                   std::unique_ptr<TokenDispatcher> dispatcher);
+                   std::unique_ptr<TokenDispatcher> dispatcher, TensorParallel tp = {});
   ~TransformerLayer();
   bool is_moe() const { return dispatcher_ != nullptr; }
   TokenDispatcher* dispatcher() const { return dispatcher_.get(); }  // null for a dense layer
@@ -58,6 +63,7 @@ class TransformerLayer {
   void make_parameters(Device& device, std::uint64_t seed);
   ModelConfig cfg_;
   int layer_;
+  TensorParallel tp_;
   Parameter input_norm_, qkv_, proj_, mlp_norm_;
   Parameter q_norm_, k_norm_;          // [head_dim] each, with qk_layernorm
   Parameter router_;                   // fp32 [experts][hidden]
@@ -95,6 +101,7 @@ class LayerPlan {
   void shared_experts_forward(Stream& s);
   void shared_experts_backward(Stream& s);
   bool overlap_shared() const;
+  void route_tokens(Stream& s, const Tensor& logits, std::int64_t T);
   // A module's backward boundaries for the offload hooks (hooks.hpp): the start before its first
   // backward kernel, the end after its dgrad when there is no wgrad or it is delayed
   // (dgrad_end), else after its wgrad (wgrad_end).
@@ -106,7 +113,13 @@ class LayerPlan {
   ops::At at_(Stream& s) const;
   ops::At router_at(Stream& s) const;  // at_, with the GEMMs in moe_router_dtype
   ops::At recompute_at(Stream& s) const;
+  // A token-split tensor all-gathered over TP (itself without TP), and the reverse: a partial
+  // sum over TP reduce-scattered to this rank's tokens.
+  Tensor gathered(ops::At at, const Tensor& x, const char* name) const;
+  Tensor scattered(ops::At at, const Tensor& x, const char* name) const;
   Tensor ln1(Stream& s);
+  Tensor ln1_all(Stream& s);  // ln1 of every token of the TP group (the QKV's input)
+  Tensor ln2_all(Stream& s);  // the same for the dense MLP's and the shared experts' input
   Tensor qkv(Stream& s);
   Tensor attn_out(Stream& s);
   Tensor attn_lse(Stream& s);

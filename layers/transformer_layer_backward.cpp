@@ -28,16 +28,18 @@ void LayerPlan::shared_experts_backward(Stream& s) {
   ops::At at = at_(s);
   SavedTensors& sv = st.saved;
   if (overlap_shared()) s.wait(st.shared_ready);
-  const std::vector<std::int64_t> rows = {st.grad_out.dim(0)};
-  st.g_shared_out = st.grad_out;
+  st.g_shared_out = gathered(at, st.grad_out, "sp_allgather_shared_fc2_bwd");
+  const std::vector<std::int64_t> rows = {st.g_shared_out.dim(0)};
   backward_start("shared_experts", s);
-  Tensor ga = ops::linear_dgrad(at, "shared_fc2", st.grad_out, L_.shared_fc2_.value, rows, c.dtype);
+  Tensor ga =
+      ops::linear_dgrad(at, "shared_fc2", st.g_shared_out, L_.shared_fc2_.value, rows, c.dtype);
   Tensor dummy;
   ops::swiglu_backward(at, "shared_act", ga, shared_fc1_out(s), Tensor(), st.g_shared_fc1, dummy);
   sv.release("shared_experts", "fc1_output");
   st.re_shared_f1 = Tensor();
-  st.g_shared_in =
-      ops::linear_dgrad(at, "shared_fc1", st.g_shared_fc1, L_.shared_fc1_.value, rows, c.dtype);
+  st.g_shared_in = scattered(
+      at, ops::linear_dgrad(at, "shared_fc1", st.g_shared_fc1, L_.shared_fc1_.value, rows, c.dtype),
+      "sp_reducescatter_shared_fc1_bwd");
   dgrad_end("shared_experts", s);
   if (overlap_shared()) s.record(st.shared_done);
 }
@@ -74,8 +76,8 @@ void LayerPlan::mlp_backward(Stream& s) {
   } else {
     st.grad_out = grad_output_of(st.grad_output, L_.layer_);
     backward_start("mlp_norm", s);  // committed after the dense MLP's residual add
-    gy = st.grad_out;
-    rows = {st.batch * st.seq};
+    gy = gathered(at, st.grad_out, "sp_allgather_fc2_bwd");
+    rows = {gy.dim(0)};
   }
   const char* fc1 = fc1_name();
   const char* fc2 = fc2_name();
@@ -106,7 +108,7 @@ void LayerPlan::mlp_backward(Stream& s) {
     st.dispatch->sort_backward(at);
     st.dispatch->io.grad_expert_in = st.dispatch->io.grad_expert_probs = Tensor();
   } else {
-    st.g_dense_ln2 = gin;
+    st.g_dense_ln2 = scattered(at, gin, "sp_reducescatter_fc1_bwd");
   }
 }
 
@@ -127,6 +129,7 @@ void LayerPlan::mlp_dw(Stream& s) {
   wgrad_end(fc2, s);
   ops::linear_wgrad(at, fc1, st.g_fc1_out, fc1_in(s), rows, L_.fc1_);
   if (moe) sv.release(fc1, "dispatched_input");
+  if (!moe) st.ln2_all = Tensor();
   wgrad_end(fc1, s);
   st.g_fc2_out = st.g_fc1_out = Tensor();
 }
@@ -146,7 +149,7 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
     st.dispatch->preprocess_backward(at);
     graph.enter(gs.moe || gs.moe_router);
     backward_start("router", s);
-    const std::int64_t T = st.batch * st.seq, E = c.num_moe_experts;
+    const std::int64_t T = st.local_tokens(), E = c.num_moe_experts;
     Tensor logits = sv.need("router", "logits", s);
     st.g_logits = at.empty({T, E}, DType::F32);
     {
@@ -154,7 +157,6 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
       auto routing = st.routing;
       const RouterConfig rc = c.router;
       const double scale = st.loss_scale;
-      const std::int64_t seq = st.seq;
       launch(
           s, "router_topk_bwd",
           Work{.flops = 12.0 * double(T * E),
@@ -162,7 +164,7 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
                .precision = Precision::FP32,
                .shape = KernelShape::memory(MemoryOp::Elementwise)},
           [=] {
-            route_backward(rc, vl.as<const float>(), *routing, vg.as<const float>(), scale, seq,
+            route_backward(rc, vl.as<const float>(), *routing, vg.as<const float>(), scale,
                            vd.as<float>());
           },
           {logits, io.grad_probs, st.g_logits}, ctx_.tally);
@@ -194,8 +196,9 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
   st.g_h = ops::add(at, "attn_residual_add_bwd", g_hn, st.grad_out);
   graph.enter(gs.attn);
   backward_start("attn_proj", s);
-  Tensor g_ctx =
-      ops::linear_dgrad(at, "linear_proj", st.g_h, L_.proj_.value, ops::one_group(st.g_h), c.dtype);
+  st.g_h_all = gathered(at, st.g_h, "sp_allgather_proj_bwd");
+  Tensor g_ctx = ops::linear_dgrad(at, "linear_proj", st.g_h_all, L_.proj_.value,
+                                   ops::one_group(st.g_h_all), c.dtype);
   dgrad_end("attn_proj", s);
   backward_start("core_attn", s);
   Tensor g_qkv = ops::attention_backward(at, g_ctx, qkv(s), attn_out(s), attn_lse(s), attn_probs(s),
@@ -215,8 +218,9 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
   }
   st.g_qkv = g_qkv;
   backward_start("qkv_linear", s);
-  st.g_ln1 =
-      ops::linear_dgrad(at, "linear_qkv", g_qkv, L_.qkv_.value, ops::one_group(g_qkv), c.dtype);
+  st.g_ln1 = scattered(
+      at, ops::linear_dgrad(at, "linear_qkv", g_qkv, L_.qkv_.value, ops::one_group(g_qkv), c.dtype),
+      "sp_reducescatter_qkv_bwd");
   dgrad_end("qkv_linear", s);
   const Tensor x = sv.need("attn_norm", "input", s);
   Tensor g_xn = ops::rmsnorm_dgrad(at, "input_layernorm", st.g_ln1, x, L_.input_norm_,
@@ -240,10 +244,12 @@ void LayerPlan::pre_dispatch_dw(Stream& s) {
     sv.release("router", "logits");
     wgrad_end("router", s);
     if (L_.shared_fc1_.value) {
-      ops::linear_wgrad(at, "shared_fc2", st.g_shared_out, shared_act_out(s), ops::one_group(ln2),
+      const Tensor all = ln2_all(s);
+      ops::linear_wgrad(at, "shared_fc2", st.g_shared_out, shared_act_out(s), ops::one_group(all),
                         L_.shared_fc2_);
-      ops::linear_wgrad(at, "shared_fc1", st.g_shared_fc1, ln2, ops::one_group(ln2),
+      ops::linear_wgrad(at, "shared_fc1", st.g_shared_fc1, all, ops::one_group(all),
                         L_.shared_fc1_);
+      st.ln2_all = Tensor();
       sv.release("shared_experts", "act_output");
       st.re_shared_a = Tensor();
       wgrad_end("shared_experts", s);
@@ -259,14 +265,15 @@ void LayerPlan::pre_dispatch_dw(Stream& s) {
   wgrad_end("mlp_norm", s);
   graph.enter(gs.attn);
   const Tensor ctxt = attn_out(s);
-  ops::linear_wgrad(at, "linear_proj", st.g_h, ctxt, ops::one_group(ctxt), L_.proj_);
+  ops::linear_wgrad(at, "linear_proj", st.g_h_all, ctxt, ops::one_group(ctxt), L_.proj_);
+  st.g_h_all = Tensor();
   sv.release("attn_proj", "input");
   st.re_ctx = Tensor();
   wgrad_end("attn_proj", s);
-  const Tensor ln1 = this->ln1(s);
+  const Tensor ln1 = ln1_all(s);
   ops::linear_wgrad(at, "linear_qkv", st.g_qkv, ln1, ops::one_group(ln1), L_.qkv_);
   sv.release("qkv_linear", "input");
-  st.re_ln1 = Tensor();
+  st.re_ln1 = st.ln1_all = Tensor();
   wgrad_end("qkv_linear", s);
   st.attn_recomputed = false;
   ops::rmsnorm_wgrad(at, "input_layernorm", st.g_ln1, sv.need("attn_norm", "input", s),

@@ -171,7 +171,7 @@ void check_router(RouterConfig cfg, const char* what) {
   };
   auto r = route<double>(cfg, logits.data(), T, seq, nullptr);
   Vec d(logits.size());
-  route_backward<double>(cfg, logits.data(), r, c.data(), scale, seq, d.data());
+  route_backward<double>(cfg, logits.data(), r, c.data(), scale, d.data());
   expect_grad(loss, logits, d, what);
 }
 

@@ -1,8 +1,11 @@
 // Shared set-up for the model tests: a tiny MoE, a runner for the sequential reference on one
 // device, and a runner for the same step on EP ranks.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -64,6 +67,28 @@ struct StepResult {
     return s;
   }
 };
+
+// max |a - b| / max |b| over each tensor; the worst tensor's name in *where.
+inline double worst_relative(const StepResult& a, const StepResult& b, std::string* where) {
+  double worst = 0;
+  for (const auto& [name, gb] : b.grads) {
+    const auto& ga = a.grads.at(name);
+    if (ga.size() != gb.size()) {
+      *where = name + " (sizes differ)";
+      return INFINITY;
+    }
+    double scale = 1e-30, diff = 0;
+    for (std::size_t i = 0; i < gb.size(); ++i) {
+      scale = std::max(scale, double(std::abs(gb[i])));
+      diff = std::max(diff, double(std::abs(ga[i] - gb[i])));
+    }
+    if (diff / scale > worst) {
+      worst = diff / scale;
+      *where = name;
+    }
+  }
+  return worst;
+}
 
 // `ranks` GPUs on `nodes` emulated nodes.
 inline NodeOptions model_options(int ranks, int nodes = 1, int workers = 1,
@@ -152,6 +177,67 @@ inline StepResult run_distributed(const layers::ModelConfig& cfg, int ep, int no
     if (name.find(".experts.") != std::string::npos)
       for (int r = 1; r < ep; ++r)
         g.insert(g.end(), grads[size_t(r)][name].begin(), grads[size_t(r)][name].end());
+  return out;
+}
+
+// The same step on `world` ranks laid out as TP x EP x DP (`tp` ranks split each micro-batch's
+// tokens and the dense weights; DP rank d holds micro-batch d), each weight's gradient put back
+// together from its shards.
+inline StepResult run_tensor_parallel(const layers::ModelConfig& base, int world, int tp, int ep,
+                                      bool delay_wgrad = false, int workers = 1) {
+  layers::ModelConfig cfg = base;
+  cfg.tensor_model_parallel_size = tp;
+  cfg.sequence_parallel = tp > 1;
+  Node node(model_options(world, 1, workers));
+  Communicator comm(node);
+  ProcessGroups pg({.world = world, .tp = tp, .ep = ep, .etp = 1});
+  const int dp = pg.layout().dp();
+  std::vector<double> losses(static_cast<size_t>(dp));
+  std::map<std::string, std::vector<float>> whole;
+  std::mutex mu;
+  node.run([&](Host& host) {
+    const int r = host.rank();
+    Device& dev = host.device();
+    const layers::TensorParallel tpg =
+        tp > 1 ? layers::TensorParallel::of(comm.group_of(pg, GroupKind::TP, r), r)
+               : layers::TensorParallel{};
+    layers::ModelChunk chunk(cfg, {0, cfg.num_layers, true, true}, dev, kSeed,
+                             comm.group_of(pg, GroupKind::EP, r), r, tpg);
+    layers::ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
+    ctx.delay_wgrad = delay_wgrad;
+    chunk.zero_grad(ctx.compute);
+    const int d = pg.rank_in(GroupKind::DP, r);
+    const double scale = 1.0 / double(dp * kSeq);
+    auto plan = chunk.plan(ctx, 0, layers::synthetic_microbatch(cfg, 1, kSeq, kSeed, d, 0), scale);
+    plan->forward_all();
+    plan->backward_all();
+    if (delay_wgrad) {
+      plan->loss.backward_dw();
+      for (auto it = plan->layers.rbegin(); it != plan->layers.rend(); ++it) {
+        (*it)->mlp.backward_dw();
+        (*it)->pre_dispatch.backward_dw();
+      }
+      plan->embedding.backward_dw();
+    }
+    layers::reduce_gradients(chunk, comm.group_of(pg, GroupKind::DP, r),
+                             comm.group_of(pg, GroupKind::EDP, r), ctx.compute, tpg);
+    dev.synchronize();
+    std::lock_guard<std::mutex> lock(mu);
+    if (tpg.rank == 0) losses[size_t(d)] = plan->loss_sum() * scale;
+    // Every replica holds the same bits after the reductions: any may fill its place.
+    for (auto* p : chunk.parameters()) {
+      const std::vector<float> g = p->main_grad.to_f32();
+      std::vector<float>& w = whole[p->name];
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        const auto at = std::size_t(p->whole_index(std::int64_t(i)));
+        if (w.size() <= at) w.resize(at + 1);
+        w[at] = g[i];
+      }
+    }
+  });
+  StepResult out;
+  out.losses = losses;
+  out.grads = whole;
   return out;
 }
 

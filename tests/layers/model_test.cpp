@@ -17,25 +17,7 @@ using testing::run_distributed;
 using testing::run_reference;
 using testing::StepResult;
 using testing::tiny_moe;
-
-// max |a - b| / max |b| over each tensor.
-double worst_relative(const StepResult& a, const StepResult& b, std::string* where) {
-  double worst = 0;
-  for (const auto& [name, gb] : b.grads) {
-    const auto& ga = a.grads.at(name);
-    EXPECT_EQ(ga.size(), gb.size()) << name;
-    double scale = 1e-30, diff = 0;
-    for (std::size_t i = 0; i < gb.size(); ++i) {
-      scale = std::max(scale, double(std::abs(gb[i])));
-      diff = std::max(diff, double(std::abs(ga[i] - gb[i])));
-    }
-    if (diff / scale > worst) {
-      worst = diff / scale;
-      *where = name;
-    }
-  }
-  return worst;
-}
+using testing::worst_relative;
 
 bool bit_equal(const StepResult& a, const StepResult& b) {
   return a.losses == b.losses && a.grads == b.grads;

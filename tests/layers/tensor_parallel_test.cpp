@@ -1,0 +1,174 @@
+// Tensor parallelism with sequence parallelism against the unsplit model: the same weights and
+// data at TP 2 and 4 give the TP = 1 step's losses and gradients within a stated fp32 tolerance,
+// a TP layout repeats its own bits under delayed wgrad and any thread count, and one layer's
+// TP collectives are the ones Megatron's layout implies.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "tests/layers/model_support.hpp"
+
+namespace nodeemu::layers {
+namespace {
+
+using testing::run_reference;
+using testing::run_tensor_parallel;
+using testing::StepResult;
+using testing::tiny_moe;
+
+// Why TP is not bit-exact against TP = 1: a row-parallel linear (the attention projection, fc2,
+// the output layer's dgrad) sums its K dimension in TP parts, each part one GEMM, and the
+// reduce-scatter adds the parts in rank order; the vocab-parallel cross-entropy sums its exps per
+// shard. These are fp32 sums in another order: a few ulps of the largest term, amplified through
+// four layers and their backward. Measured: at most 2e-6 of a tensor's largest entry (the
+// pre-MLP norm's and the router's weights, whose gradients are TP all-reduced sums); 1e-5 is the
+// bound. The loss, summed over 16 tokens of O(log V), is within 1e-5 relative.
+constexpr double kGradTol = 1e-5;
+constexpr double kLossTol = 1e-5;
+
+void expect_close(const StepResult& got, const StepResult& ref) {
+  ASSERT_EQ(got.losses.size(), ref.losses.size());
+  for (std::size_t r = 0; r < ref.losses.size(); ++r)
+    EXPECT_NEAR(got.losses[r], ref.losses[r], kLossTol * std::abs(ref.losses[r])) << "DP rank " << r;
+  std::string where;
+  EXPECT_LT(testing::worst_relative(got, ref, &where), kGradTol) << "worst tensor: " << where;
+}
+
+TEST(TensorParallel, Tp2MatchesTheUnsplitModel) {
+  const ModelConfig cfg = tiny_moe();
+  expect_close(run_tensor_parallel(cfg, 2, 2, 1), run_reference(cfg, 1));
+}
+
+TEST(TensorParallel, Tp4WithEp2AndDp2MatchesTheUnsplitModel) {
+  // 8 ranks: TP 4 x DP 2 for attention; the experts fold the same ranks into EP 2 x EDP 4.
+  ModelConfig cfg = tiny_moe();
+  cfg.num_query_groups = 4;  // whole query groups on each of 4 TP ranks
+  expect_close(run_tensor_parallel(cfg, 8, 4, 2), run_reference(cfg, 2));
+}
+
+TEST(TensorParallel, DenseLayersAndSeqAuxLossMatchTheUnsplitModel) {
+  ModelConfig cfg = tiny_moe();
+  cfg.moe_layer_freq = {0, 1, 0, 1};
+  cfg.router.load_balancing = LoadBalancing::SeqAuxLoss;
+  expect_close(run_tensor_parallel(cfg, 4, 2, 2), run_reference(cfg, 2));
+}
+
+TEST(TensorParallel, Bf16MatchesTheUnsplitModelWithinBf16Rounding) {
+  // bf16 activations are rounded at every store, and the reduce-scatter sums in bf16: the split
+  // and unsplit runs round different partial sums. The loss stays within 1e-2 relative.
+  const ModelConfig cfg = tiny_moe(DType::BF16);
+  const StepResult got = run_tensor_parallel(cfg, 2, 2, 1), ref = run_reference(cfg, 1);
+  EXPECT_NEAR(got.losses[0], ref.losses[0], 1e-2 * std::abs(ref.losses[0]));
+}
+
+TEST(TensorParallel, DelayedWgradAndThreadCountKeepTheBits) {
+  const ModelConfig cfg = tiny_moe();
+  const StepResult base = run_tensor_parallel(cfg, 4, 2, 2);
+  const StepResult delayed = run_tensor_parallel(cfg, 4, 2, 2, true);
+  const StepResult threads = run_tensor_parallel(cfg, 4, 2, 2, false, 3);
+  EXPECT_EQ(base.losses, delayed.losses);
+  EXPECT_TRUE(base.grads == delayed.grads);
+  EXPECT_EQ(base.losses, threads.losses);
+  EXPECT_TRUE(base.grads == threads.grads);
+}
+
+// The token split's collectives against a serial reference, with each rank's id in its payload:
+// the all-gather puts rank r's rows at r * rows, and the reduce-scatter gives rank r the rank-order
+// sum of every rank's part r, in fp32 and in bf16 (each partial sum rounded to bf16).
+TEST(TensorParallel, TokenGatherAndScatterMatchASerialReference) {
+  constexpr int kTp = 4;
+  constexpr std::int64_t kRows = 3, kH = 5;
+  Node node(testing::model_options(kTp));
+  Communicator comm(node);
+  std::vector<int> all = {0, 1, 2, 3};
+  auto value = [](int rank, std::int64_t row, std::int64_t col) {
+    return float(rank * 1000 + row * 10 + col) / 7.0f;
+  };
+  node.run([&](Host& host) {
+    const int r = host.rank();
+    Device& dev = host.device();
+    const TensorParallel tp = TensorParallel::of(comm.group(all, "tp"), r);
+    Stream stream = dev.default_stream();
+    ops::At at{stream, nullptr};
+    for (DType dt : {DType::F32, DType::BF16}) {
+      Tensor mine = Tensor::empty(dev, {kRows, kH}, dt), whole = Tensor::empty(dev, {kTp * kRows, kH}, dt);
+      std::vector<float> m, w;
+      for (std::int64_t i = 0; i < kRows; ++i)
+        for (std::int64_t j = 0; j < kH; ++j) m.push_back(value(r, i, j));
+      for (std::int64_t i = 0; i < kTp * kRows; ++i)
+        for (std::int64_t j = 0; j < kH; ++j) w.push_back(value(r, i, j));
+      mine.copy_from_f32(m);
+      whole.copy_from_f32(w);
+      const Tensor gathered = gather_tokens(at, tp, mine, "gather");
+      const Tensor scattered = scatter_tokens(at, tp, whole, "scatter");
+      dev.synchronize();
+      const std::vector<float> g = gathered.to_f32(), sc = scattered.to_f32();
+      for (int from = 0; from < kTp; ++from)
+        for (std::int64_t i = 0; i < kRows; ++i)
+          for (std::int64_t j = 0; j < kH; ++j)
+            EXPECT_EQ(g[std::size_t((from * kRows + i) * kH + j)], round_to(dt, value(from, i, j)));
+      for (std::int64_t i = 0; i < kRows; ++i)
+        for (std::int64_t j = 0; j < kH; ++j) {
+          float sum = round_to(dt, value(0, r * kRows + i, j));
+          for (int from = 1; from < kTp; ++from)
+            sum = round_to(dt, sum + round_to(dt, value(from, r * kRows + i, j)));
+          EXPECT_EQ(sc[std::size_t(i * kH + j)], sum) << dtype_name(dt);
+        }
+    }
+  });
+}
+
+// One MoE layer with shared experts at TP 2: the TP collectives each rank issues, by name, against
+// Megatron's sequence-parallel layout (tensor_parallel/layers.py): forward, an all-gather before
+// each column-parallel linear (QKV, the shared experts' fc1) and a reduce-scatter after each
+// row-parallel one (projection, shared fc2); backward, the reverse of each, plus an all-gather of
+// each column-parallel linear's saved input for its wgrad; and one all-reduce of the router's
+// balance counts.
+TEST(TensorParallel, OneLayerIssuesMegatronsCollectives) {
+  ModelConfig cfg = tiny_moe();
+  cfg.num_layers = 1;
+  cfg.tensor_model_parallel_size = 2;
+  cfg.sequence_parallel = true;
+  NodeOptions o = testing::model_options(2);
+  o.record_trace = true;
+  Node node(o);
+  Communicator comm(node);
+  const std::int64_t T = testing::kSeq, H = cfg.hidden_size;
+  node.run([&](Host& host) {
+    const int r = host.rank();
+    Device& dev = host.device();
+    ModelChunk chunk(cfg, {0, 1, false, false}, dev, 1, comm.group({r}, "ep" + std::to_string(r)),
+                     r, TensorParallel::of(comm.group({0, 1}, "tp"), r));
+    ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
+    auto plan = chunk.plan(ctx, 0, synthetic_microbatch(cfg, 1, T, 1, 0, 0), 1.0 / double(T));
+    plan->input = Tensor::empty(dev, {T / 2, H}, cfg.dtype);
+    plan->forward_all();
+    plan->grad_output = Tensor::empty(dev, {T / 2, H}, cfg.dtype);
+    plan->backward_all();
+    dev.synchronize();
+  });
+  std::map<std::string, int> count;
+  for (const auto& op : node.trace().ops())
+    if (op.device == 0 && op.kind == OpKind::Comm) ++count[op.name];
+  const std::map<std::string, int> megatron = {
+      {"sp_allgather_qkv", 1},
+      {"sp_reducescatter_proj", 1},
+      {"sp_allgather_shared_fc1", 1},
+      {"sp_reducescatter_shared_fc2", 1},
+      {"router_balance_counts_allreduce", 1},
+      {"sp_allgather_proj_bwd", 1},
+      {"sp_reducescatter_qkv_bwd", 1},
+      {"sp_allgather_qkv_bwd", 1},
+      {"sp_allgather_shared_fc2_bwd", 1},
+      {"sp_reducescatter_shared_fc1_bwd", 1},
+      {"sp_allgather_mlp_bwd", 1},
+  };
+  for (const auto& [name, n] : megatron) EXPECT_EQ(count[name], n) << name;
+  int tp_ops = 0;
+  for (const auto& [name, n] : count)
+    if (name.rfind("sp_", 0) == 0 || name.rfind("router_", 0) == 0) tp_ops += n;
+  EXPECT_EQ(tp_ops, 11);  // nothing else on the TP group
+}
+
+}  // namespace
+}  // namespace nodeemu::layers
