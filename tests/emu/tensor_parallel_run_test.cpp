@@ -1,0 +1,86 @@
+// Tensor parallelism through the recipe: within a TP2 layout every schedule, offload and
+// recompute variant gives the sequential run's bits (the TP split itself is checked against
+// TP = 1 in tests/layers/tensor_parallel_test.cpp), and the Qwen3 TP2 PP2 VPP4 EP4 recipe runs a
+// full-size step in meta mode.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "emu/training.hpp"
+#include "tests/emu/emu_test_support.hpp"
+
+namespace nodeemu::emu {
+namespace {
+
+using testing::tiny;
+
+// TP2 x DP4 on one DGX; the experts fold the same 8 ranks into EP4 x expert-DP 2.
+const std::vector<std::string> kTp2 = {
+    "emulator.gpus_per_node=8", "model.tensor_model_parallel_size=2",
+    "model.sequence_parallel=true", "model.expert_tensor_parallel_size=1", "train.train_iters=2"};
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST(TensorParallelRun, EveryScheduleOffloadAndRecomputeKeepsTheBitsOfTheLayout) {
+  const RunReport seq = train(tiny(kTp2));
+  ASSERT_EQ(seq.schedule, "sequential");
+  ASSERT_TRUE(seq.numerics_hash);
+  // TP = 1 on the same data (DP 4 in both): the same loss within bf16 rounding.
+  const RunReport unsplit = train(tiny({"train.train_iters=2"}));
+  EXPECT_NEAR(*seq.iterations[0].loss, *unsplit.iterations[0].loss, 1e-3);
+  EXPECT_NE(seq.numerics_hash, unsplit.numerics_hash);
+
+  const std::string overlap = "comm_overlap.overlap_moe_expert_parallel_comm=true";
+  const std::string delay = "comm_overlap.delay_wgrad_compute=true";
+  // PP 2 doubles the world (two nodes): TP2 x PP2 x DP4.
+  const std::vector<std::string> pp = {"nodes=2", "model.pipeline_model_parallel_size=2"};
+  const std::vector<std::string> vpp =
+      with(pp, {"model.virtual_pipeline_model_parallel_size=2", overlap, delay});
+  const std::vector<std::vector<std::string>> variants = {
+      {overlap},
+      {overlap, delay},
+      {"model.moe_shared_expert_overlap=true"},
+      pp,
+      with(pp, {"model.virtual_pipeline_model_parallel_size=2"}),
+      vpp,
+      {"model.recompute_granularity=selective",
+       "model.recompute_modules=[core_attn,layernorm,moe_act,moe,shared_experts]"},
+      {"model.fine_grained_activation_offloading=true",
+       "model.offload_modules=[attn_norm,qkv_linear,core_attn,attn_proj,mlp_norm,expert_fc1,"
+       "moe_act]"},
+      with(vpp, {"model.recompute_granularity=selective",
+                 "model.recompute_modules=[a2a_overlap_attn,a2a_overlap_post_attn,a2a_overlap_mlp]",
+                 "model.fine_grained_activation_offloading=true",
+                 "model.offload_modules=[attn_norm,mlp_norm,expert_fc1]",
+                 "model.min_offloaded_tensor_size=0"}),
+  };
+  for (const auto& v : variants) {
+    std::string name;
+    for (const auto& s : v) name += s + " ";
+    SCOPED_TRACE(name);
+    const RunReport r = train(tiny(with(kTp2, v)));
+    EXPECT_EQ(r.numerics_hash, seq.numerics_hash);
+    for (std::size_t i = 0; i < seq.iterations.size(); ++i)
+      EXPECT_EQ(r.iterations[i].loss, seq.iterations[i].loss);
+  }
+}
+
+TEST(TensorParallelRun, DenseFirstLayersAndTheFlexDispatcherKeepTheBits) {
+  const std::vector<std::string> base = with(kTp2, {"model.moe_layer_freq=[0,1,1,1]"});
+  const RunReport seq = train(tiny(base));
+  const RunReport comb = train(tiny(with(base, {"comm_overlap.overlap_moe_expert_parallel_comm=true",
+                                                "comm_overlap.delay_wgrad_compute=true"})));
+  EXPECT_EQ(comb.numerics_hash, seq.numerics_hash);
+  const std::vector<std::string> flex =
+      with(base, {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=deepep"});
+  const RunReport f = train(tiny(flex));
+  ASSERT_TRUE(f.numerics_hash);
+  const RunReport fo = train(tiny(with(flex, {"comm_overlap.overlap_moe_expert_parallel_comm=true"})));
+  EXPECT_EQ(fo.numerics_hash, f.numerics_hash);
+}
+
+}  // namespace
+}  // namespace nodeemu::emu
