@@ -8,6 +8,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "comm/communicator.hpp"
 #include "devices/errors.hpp"
 #include "devices/host.hpp"
 #include "devices/node.hpp"
@@ -51,19 +52,24 @@ LayerTiming time_one(const Recipe& r, const layers::ModelConfig& cfg, int layer,
   o.cuda_device_max_connections = r.int32("emulator.cuda_device_max_connections");
   o.record_trace = true;
   Node node(o);
+  Communicator comm(node);  // the TP group's collectives run for real (in meta mode)
+  std::vector<int> tp_ranks(static_cast<std::size_t>(cfg.tp()));
+  for (int i = 0; i < cfg.tp(); ++i) tp_ranks[std::size_t(i)] = i;
   const CudaGraphs graphs = cuda_graphs(r);
   const int ep = r.int32("model.expert_model_parallel_size");
   const std::int64_t mbs = r.integer("train.micro_batch_size"), seq = r.integer("train.seq_length");
   LayerTiming t;
   t.kind = cfg.is_moe_layer(layer) ? "moe" : "dense";
   t.layer = layer;
-  t.tokens = mbs * seq;
+  t.tokens = mbs * seq / cfg.tp();  // this rank's share with sequence parallelism
   std::uint64_t forward_ops = 0;
-  node.run({0}, [&](Host& host) {
+  node.run([&](Host& host) {
     Device& dev = host.device();
     layers::TransformerLayer L(
         cfg, layer, dev, std::uint64_t(r.integer("emulator.seed")),
-        cfg.is_moe_layer(layer) ? layers::TokenDispatcher::alone(cfg, ep) : nullptr);
+        cfg.is_moe_layer(layer) ? layers::TokenDispatcher::alone(cfg, ep) : nullptr,
+        cfg.tp() > 1 ? layers::TensorParallel::of(comm.group(tp_ranks, "tp"), host.rank())
+                     : layers::TensorParallel{});
     layers::ExecContext ctx{dev.default_stream(),
                             dev.create_stream(comm_stream_priority(r), "comm")};
     ctx.delay_wgrad = r.flag("comm_overlap.delay_wgrad_compute");
@@ -85,7 +91,8 @@ LayerTiming time_one(const Recipe& r, const layers::ModelConfig& cfg, int layer,
         n->forward();
     }
     dev.synchronize();
-    forward_ops = node.engine_ops();
+    // Rank 0's backward is issued after this; the other TP ranks' ops are not counted.
+    if (host.rank() == 0) forward_ops = node.engine_ops();
     {
       std::optional<GraphReplay> whole;
       if (graphs.full_iteration) whole.emplace(node);
@@ -97,7 +104,7 @@ LayerTiming time_one(const Recipe& r, const layers::ModelConfig& cfg, int layer,
       }
     }
     dev.synchronize();
-    if (cfg.is_moe_layer(layer)) {
+    if (host.rank() == 0 && cfg.is_moe_layer(layer)) {
       t.local_experts = L.config().num_moe_experts / ep;
       // Forced balance: tokens x topk x EP / experts rows to each local expert.
       t.rows_per_expert = t.tokens * cfg.router.topk / std::max<std::int64_t>(1, t.local_experts);
@@ -105,7 +112,7 @@ LayerTiming time_one(const Recipe& r, const layers::ModelConfig& cfg, int layer,
   });
   std::vector<const TraceRecorder::Op*> all, fwd;
   for (const auto& op : node.trace().ops()) {
-    if (!timed(op)) continue;
+    if (!timed(op) || op.device != 0) continue;
     all.push_back(&op);
     if (op.id < forward_ops) fwd.push_back(&op);
     if (op.kind == OpKind::Kernel) ++t.kernels;
@@ -130,12 +137,16 @@ LayerTiming time_one(const Recipe& r, const layers::ModelConfig& cfg, int layer,
 }  // namespace
 
 LayerReport time_layers(const Recipe& r) {
-  // One GPU of the recipe's topology: rank 0, with its GPU, profile and host costs.
+  // Rank 0 of the recipe's topology, with its GPU, profile and host costs; with TP, its TP group
+  // (the first TP GPUs of a node).
   auto topo = std::make_shared<NodeTopology>(*load_topology(r));
-  topo->gpus = 1;
-  topo->host.gpu_numa.resize(1);
-  topo->nic.per_node = 1;
   const layers::ModelConfig cfg = model_config(r, topo->gpu);
+  if (cfg.tp() > topo->gpus)
+    throw ConfigError(r.name(), "model.tensor_model_parallel_size",
+                      "is larger than a node's " + std::to_string(topo->gpus) + " GPUs");
+  topo->gpus = cfg.tp();
+  topo->host.gpu_numa.resize(std::size_t(cfg.tp()));
+  topo->nic.per_node = cfg.tp();
   cfg.validate();
   LayerReport rep;
   rep.recipe = r.name();
@@ -148,12 +159,16 @@ LayerReport time_layers(const Recipe& r) {
   if (dense >= 0) rep.layers.push_back(time_one(r, cfg, dense, topo));
   rep.notes.push_back(
       "rank 0 of EP " + std::to_string(r.int32("model.expert_model_parallel_size")) +
+      (cfg.tp() > 1 ? " and TP " + std::to_string(cfg.tp()) + " (its sequence-parallel share)"
+                    : std::string()) +
       ", one micro-batch of " + std::to_string(r.integer("train.micro_batch_size")) + " x " +
       std::to_string(r.integer("train.seq_length")) + " tokens");
   rep.notes.push_back(
-      "communication left out: the tokens arrive and leave as if the all-to-alls had run; the "
-      "dispatcher's local work is the alltoall dispatcher's (permute, sort, unsort, unpermute) "
-      "and its count read-back stays (a host sync)");
+      std::string(cfg.tp() > 1 ? "EP communication left out (TP's collectives run): "
+                               : "communication left out: ") +
+      "the tokens arrive and leave as if the all-to-alls had run; the dispatcher's local work is "
+      "the alltoall dispatcher's (permute, sort, unsort, unpermute) and its count read-back stays "
+      "(a host sync)");
   if (cfg.num_moe_experts > 0 && !r.flag("model.moe_pad_expert_input_to_capacity"))
     rep.notes.push_back("routing: forced balance (tokens x topk x EP / experts rows per expert)");
   return rep;

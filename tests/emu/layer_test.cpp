@@ -37,6 +37,23 @@ TEST(Layer, BusyByClassAddsUpToBusyTime) {
   }
 }
 
+// With TP the layer runs on its TP group: rank 0 holds its share of the tokens, its collectives
+// are timed (the comm class), and its GEMMs are smaller than the unsplit layer's.
+TEST(Layer, ATensorParallelLayerRunsOnItsTpGroup) {
+  const LayerReport split = time_layers(Recipe::load(recipe_path("qwen3_30b_a3b_tp2_pp2_vpp4_ep4")));
+  const LayerReport whole = time_layers(Recipe::load(
+      recipe_path("qwen3_30b_a3b_tp2_pp2_vpp4_ep4"),
+      {"model.tensor_model_parallel_size=1", "model.sequence_parallel=false"}));
+  ASSERT_EQ(split.layers.size(), 1u);
+  const LayerTiming& t = split.layers[0];
+  EXPECT_EQ(t.tokens, 2048);
+  EXPECT_EQ(whole.layers[0].tokens, 4096);
+  EXPECT_GT(t.by_class.at("comm"), 0);
+  EXPECT_EQ(whole.layers[0].by_class.count("comm"), 0u);
+  EXPECT_LT(t.by_class.at("attention"), whole.layers[0].by_class.at("attention"));
+  EXPECT_NE(split.notes[0].find("TP 2"), std::string::npos);
+}
+
 TEST(Layer, SmallShapesAreHostBoundAndFullSizeIsGpuBound) {
   // The tiny layer's kernels take less than the host's ~10 us per eager launch: between them the
   // GPU waits for the host, so the forward spans well beyond its busy time.
