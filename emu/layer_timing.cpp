@@ -141,6 +141,10 @@ LayerReport time_layers(const Recipe& r) {
   // (the first TP GPUs of a node).
   auto topo = std::make_shared<NodeTopology>(*load_topology(r));
   const layers::ModelConfig cfg = model_config(r, topo->gpu);
+  if (cfg.etp() > 1 && cfg.num_moe_experts > 0)
+    throw ConfigError(r.name(), "model.expert_tensor_parallel_size",
+                      "nodeemu layer times experts without their expert-TP group; set it to 1 "
+                      "here (nodeemu run times it)");
   if (cfg.tp() > topo->gpus)
     throw ConfigError(r.name(), "model.tensor_model_parallel_size",
                       "is larger than a node's " + std::to_string(topo->gpus) + " GPUs");

@@ -125,6 +125,10 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     const layers::TensorParallel tp =
         pg.layout().tp > 1 ? layers::TensorParallel::of(comm.group_of(pg, GroupKind::TP, r), r)
                            : layers::TensorParallel{};
+    const layers::TensorParallel etp =
+        pg.layout().expert_tp() > 1
+            ? layers::TensorParallel::of(comm.group_of(pg, GroupKind::ETP, r), r)
+            : layers::TensorParallel{};
     std::vector<std::unique_ptr<layers::ModelChunk>> chunks;
     for (int v = 0; v < vpp; ++v) {
       const int vs = v * pp + p;
@@ -132,7 +136,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
       for (int s = 0; s < vs; ++s) first += stage_layers[std::size_t(s)];
       chunks.push_back(std::make_unique<layers::ModelChunk>(
           cfg, layers::ChunkSpec{first, stage_layers[std::size_t(vs)], vs == 0, vs == pp * vpp - 1},
-          dev, seed, ep, r, tp));
+          dev, seed, ep, r, tp, etp));
     }
     layers::ExecContext ctx{dev.default_stream(),
                             dev.create_stream(comm_stream_priority(recipe), "comm")};
@@ -163,7 +167,8 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     PipelineLinks links(comm, pg, r, dev, pipeline_comm(recipe));
     Group dp = comm.group_of(pg, GroupKind::DP, r), edp = comm.group_of(pg, GroupKind::EDP, r);
     const bool owns_dense = d == 0, owns_experts = pg.rank_in(GroupKind::EDP, r) == 0;
-    const int shard = pg.rank_in(GroupKind::EP, r);
+    // An expert weight's shard: its EP rank's experts, and its ETP rank's columns of them.
+    const int shard = pg.rank_in(GroupKind::EP, r) * etp.size + etp.rank;
     const bool last_stage = p == pp - 1;
     // moe_expert_rank_capacity_factor: Megatron's PagedStashRunner checks every step.
     const bool sync_free = cfg.moe_expert_rank_capacity_factor > 0;

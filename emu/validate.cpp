@@ -179,13 +179,6 @@ void Rules::not_modelled() {
     error(key, what + " is not modelled by NodeEmu yet");
   };
   if (i("model.context_parallel_size") != 1) refuse("model.context_parallel_size", "CP > 1");
-  // Unset, Megatron makes expert TP equal to TP.
-  if (set("model.num_moe_experts") &&
-      (set("model.expert_tensor_parallel_size") ? i("model.expert_tensor_parallel_size")
-                                                : i("model.tensor_model_parallel_size")) != 1)
-    refuse("model.expert_tensor_parallel_size",
-           "ETP > 1 (unset, it is tensor_model_parallel_size; set it to 1 for experts that TP "
-           "does not split)");
   if (set("model.moe_permute_fusion_into_hybridep"))
     refuse("model.moe_permute_fusion_into_hybridep",
            "HybridEP's permute fused into its transfer (unset it: the separate permute runs)");

@@ -3,6 +3,13 @@
 // sort by local expert; and the reverse. With pad-to-capacity every expert gets exactly
 // `capacity` rows, the splits are static and the host never waits.
 //
+// With expert TP (ETP > 1, MoEAlltoAllTokenDispatcher with tp_size > 1): the counts are
+// all-gathered over the ETP group too (Megatron gathers them over the tp-ep group), the received
+// rows and probabilities are all-gathered over ETP before the sort (dispatch_postprocess'
+// gather_from_sequence_parallel_region), each ETP rank runs its share of every local expert's
+// columns on all of them, and the partial outputs are reduce-scattered back before the combine
+// (combine_preprocess' reduce_scatter_to_sequence_parallel_region); backward the reverse.
+//
 // Alone (TokenDispatcher::alone, for `nodeemu layer`): rank 0 of an EP group that is not there.
 // The routing is balanced over the group as forced balance routes it, the counts are not
 // exchanged but still read on the host (that sync is the host's, not communication), and the
@@ -42,6 +49,12 @@ class AlltoallPlan final : public DispatchPlan {
 
  private:
   bool sorts() const;
+  bool split() const;  // expert TP
+  // Expert TP: each ETP peer's rows times `per_row` (bytes for the all-gather, elements for the
+  // reduce-scatter).
+  std::vector<std::size_t> peer_sizes(std::size_t per_row) const;
+  Tensor gather_peers(ops::At at, const Tensor& mine, const char* name) const;
+  Tensor scatter_peers(ops::At at, const Tensor& all, const char* name) const;
   // The counts' copy to the host, on the device's moe_dtoh stream (once).
   void send_counts(ops::At at);
   // The host's sync point: waits for the counts, then sizes the all-to-all and the sort.
@@ -56,6 +69,8 @@ class AlltoallPlan final : public DispatchPlan {
   AlltoallSplits splits_;
   std::vector<RowBlock> sort_blocks_;  // (source, expert) order -> (expert, source) order
   std::int64_t sent_ = 0, received_ = 0;
+  std::vector<std::int64_t> peer_rows_;  // expert TP: rows each ETP peer received
+  Tensor etp_counts_;                    // expert TP: [etp][ep][experts] counts
   Sorted perm_;
   Tensor recv_, recv_probs_, back_rows_;
 };
@@ -67,8 +82,12 @@ class AlltoallTokenDispatcher final : public TokenDispatcher {
         cfg_(cfg),
         mode_(Mode::Meta),
         ep_size_(ep_size) {}
-  AlltoallTokenDispatcher(const ModelConfig& cfg, Group ep, Mode mode, int rank)
-      : TokenDispatcher(cfg, ep, rank), cfg_(cfg), ep_(std::move(ep)), mode_(mode) {
+  AlltoallTokenDispatcher(const ModelConfig& cfg, Group ep, Mode mode, int rank, TensorParallel etp)
+      : TokenDispatcher(cfg, ep, rank),
+        cfg_(cfg),
+        ep_(std::move(ep)),
+        etp_(std::move(etp)),
+        mode_(mode) {
     ep_size_ = ep_->size();
     if (mode == Mode::Meta && !cfg.meta_routing && !cfg.router.force_load_balancing &&
         !cfg.router.pad_to_capacity)
@@ -86,12 +105,14 @@ class AlltoallTokenDispatcher final : public TokenDispatcher {
   }
   const ModelConfig& cfg() const { return cfg_; }
   const std::optional<Group>& ep() const { return ep_; }
+  const TensorParallel& etp() const { return etp_; }
   int ep_size() const { return ep_size_; }
   Mode mode() const { return mode_; }
 
  private:
   ModelConfig cfg_;
   std::optional<Group> ep_;  // none when alone
+  TensorParallel etp_;
   Mode mode_;
   int ep_size_ = 1;
 };
@@ -133,6 +154,14 @@ void AlltoallPlan::preprocess(ops::At at) {
   } else {
     if (rows_) {
       counts_ = rows_->gather_counts(io.tokens_per_expert.buffer(), at.stream);
+      if (split()) {
+        // Every ETP peer's EP-gathered counts, so that each knows what its peers receive.
+        etp_counts_ = at.empty({d_.etp().size * d_.ep_size() * E}, DType::I64);
+        Group g = d_.etp().group;
+        g.all_gather(counts_.all, etp_counts_.buffer(), counts_.all.bytes(), at.stream,
+                     {.async = true, .name = "moe_etp_counts_allgather"});
+        counts_.all = etp_counts_.buffer();
+      }
     } else {
       // Alone: nothing to all-gather, but the read is still the host's.
       counts_.all = io.tokens_per_expert.buffer();
@@ -169,7 +198,38 @@ void AlltoallPlan::size_all_to_all(ops::At at) {
   send_counts(at);
   EagerIssue eager(at.stream.device().node());
   const int E = d_.cfg().num_moe_experts, L = d_.local_experts();
-  if (rows_) {
+  if (split()) {
+    // [etp][ep][experts]: the host's copy, the static capacity, or meta mode's counts (the same
+    // for every ETP peer: meta routing is drawn per EP rank).
+    const int t = d_.etp().size, me = d_.ep()->index_of(at.stream.device().id());
+    std::vector<std::int64_t> table;
+    if (capacity_) {
+      table.assign(std::size_t(t * d_.ep_size() * E), capacity_);
+    } else if (d_.mode() == Mode::Meta) {
+      for (int i = 0; i < t; ++i) table.insert(table.end(), meta_counts_.begin(), meta_counts_.end());
+    } else {
+      counts_.landed.synchronize();
+      const std::int64_t* h = counts_.host.as<const std::int64_t>();
+      table.assign(h, h + t * d_.ep_size() * E);
+    }
+    std::vector<AlltoallSplits> peers;
+    for (int i = 0; i < t; ++i)
+      peers.push_back(AlltoallDispatcher::splits(table.data() + std::size_t(i * d_.ep_size() * E),
+                                                 d_.ep_size(), E, me));
+    splits_ = peers[std::size_t(d_.etp().rank)];
+    // The all-gathered rows arrive peer by peer, each in its (source, local expert) order.
+    AlltoallSplits all;
+    peer_rows_.clear();
+    for (const auto& p : peers) {
+      std::int64_t n = 0;
+      for (auto r : p.recv_rows) n += std::int64_t(r);
+      peer_rows_.push_back(n);
+      all.recv_rows_per_expert.insert(all.recv_rows_per_expert.end(),
+                                      p.recv_rows_per_expert.begin(), p.recv_rows_per_expert.end());
+    }
+    splits_.recv_rows_per_expert.swap(all.recv_rows_per_expert);
+    etp_counts_ = Tensor();
+  } else if (rows_) {
     splits_ = rows_->finish_counts(counts_, at.stream, meta_counts_);
   } else {
     if (meta_counts_.size() != std::size_t(d_.ep_size()) * std::size_t(E))
@@ -225,20 +285,67 @@ bool AlltoallPlan::sorts() const {
   return d_.local_experts() > 1;
 }
 
+bool AlltoallPlan::split() const {
+  return d_.etp().on();
+}
+
+std::vector<std::size_t> AlltoallPlan::peer_sizes(std::size_t per_row) const {
+  std::vector<std::size_t> out;
+  for (auto n : peer_rows_) out.push_back(std::size_t(n) * per_row);
+  return out;
+}
+
+// Rows of every ETP peer, peer by peer (all-gather-v over the ETP group).
+Tensor AlltoallPlan::gather_peers(ops::At at, const Tensor& mine, const char* name) const {
+  if (!split()) return mine;
+  const std::size_t width = mine.shape().size() > 1 ? std::size_t(mine.dim(1)) : 1;
+  const std::size_t row = width * dtype_bytes(mine.dtype());
+  std::int64_t total = 0;
+  for (auto n : peer_rows_) total += n;
+  Shape shape = mine.shape();
+  shape[0] = total;
+  Tensor all = at.empty(shape, mine.dtype());
+  Group g = d_.etp().group;
+  g.all_gather_v(mine.buffer(), std::size_t(mine.dim(0)) * row, all.buffer(), peer_sizes(row),
+                 at.stream, {.async = true, .name = at.named(name)});
+  return all;
+}
+
+// Each peer's rows summed over the ETP group, in rank order, and this rank's kept
+// (reduce-scatter-v over the ETP group).
+Tensor AlltoallPlan::scatter_peers(ops::At at, const Tensor& all, const char* name) const {
+  if (!split()) return all;
+  const std::size_t width = all.shape().size() > 1 ? std::size_t(all.dim(1)) : 1;
+  Shape shape = all.shape();
+  shape[0] = peer_rows_[std::size_t(d_.etp().rank)];
+  Tensor mine = at.empty(shape, all.dtype());
+  Reduction op = Reduction::SumF32;
+  if (all.dtype() == DType::BF16) op = Reduction::SumBF16;
+  Group g = d_.etp().group;
+  g.reduce_scatter(all.buffer(), mine.buffer(), peer_sizes(width), at.stream,
+                   {.async = true, .name = at.named(name)}, op);
+  return mine;
+}
+
 void AlltoallPlan::sort(ops::At at) {
+  const Tensor rows = gather_peers(at, recv_, "moe_etp_allgather_tokens");
+  const Tensor probs = gather_peers(at, recv_probs_, "moe_etp_allgather_probs");
   if (sorts()) {
-    io.expert_in = permute_blocks(at, "sort_chunks_by_local_expert", recv_, sort_blocks_);
-    io.expert_probs = permute_blocks(at, "sort_probs_by_local_expert", recv_probs_, sort_blocks_);
+    io.expert_in = permute_blocks(at, "sort_chunks_by_local_expert", rows, sort_blocks_);
+    io.expert_probs = permute_blocks(at, "sort_probs_by_local_expert", probs, sort_blocks_);
   } else {
-    io.expert_in = recv_;
-    io.expert_probs = recv_probs_;
+    io.expert_in = rows;
+    io.expert_probs = probs;
   }
   recv_ = recv_probs_ = Tensor();
 }
 
 void AlltoallPlan::unsort(ops::At at) {
-  back_rows_ = sorts() ? permute_blocks(at, "unsort_chunks", io.expert_out, inverse(sort_blocks_))
-                       : io.expert_out;
+  back_rows_ = scatter_peers(
+      at,
+      sorts() ? permute_blocks(at, "unsort_chunks", io.expert_out, inverse(sort_blocks_))
+              : io.expert_out,
+      "moe_etp_reducescatter");
 }
 
 void AlltoallPlan::combine(ops::At at) {
@@ -261,20 +368,21 @@ void AlltoallPlan::combine_backward(ops::At at) {
 }
 
 void AlltoallPlan::unsort_backward(ops::At at) {
-  io.grad_expert_out =
-      sorts() ? permute_blocks(at, "unsort_chunks_bwd", recv_, sort_blocks_) : recv_;
+  const Tensor all = gather_peers(at, recv_, "moe_etp_reducescatter_bwd");
+  io.grad_expert_out = sorts() ? permute_blocks(at, "unsort_chunks_bwd", all, sort_blocks_) : all;
   recv_ = Tensor();
 }
 
 void AlltoallPlan::sort_backward(ops::At at) {
-  if (!sorts()) {
-    recv_ = io.grad_expert_in;
-    recv_probs_ = io.grad_expert_probs;
-    return;
+  Tensor rows = io.grad_expert_in, probs = io.grad_expert_probs;
+  if (sorts()) {
+    const auto inv = inverse(sort_blocks_);
+    rows = permute_blocks(at, "sort_chunks_bwd", rows, inv);
+    probs = permute_blocks(at, "sort_probs_bwd", probs, inv);
   }
-  const auto inv = inverse(sort_blocks_);
-  recv_ = permute_blocks(at, "sort_chunks_bwd", io.grad_expert_in, inv);
-  recv_probs_ = permute_blocks(at, "sort_probs_bwd", io.grad_expert_probs, inv);
+  // Each ETP rank's share of the columns gave a partial input and probability gradient.
+  recv_ = scatter_peers(at, rows, "moe_etp_allgather_tokens_bwd");
+  recv_probs_ = scatter_peers(at, probs, "moe_etp_allgather_probs_bwd");
 }
 
 void AlltoallPlan::dispatch_backward(ops::At at) {
@@ -302,8 +410,9 @@ void AlltoallPlan::preprocess_backward(ops::At at) {
 }  // namespace
 
 std::unique_ptr<TokenDispatcher> make_alltoall(const ModelConfig& cfg, Group ep, Mode mode,
-                                               int rank) {
-  return std::make_unique<AlltoallTokenDispatcher>(cfg, std::move(ep), mode, rank);
+                                               int rank, TensorParallel etp) {
+  return std::make_unique<AlltoallTokenDispatcher>(cfg, std::move(ep), mode, rank,
+                                                   std::move(etp));
 }
 
 std::unique_ptr<TokenDispatcher> make_alone(const ModelConfig& cfg, int ep_size) {

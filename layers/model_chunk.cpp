@@ -31,7 +31,7 @@ MicroBatch synthetic_microbatch(const ModelConfig& cfg, std::int64_t batch, std:
 }
 
 ModelChunk::ModelChunk(const ModelConfig& cfg, ChunkSpec spec, Device& device, std::uint64_t seed,
-                       Group ep, int rank, TensorParallel tp)
+                       Group ep, int rank, TensorParallel tp, TensorParallel etp)
     : cfg_(cfg), spec_(spec), device_(device), tp_(std::move(tp)) {
   cfg.validate();
   if (spec.first_layer < 0 || spec.num_layers < 0 ||
@@ -47,7 +47,7 @@ ModelChunk::ModelChunk(const ModelConfig& cfg, ChunkSpec spec, Device& device, s
     embedding_ = make_parameter(device, "embedding.word_embeddings.weight", {V, H}, cfg.dtype,
                                 Init::Normal, cfg.init_method_std, seed, first_row);
   for (int l = spec.first_layer; l < spec.first_layer + spec.num_layers; ++l)
-    layers_.push_back(std::make_unique<TransformerLayer>(cfg, l, device, seed, ep, rank, tp_));
+    layers_.push_back(std::make_unique<TransformerLayer>(cfg, l, device, seed, ep, rank, tp_, etp));
   if (spec.post_process) {
     final_norm_ = make_parameter(device, "decoder.final_layernorm.weight", {H}, cfg.dtype,
                                  Init::Ones, 0, seed);

@@ -34,9 +34,10 @@ class ChunkPlan;
 
 class ModelChunk {
  public:
-  // `ep` is this rank's EP group, used by MoE layers; `tp` its TP group (tensor_parallel.hpp).
+  // `ep` is this rank's EP group, used by MoE layers; `tp` its TP group (tensor_parallel.hpp);
+  // `etp` its expert-TP group.
   ModelChunk(const ModelConfig& cfg, ChunkSpec spec, Device& device, std::uint64_t seed, Group ep,
-             int rank, TensorParallel tp = {});
+             int rank, TensorParallel tp = {}, TensorParallel etp = {});
   ~ModelChunk();
   const ChunkSpec& spec() const { return spec_; }
   const ModelConfig& config() const { return cfg_; }

@@ -57,6 +57,26 @@ void tensor_parallel_rules(const ModelConfig& c, const Fail& fail) {
     whole(c.moe_shared_expert_intermediate_size, "moe_shared_expert_intermediate_size");
 }
 
+// Expert TP splits each expert's columns; it is modelled for the alltoall dispatcher
+// (MoEAlltoAllTokenDispatcher's all-gather and reduce-scatter over the ETP group).
+template <class Fail>
+void expert_tensor_parallel_rules(const ModelConfig& c, const Fail& fail) {
+  const int t = c.etp();
+  if (t < 1) fail("expert_tensor_parallel_size", "must be at least 1");
+  if (t == 1 || c.num_moe_experts == 0) return;
+  if (c.moe_token_dispatcher_type != DispatcherType::AllToAll)
+    fail("expert_tensor_parallel_size",
+         "> 1 is modelled with the alltoall dispatcher only; set it to 1 or use "
+         "moe_token_dispatcher_type: alltoall");
+  if (c.moe_ffn_hidden_size % t)
+    fail("moe_ffn_hidden_size", std::to_string(c.moe_ffn_hidden_size) +
+                                    " does not split over expert_tensor_parallel_size " +
+                                    std::to_string(t));
+  if (c.dtype == DType::F16)
+    fail("fp16", "with expert_tensor_parallel_size > 1 is not modelled (fp16 reduce-scatter); "
+                 "use bf16");
+}
+
 }  // namespace
 
 void ModelConfig::validate() const {
@@ -91,6 +111,7 @@ void ModelConfig::validate() const {
          "multi-token prediction is not modelled yet; set 0 (the mtp schedule "
          "node exists and is a no-op)");
   tensor_parallel_rules(*this, fail);
+  expert_tensor_parallel_rules(*this, fail);
   if (num_moe_experts > 0) {
     if (moe_ffn_hidden_size < 1) fail("moe_ffn_hidden_size", "must be at least 1");
     if (router.num_experts != num_moe_experts)

@@ -55,10 +55,14 @@ struct ModelConfig {
   // It is modelled with sequence_parallel only (Megatron requires it for MoE with TP > 1).
   int tensor_model_parallel_size = 1;
   bool sequence_parallel = false;
+  // Expert tensor parallelism: each expert's fc1 and fc2 split over this many ranks, the
+  // dispatched tokens all-gathered over them (alltoall dispatcher; Megatron's ETP group).
+  int expert_tensor_parallel_size = 1;
   KernelChoices kernels;  // which kernels run (transformer_impl, attention_backend, fusions)
 
   int head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
   int tp() const { return tensor_model_parallel_size; }
+  int etp() const { return expert_tensor_parallel_size; }
   bool is_moe_layer(int layer) const;
   // Throws ConfigError naming the Megatron key.
   void validate() const;

@@ -5,7 +5,8 @@
 namespace nodeemu::layers {
 
 std::unique_ptr<TokenDispatcher> TokenDispatcher::create(const ModelConfig& cfg, Group ep,
-                                                         Mode mode, int rank, int layer) {
+                                                         Mode mode, int rank, int layer,
+                                                         TensorParallel etp) {
   if (ep.index_of(rank) < 0)
     throw UsageError("token dispatcher: rank " + std::to_string(rank) + " is not in group '" +
                      ep.name() + "'");
@@ -14,10 +15,13 @@ std::unique_ptr<TokenDispatcher> TokenDispatcher::create(const ModelConfig& cfg,
                       "num_moe_experts (" + std::to_string(cfg.num_moe_experts) +
                           ") must divide over expert_model_parallel_size (" +
                           std::to_string(ep.size()) + ")");
+  if (etp.size != cfg.etp())
+    throw UsageError("token dispatcher: an expert-TP group of " + std::to_string(etp.size) +
+                     " for expert_tensor_parallel_size " + std::to_string(cfg.etp()));
   std::unique_ptr<TokenDispatcher> d;
   switch (cfg.moe_token_dispatcher_type) {
     case DispatcherType::AllToAll:
-      d = detail::make_alltoall(cfg, std::move(ep), mode, rank);
+      d = detail::make_alltoall(cfg, std::move(ep), mode, rank, std::move(etp));
       break;
     case DispatcherType::AllGather:
       d = detail::make_allgather(cfg, std::move(ep), mode, rank);

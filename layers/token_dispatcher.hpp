@@ -20,6 +20,7 @@
 #include "comm/group.hpp"
 #include "layers/model_config.hpp"
 #include "layers/ops.hpp"
+#include "layers/tensor_parallel.hpp"
 
 namespace nodeemu::layers {
 
@@ -75,8 +76,9 @@ class TokenDispatcher {
   // routing, flex in meta mode, experts that do not divide EP).
   // `rank` is this rank's global device id.
   // `layer`: the layer's global index (meta mode's routing is per layer).
+  // `etp`: this rank's expert-TP group (cfg.expert_tensor_parallel_size ranks; alltoall only).
   static std::unique_ptr<TokenDispatcher> create(const ModelConfig& cfg, Group ep, Mode mode,
-                                                 int rank, int layer = 0);
+                                                 int rank, int layer = 0, TensorParallel etp = {});
   // Rank 0 of an EP group of `ep_size` with communication left out, in meta mode: the tokens
   // arrive and leave as if the all-to-alls had run, routed as forced balance routes them (or
   // padded to capacity). Its local work is the alltoall dispatcher's. For `nodeemu layer`.
@@ -120,7 +122,7 @@ class TokenDispatcher {
 
 namespace detail {
 std::unique_ptr<TokenDispatcher> make_alltoall(const ModelConfig& cfg, Group ep, Mode mode,
-                                               int rank);
+                                               int rank, TensorParallel etp);
 std::unique_ptr<TokenDispatcher> make_allgather(const ModelConfig& cfg, Group ep, Mode mode,
                                                 int rank);
 std::unique_ptr<TokenDispatcher> make_flex(const ModelConfig& cfg, Group ep, Mode mode, int rank);

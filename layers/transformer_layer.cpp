@@ -32,13 +32,14 @@ void check_tp(const ModelConfig& cfg, const TensorParallel& tp, int layer) {
 }  // namespace
 
 TransformerLayer::TransformerLayer(const ModelConfig& cfg, int layer, Device& device,
-                                   std::uint64_t seed, Group ep, int rank, TensorParallel tp)
+                                   std::uint64_t seed, Group ep, int rank, TensorParallel tp,
+                                   TensorParallel etp)
     : cfg_(cfg), layer_(layer), tp_(std::move(tp)) {
   cfg.validate();
   check_tp(cfg, tp_, layer);
   if (cfg.is_moe_layer(layer))
-    dispatcher_ = TokenDispatcher::create(cfg, ep, device.node().mode(), rank, layer);
-  make_parameters(device, seed);
+    dispatcher_ = TokenDispatcher::create(cfg, ep, device.node().mode(), rank, layer, etp);
+  make_parameters(device, seed, etp);
 }
 
 TransformerLayer::TransformerLayer(const ModelConfig& cfg, int layer, Device& device,
@@ -50,10 +51,15 @@ TransformerLayer::TransformerLayer(const ModelConfig& cfg, int layer, Device& de
   if (cfg.is_moe_layer(layer) != static_cast<bool>(dispatcher_))
     throw UsageError("layer " + std::to_string(layer) +
                      ": a MoE layer needs a dispatcher and a dense layer none");
-  make_parameters(device, seed);
+  if (cfg.etp() != 1)
+    throw UsageError("layer " + std::to_string(layer) +
+                     ": a caller's dispatcher runs without expert TP (set "
+                     "expert_tensor_parallel_size to 1)");
+  make_parameters(device, seed, {});
 }
 
-void TransformerLayer::make_parameters(Device& device, std::uint64_t seed) {
+void TransformerLayer::make_parameters(Device& device, std::uint64_t seed,
+                                       const TensorParallel& etp) {
   const ModelConfig& cfg = cfg_;
   const std::string p = prefix(layer_);
   const std::int64_t H = cfg.hidden_size, d = cfg.head_dim(), t = tp_.size;
@@ -97,11 +103,23 @@ void TransformerLayer::make_parameters(Device& device, std::uint64_t seed) {
   router_ = replicated(p + "mlp.router.weight", {E, H}, DType::F32, Init::Normal, sd);
   if (cfg.router.enable_expert_bias) expert_bias_ = Tensor::empty(device, {E}, DType::F32);
   // Expert e's weights are drawn at offset e * per-expert elements of one stream per name, so
-  // they do not depend on how the experts are sharded.
-  fc1_ = make_parameter(device, p + "mlp.experts.linear_fc1.weight", {local, 2 * F, H}, dt,
-                        Init::Normal, sd, seed, first * 2 * F * H, true);
-  fc2_ = make_parameter(device, p + "mlp.experts.linear_fc2.weight", {local, H, F}, dt,
-                        Init::Normal, sd, seed, first * H * F, true);
+  // they do not depend on how the experts are sharded; with expert TP each expert's fc1 is
+  // column-parallel ([gate | up] split) and its fc2 row-parallel.
+  auto experts = [&](std::string name, Shape shape, std::int64_t per_expert, ShardIndex within) {
+    const std::int64_t local_numel = shape[1] * shape[2];
+    Parameter w = make_parameter(
+        device, std::move(name), std::move(shape), dt, Init::Normal, sd, seed,
+        [=](std::int64_t i) {
+          return (first + i / local_numel) * per_expert + within(i % local_numel);
+        });
+    w.expert = true;
+    return w;
+  };
+  const std::int64_t et = etp.size;
+  fc1_ = experts(p + "mlp.experts.linear_fc1.weight", {local, 2 * F / et, H}, 2 * F * H,
+                 column_shard({F, F}, H, etp));
+  fc2_ = experts(p + "mlp.experts.linear_fc2.weight", {local, H, F / et}, H * F,
+                 row_shard(H, F, etp));
   if (cfg.moe_shared_expert_intermediate_size > 0) {
     const std::int64_t S = cfg.moe_shared_expert_intermediate_size;
     shared_fc1_ = column(p + "mlp.shared_experts.linear_fc1.weight", {S, S});

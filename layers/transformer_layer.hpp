@@ -40,9 +40,9 @@ class LayerPlan;
 class TransformerLayer {
  public:
   // `ep` is this rank's EP group (ignored by dense layers); `rank` its global device id; `tp` its
-  // TP group, of cfg.tensor_model_parallel_size ranks.
+  // TP group, of cfg.tensor_model_parallel_size ranks; `etp` its expert-TP group.
   TransformerLayer(const ModelConfig& cfg, int layer, Device& device, std::uint64_t seed, Group ep,
-                   int rank, TensorParallel tp = {});
+                   int rank, TensorParallel tp = {}, TensorParallel etp = {});
   // With a dispatcher of the caller's (TokenDispatcher::alone); null for a dense layer.
   TransformerLayer(const ModelConfig& cfg, int layer, Device& device, std::uint64_t seed,
                    std::unique_ptr<TokenDispatcher> dispatcher, TensorParallel tp = {});
@@ -60,7 +60,7 @@ class TransformerLayer {
 
  private:
   friend class LayerPlan;
-  void make_parameters(Device& device, std::uint64_t seed);
+  void make_parameters(Device& device, std::uint64_t seed, const TensorParallel& etp);
   ModelConfig cfg_;
   int layer_;
   TensorParallel tp_;

@@ -82,5 +82,27 @@ TEST(TensorParallelRun, DenseFirstLayersAndTheFlexDispatcherKeepTheBits) {
   EXPECT_EQ(fo.numerics_hash, f.numerics_hash);
 }
 
+// Expert TP through the recipe: ETP unset follows TP 2 (Megatron's default), and ETP 2 keeps
+// the layout's bits under the combined 1F1B with delayed wgrad and under PP 2 with VPP 2.
+TEST(TensorParallelRun, ExpertTpKeepsTheBitsOfItsLayout) {
+  const std::vector<std::string> base = {"emulator.gpus_per_node=8",
+                                         "model.tensor_model_parallel_size=2",
+                                         "model.sequence_parallel=true", "train.train_iters=2"};
+  const RunReport seq = train(tiny(base));
+  ASSERT_TRUE(seq.numerics_hash);
+  const RunReport explicit_etp = train(tiny(with(base, {"model.expert_tensor_parallel_size=2"})));
+  EXPECT_EQ(explicit_etp.numerics_hash, seq.numerics_hash);
+  const RunReport etp1 = train(tiny(with(base, {"model.expert_tensor_parallel_size=1"})));
+  EXPECT_NE(etp1.numerics_hash, seq.numerics_hash);  // other shards, other sums
+  EXPECT_NEAR(*etp1.iterations[0].loss, *seq.iterations[0].loss, 1e-3);
+  const std::string overlap = "comm_overlap.overlap_moe_expert_parallel_comm=true";
+  const std::string delay = "comm_overlap.delay_wgrad_compute=true";
+  EXPECT_EQ(train(tiny(with(base, {overlap, delay}))).numerics_hash, seq.numerics_hash);
+  EXPECT_EQ(train(tiny(with(base, {"nodes=2", "model.pipeline_model_parallel_size=2",
+                                   "model.virtual_pipeline_model_parallel_size=2", overlap, delay})))
+                .numerics_hash,
+            seq.numerics_hash);
+}
+
 }  // namespace
 }  // namespace nodeemu::emu

@@ -181,16 +181,17 @@ inline StepResult run_distributed(const layers::ModelConfig& cfg, int ep, int no
 }
 
 // The same step on `world` ranks laid out as TP x EP x DP (`tp` ranks split each micro-batch's
-// tokens and the dense weights; DP rank d holds micro-batch d), each weight's gradient put back
-// together from its shards.
+// tokens and the dense weights; DP rank d holds micro-batch d; the experts fold the ranks into
+// ETP x EP x expert DP), each weight's gradient put back together from its shards.
 inline StepResult run_tensor_parallel(const layers::ModelConfig& base, int world, int tp, int ep,
-                                      bool delay_wgrad = false, int workers = 1) {
+                                      bool delay_wgrad = false, int workers = 1, int etp = 1) {
   layers::ModelConfig cfg = base;
   cfg.tensor_model_parallel_size = tp;
   cfg.sequence_parallel = tp > 1;
+  cfg.expert_tensor_parallel_size = etp;
   Node node(model_options(world, 1, workers));
   Communicator comm(node);
-  ProcessGroups pg({.world = world, .tp = tp, .ep = ep, .etp = 1});
+  ProcessGroups pg({.world = world, .tp = tp, .ep = ep, .etp = etp});
   const int dp = pg.layout().dp();
   std::vector<double> losses(static_cast<size_t>(dp));
   std::map<std::string, std::vector<float>> whole;
@@ -201,8 +202,11 @@ inline StepResult run_tensor_parallel(const layers::ModelConfig& base, int world
     const layers::TensorParallel tpg =
         tp > 1 ? layers::TensorParallel::of(comm.group_of(pg, GroupKind::TP, r), r)
                : layers::TensorParallel{};
+    const layers::TensorParallel etpg =
+        etp > 1 ? layers::TensorParallel::of(comm.group_of(pg, GroupKind::ETP, r), r)
+                : layers::TensorParallel{};
     layers::ModelChunk chunk(cfg, {0, cfg.num_layers, true, true}, dev, kSeed,
-                             comm.group_of(pg, GroupKind::EP, r), r, tpg);
+                             comm.group_of(pg, GroupKind::EP, r), r, tpg, etpg);
     layers::ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
     ctx.delay_wgrad = delay_wgrad;
     chunk.zero_grad(ctx.compute);

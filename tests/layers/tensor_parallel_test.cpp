@@ -1,5 +1,5 @@
-// Tensor parallelism with sequence parallelism against the unsplit model: the same weights and
-// data at TP 2 and 4 give the TP = 1 step's losses and gradients within a stated fp32 tolerance,
+// Tensor parallelism with sequence parallelism, and expert TP, against the unsplit model: the same
+// weights and data at TP 2 and 4 and ETP 2 and 4 give the TP = 1 step's losses and gradients within a stated fp32 tolerance,
 // a TP layout repeats its own bits under delayed wgrad and any thread count, and one layer's
 // TP collectives are the ones Megatron's layout implies.
 #include <gtest/gtest.h>
@@ -46,6 +46,18 @@ TEST(TensorParallel, Tp4WithEp2AndDp2MatchesTheUnsplitModel) {
   expect_close(run_tensor_parallel(cfg, 8, 4, 2), run_reference(cfg, 2));
 }
 
+// Expert TP (parallel folding): each expert's columns split over ETP ranks, the dispatched
+// tokens all-gathered over them and the partial outputs reduce-scattered back.
+TEST(TensorParallel, ExpertTpMatchesTheUnsplitModel) {
+  const ModelConfig cfg = tiny_moe();
+  // TP 1, ETP 2, EP 2 on 4 ranks: attention DP 4, experts ETP 2 x EP 2.
+  expect_close(run_tensor_parallel(cfg, 4, 1, 2, false, 1, 2), run_reference(cfg, 4));
+  // TP 2 and ETP 2 on 8 ranks: attention TP 2 x DP 4; experts ETP 2 x EP 4.
+  expect_close(run_tensor_parallel(cfg, 8, 2, 4, false, 1, 2), run_reference(cfg, 4));
+  // ETP 4 with TP 2: the folding differs between attention and experts.
+  expect_close(run_tensor_parallel(cfg, 8, 2, 2, false, 1, 4), run_reference(cfg, 4));
+}
+
 TEST(TensorParallel, DenseLayersAndSeqAuxLossMatchTheUnsplitModel) {
   ModelConfig cfg = tiny_moe();
   cfg.moe_layer_freq = {0, 1, 0, 1};
@@ -63,9 +75,9 @@ TEST(TensorParallel, Bf16MatchesTheUnsplitModelWithinBf16Rounding) {
 
 TEST(TensorParallel, DelayedWgradAndThreadCountKeepTheBits) {
   const ModelConfig cfg = tiny_moe();
-  const StepResult base = run_tensor_parallel(cfg, 4, 2, 2);
-  const StepResult delayed = run_tensor_parallel(cfg, 4, 2, 2, true);
-  const StepResult threads = run_tensor_parallel(cfg, 4, 2, 2, false, 3);
+  const StepResult base = run_tensor_parallel(cfg, 4, 2, 2, false, 1, 2);
+  const StepResult delayed = run_tensor_parallel(cfg, 4, 2, 2, true, 1, 2);
+  const StepResult threads = run_tensor_parallel(cfg, 4, 2, 2, false, 3, 2);
   EXPECT_EQ(base.losses, delayed.losses);
   EXPECT_TRUE(base.grads == delayed.grads);
   EXPECT_EQ(base.losses, threads.losses);
@@ -168,6 +180,44 @@ TEST(TensorParallel, OneLayerIssuesMegatronsCollectives) {
   for (const auto& [name, n] : count)
     if (name.rfind("sp_", 0) == 0 || name.rfind("router_", 0) == 0) tp_ops += n;
   EXPECT_EQ(tp_ops, 11);  // nothing else on the TP group
+}
+
+// One MoE layer with expert TP 2 (TP 1, EP 1): MoEAlltoAllTokenDispatcher's ETP collectives. The
+// counts are all-gathered once; forward, the received rows and probabilities are all-gathered and
+// the experts' partial outputs reduce-scattered; backward, the reverse of each.
+TEST(TensorParallel, OneExpertTpLayerIssuesMegatronsCollectives) {
+  ModelConfig cfg = tiny_moe();
+  cfg.num_layers = 1;
+  cfg.expert_tensor_parallel_size = 2;
+  NodeOptions o = testing::model_options(2);
+  o.record_trace = true;
+  Node node(o);
+  Communicator comm(node);
+  const std::int64_t T = testing::kSeq, H = cfg.hidden_size;
+  node.run([&](Host& host) {
+    const int r = host.rank();
+    Device& dev = host.device();
+    ModelChunk chunk(cfg, {0, 1, false, false}, dev, 1, comm.group({r}, "ep" + std::to_string(r)),
+                     r, {}, TensorParallel::of(comm.group({0, 1}, "etp"), r));
+    ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
+    auto plan = chunk.plan(ctx, 0, synthetic_microbatch(cfg, 1, T, 1, r, 0), 1.0 / double(T));
+    plan->input = Tensor::empty(dev, {T, H}, cfg.dtype);
+    plan->forward_all();
+    plan->grad_output = Tensor::empty(dev, {T, H}, cfg.dtype);
+    plan->backward_all();
+    dev.synchronize();
+  });
+  std::map<std::string, int> count;
+  for (const auto& op : node.trace().ops())
+    if (op.device == 0 && op.kind == OpKind::Comm && op.name.rfind("moe_etp_", 0) == 0)
+      ++count[op.name];
+  const std::map<std::string, int> megatron = {
+      {"moe_etp_counts_allgather", 1},     {"moe_etp_allgather_tokens", 1},
+      {"moe_etp_allgather_probs", 1},      {"moe_etp_reducescatter", 1},
+      {"moe_etp_reducescatter_bwd", 1},    {"moe_etp_allgather_tokens_bwd", 1},
+      {"moe_etp_allgather_probs_bwd", 1},
+  };
+  EXPECT_EQ(count, megatron);
 }
 
 }  // namespace
