@@ -182,7 +182,8 @@ void max_f32(float* dst, const float* src, std::size_t n) {
 }
 
 void add_bf16(std::uint16_t* dst, const std::uint16_t* src, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(bf16_to_f32(dst[i]) + bf16_to_f32(src[i]));
+  for (std::size_t i = 0; i < n; ++i)
+    dst[i] = f32_to_bf16(bf16_to_f32(dst[i]) + bf16_to_f32(src[i]));
 }
 
 // Chosen by measurement on the development host (AMD EPYC Zen4 under KVM, 2 cores, 1 MiB L2 per

@@ -208,8 +208,8 @@ std::optional<Event> Group::reduce_scatter(const Buffer& send, const Buffer& rec
     throw UsageError(op + ": send and receive must be different buffers");
   Call c;
   c.kind = std::string("reduce_scatter(") + how.name + ")";
-  c.text = std::string("reduce_scatter(") + how.name + ", counts " + detail::sizes_text(counts) +
-           ")";
+  c.text =
+      std::string("reduce_scatter(") + how.name + ", counts " + detail::sizes_text(counts) + ")";
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
@@ -246,8 +246,7 @@ std::optional<Event> Group::all_reduce(const Buffer& send, const Buffer& recv, s
   // chunk goes to scratch memory so that send and recv may be the same buffer.
   std::vector<std::size_t> chunk(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i)
-    chunk[size_t(i)] =
-        (count / size_t(n) + (size_t(i) < count % size_t(n) ? 1 : 0)) * how.bytes;
+    chunk[size_t(i)] = (count / size_t(n) + (size_t(i) < count % size_t(n) ? 1 : 0)) * how.bytes;
   auto at = detail::offsets_of(chunk);
   const std::size_t mine = chunk[size_t(me)];
   Call c;

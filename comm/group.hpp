@@ -71,8 +71,7 @@ class Group {
   // part `me` of send (sum(counts) elements).
   std::optional<Event> reduce_scatter(const Buffer& send, const Buffer& recv,
                                       const std::vector<std::size_t>& counts, Stream& stream,
-                                      const CollOptions& o = {},
-                                      Reduction op = Reduction::SumF32);
+                                      const CollOptions& o = {}, Reduction op = Reduction::SumF32);
   // recv (count elements) = the reduction over members, in member order, of send. send and recv
   // may be the same buffer. Every member gets the same bits.
   std::optional<Event> all_reduce(const Buffer& send, const Buffer& recv, std::size_t count,

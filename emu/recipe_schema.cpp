@@ -273,7 +273,8 @@ std::vector<KeySpec> build() {
        T::Bool,
        "false",
        {},
-       "TP comm overlap (TP = 1 here: no effect)"},
+       "TP comm overlap (Megatron-Bridge turns it off below TP 2, without sequence_parallel or "
+       "without Transformer Engine; otherwise refused: not modelled yet)"},
       {"comm_overlap.overlap_grad_reduce",
        T::Bool,
        "",

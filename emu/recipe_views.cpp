@@ -132,8 +132,8 @@ layers::ModelConfig model_config(const Recipe& r, const GpuSpec& gpu) {
   c.tensor_model_parallel_size = r.int32("model.tensor_model_parallel_size");
   c.sequence_parallel = r.flag("model.sequence_parallel");
   // Unset, Megatron makes expert TP equal to TP.
-  c.expert_tensor_parallel_size = opt_int("model.expert_tensor_parallel_size",
-                                          c.tensor_model_parallel_size);
+  c.expert_tensor_parallel_size =
+      opt_int("model.expert_tensor_parallel_size", c.tensor_model_parallel_size);
   const std::string& d = r.text("model.moe_token_dispatcher_type");
   c.moe_token_dispatcher_type = d == "alltoall" ? DispatcherType::AllToAll
                                 : d == "flex"   ? DispatcherType::Flex

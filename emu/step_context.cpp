@@ -118,12 +118,16 @@ void StepContext::Impl::communicate(const P2pCall& call, layers::StreamKind from
   const layers::DType dt = chunks_[0]->config().dtype;
   std::vector<Event> sends;
   std::vector<std::pair<PlanId, bool>> received;  // (plan, forward)
-  // Megatron's _communicate posts send-prev, recv-prev, send-next, recv-next; each link is its own
-  // group here, so the order between links does not matter, only the order on each.
-  if (call.send_backward && !first_stage(call.send_backward->chunk)) {
+  auto send_prev = [&] {
+    if (!call.send_backward || first_stage(call.send_backward->chunk)) return;
     layers::ChunkPlan& p = existing(*call.send_backward, "send_backward");
     sends.push_back(links_.send_backward(p.grad_input(), p.event, posting));
-  }
+  };
+  auto send_next = [&] {
+    if (!call.send_forward || last_stage(call.send_forward->chunk)) return;
+    layers::ChunkPlan& p = existing(*call.send_forward, "send_forward");
+    sends.push_back(links_.send_forward(p.output(), p.event, posting));
+  };
   // A receive into a new tensor of the plan, left pending until the consumer waits for it.
   auto receive = [&](PlanId id, bool forward) {
     const Key key{id.microbatch, id.chunk};
@@ -139,14 +143,31 @@ void StepContext::Impl::communicate(const P2pCall& call, layers::StreamKind from
     pending[key] = r.done;
     received.emplace_back(id, forward);
   };
-  if (call.recv_forward && !first_stage(call.recv_forward->chunk))
-    receive(*call.recv_forward, true);
-  if (call.send_forward && !last_stage(call.send_forward->chunk)) {
-    layers::ChunkPlan& p = existing(*call.send_forward, "send_forward");
-    sends.push_back(links_.send_forward(p.output(), p.event, posting));
+  auto recv_prev = [&] {
+    if (call.recv_forward && !first_stage(call.recv_forward->chunk))
+      receive(*call.recv_forward, true);
+  };
+  auto recv_next = [&] {
+    if (call.recv_backward && !last_stage(call.recv_backward->chunk))
+      receive(*call.recv_backward, false);
+  };
+  // Megatron's _p2p_ops order: even PP ranks send-next, recv-prev, send-prev, recv-next; odd ranks
+  // recv-prev, send-next, recv-next, send-prev, so that neighbours post matching transfers in the
+  // same order. Each link is its own group and stream, but with one hardware queue
+  // (CUDA_DEVICE_MAX_CONNECTIONS=1) the completion record behind a transfer holds the queue until
+  // the peer has posted its side: posting both sends first (as batch_isend_irecv's order would,
+  // unfused) deadlocks the two neighbours.
+  if (pp_rank_ % 2 == 0) {
+    send_next();
+    recv_prev();
+    send_prev();
+    recv_next();
+  } else {
+    recv_prev();
+    send_next();
+    recv_next();
+    send_prev();
   }
-  if (call.recv_backward && !last_stage(call.recv_backward->chunk))
-    receive(*call.recv_backward, false);
   // The comm stream's post_forward (the combined 1F1B; schedules.py pp_post_forward): after
   // posting this send it waits on the previous forward send's handle (send_next_wait_handle)
   // before deallocate_output_tensor frees that output, so the comm stream's next work queues

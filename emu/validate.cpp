@@ -169,6 +169,34 @@ void Rules::emulator() {
   const int c = i("emulator.cuda_device_max_connections");
   if (c < 1 || c > 32)
     error("emulator.cuda_device_max_connections", "must be between 1 and 32 (CUDA's range)");
+  // NodeEmu's combined 1F1B posts each pipeline send and receive as its own call; with one
+  // hardware queue a send's completion record holds the queue until the peer posts its receive,
+  // and two neighbours that both send first wait on each other (a known limitation: refused
+  // rather than hung).
+  if (c == 1 && b("comm_overlap.overlap_moe_expert_parallel_comm") &&
+      i("model.pipeline_model_parallel_size") > 1)
+    error("emulator.cuda_device_max_connections",
+          "1 with EP overlap and PP > 1 is not modelled by NodeEmu yet (its combined 1F1B's "
+          "separate pipeline transfers deadlock on one hardware queue); use 32, as Megatron "
+          "suggests for EP overlap");
+  // Megatron-LM validate_args: before Blackwell, TP or CP needs one hardware queue (the TP
+  // collectives' overlap with their GEMMs depends on the launch order), except that EP overlap
+  // (which wants many) only warns: "set it to 1 or 32, depending on which parallelization you
+  // want to prioritize".
+  const bool tp_or_cp =
+      i("model.tensor_model_parallel_size") > 1 || i("model.context_parallel_size") > 1;
+  if (tp_or_cp && gpu_.cc_major < 10 && c != 1) {
+    if (b("comm_overlap.overlap_moe_expert_parallel_comm"))
+      warning("emulator.cuda_device_max_connections",
+              "is " + std::to_string(c) +
+                  " with TP or CP > 1 before Blackwell: Megatron warns that TP wants 1 and EP "
+                  "overlap 32");
+    else
+      error("emulator.cuda_device_max_connections",
+            "must be 1 with TP or CP > 1 on " + gpu_.name +
+                " (Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS=1 before Blackwell unless EP "
+                "overlap is on)");
+  }
   if (i("emulator.warmup_iterations") < 0) error("emulator.warmup_iterations", "must be 0 or more");
   routing();
 }
@@ -179,6 +207,18 @@ void Rules::not_modelled() {
     error(key, what + " is not modelled by NodeEmu yet");
   };
   if (i("model.context_parallel_size") != 1) refuse("model.context_parallel_size", "CP > 1");
+  if (b("comm_overlap.tp_comm_overlap")) {
+    // Megatron-Bridge CommOverlapConfig._get_model_comm_overlap_cfgs: TP overlap needs TP >= 2,
+    // sequence parallelism and Transformer Engine, and is switched off with a warning otherwise.
+    const bool te = r_.text("model.transformer_impl") == "transformer_engine";
+    if (i("model.tensor_model_parallel_size") < 2 || !b("model.sequence_parallel") || !te)
+      warning("comm_overlap.tp_comm_overlap",
+              "off, as Megatron-Bridge turns it off: it needs tensor_model_parallel_size >= 2, "
+              "sequence_parallel and transformer_impl=transformer_engine");
+    else
+      refuse("comm_overlap.tp_comm_overlap",
+             "TP communication overlap (Transformer Engine's userbuffers; set it false)");
+  }
   if (set("model.moe_permute_fusion_into_hybridep"))
     refuse("model.moe_permute_fusion_into_hybridep",
            "HybridEP's permute fused into its transfer (unset it: the separate permute runs)");

@@ -74,9 +74,10 @@ void Rules::layout() {
   // Sequence parallelism splits each micro-batch's tokens evenly over the TP ranks
   // (Megatron asserts seq_length % TP == 0 with sequence_parallel).
   if (l.tp > 1 && (std::int64_t(mbs) * r_.integer("train.seq_length")) % l.tp)
-    error("train.seq_length", "micro_batch_size x seq_length must split over "
-                              "tensor_model_parallel_size = " +
-                                  std::to_string(l.tp) + " (sequence parallelism)");
+    error("train.seq_length",
+          "micro_batch_size x seq_length must split over "
+          "tensor_model_parallel_size = " +
+              std::to_string(l.tp) + " (sequence parallelism)");
 }
 
 // The interleaved schedule's micro-batch groups (schedules.py

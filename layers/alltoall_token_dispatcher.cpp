@@ -206,7 +206,8 @@ void AlltoallPlan::size_all_to_all(ops::At at) {
     if (capacity_) {
       table.assign(std::size_t(t * d_.ep_size() * E), capacity_);
     } else if (d_.mode() == Mode::Meta) {
-      for (int i = 0; i < t; ++i) table.insert(table.end(), meta_counts_.begin(), meta_counts_.end());
+      for (int i = 0; i < t; ++i)
+        table.insert(table.end(), meta_counts_.begin(), meta_counts_.end());
     } else {
       counts_.landed.synchronize();
       const std::int64_t* h = counts_.host.as<const std::int64_t>();
@@ -411,8 +412,7 @@ void AlltoallPlan::preprocess_backward(ops::At at) {
 
 std::unique_ptr<TokenDispatcher> make_alltoall(const ModelConfig& cfg, Group ep, Mode mode,
                                                int rank, TensorParallel etp) {
-  return std::make_unique<AlltoallTokenDispatcher>(cfg, std::move(ep), mode, rank,
-                                                   std::move(etp));
+  return std::make_unique<AlltoallTokenDispatcher>(cfg, std::move(ep), mode, rank, std::move(etp));
 }
 
 std::unique_ptr<TokenDispatcher> make_alone(const ModelConfig& cfg, int ep_size) {

@@ -145,8 +145,8 @@ ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const 
           ops::rmsnorm_forward(at, "final_layernorm", hidden_, chunk_.final_norm_,
                                c.layernorm_epsilon, lnf_, rstd_);
           // The output layer is column-parallel over the vocabulary: all tokens' normed rows.
-          lnf_all_ = chunk_.tp_.on() ? gather_tokens(at, chunk_.tp_, lnf_, "sp_allgather_output")
-                                     : lnf_;
+          lnf_all_ =
+              chunk_.tp_.on() ? gather_tokens(at, chunk_.tp_, lnf_, "sp_allgather_output") : lnf_;
           logits_ = ops::linear_forward(at, "output_layer", lnf_all_, chunk_.output_.value,
                                         ops::one_group(lnf_all_), DType::F32);
           cross_entropy_forward(at, chunk_.tp_, logits_, labels_, loss_sum_, ce_);
@@ -208,12 +208,10 @@ void ChunkPlan::backward_all() {
   embedding.backward();
 }
 
-void reduce_gradients(ModelChunk& chunk, Group dp, Group edp, Stream& s,
-                      const TensorParallel& tp) {
+void reduce_gradients(ModelChunk& chunk, Group dp, Group edp, Stream& s, const TensorParallel& tp) {
   auto all_reduce = [&](Group& g, Parameter& p, const char* name) {
     g.all_reduce(p.main_grad.buffer(), p.main_grad.buffer(),
-                 static_cast<std::size_t>(p.main_grad.numel()), s,
-                 {.async = true, .name = name});
+                 static_cast<std::size_t>(p.main_grad.numel()), s, {.async = true, .name = name});
   };
   for (auto* p : chunk.parameters()) {
     Group& g = p->expert ? edp : dp;

@@ -91,8 +91,8 @@ class ChunkPlan {
   ExecContext& ctx_;
   MicroBatch data_;
   double loss_scale_;
-  Tensor tokens_, labels_, embedded_, hidden_, rstd_, logits_, lnf_, lnf_all_, grad_hidden_,
-      g_lnf_, g_logits_, g_embedded_;
+  Tensor tokens_, labels_, embedded_, hidden_, rstd_, logits_, lnf_, lnf_all_, grad_hidden_, g_lnf_,
+      g_logits_, g_embedded_;
   CrossEntropySaved ce_;
   std::shared_ptr<double> loss_sum_ = std::make_shared<double>(0);
 };

@@ -38,8 +38,9 @@ void tensor_parallel_rules(const ModelConfig& c, const Fail& fail) {
     return;
   }
   if (c.dtype == DType::F16)
-    fail("fp16", "with tensor_model_parallel_size > 1 is not modelled (fp16 reduce-scatter); "
-                 "use bf16");
+    fail("fp16",
+         "with tensor_model_parallel_size > 1 is not modelled (fp16 reduce-scatter); "
+         "use bf16");
   if (!c.sequence_parallel)
     fail("sequence_parallel",
          "must be true with tensor_model_parallel_size > 1 (Megatron requires it with MoE; TP "
@@ -73,8 +74,9 @@ void expert_tensor_parallel_rules(const ModelConfig& c, const Fail& fail) {
                                     " does not split over expert_tensor_parallel_size " +
                                     std::to_string(t));
   if (c.dtype == DType::F16)
-    fail("fp16", "with expert_tensor_parallel_size > 1 is not modelled (fp16 reduce-scatter); "
-                 "use bf16");
+    fail("fp16",
+         "with expert_tensor_parallel_size > 1 is not modelled (fp16 reduce-scatter); "
+         "use bf16");
 }
 
 }  // namespace

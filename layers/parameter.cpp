@@ -49,9 +49,10 @@ Parameter make_parameter(Device& device, std::string name, Shape shape, DType dt
     // caller, so the offset alone places a shard.
     const std::uint64_t stream = name_hash(name);
     for (std::size_t i = 0; i < v.size(); ++i)
-      v[i] = init == Init::Ones
-                 ? 1.0f
-                 : float(std * counter_normal(seed, stream, std::uint64_t(global(std::int64_t(i)))));
+      v[i] =
+          init == Init::Ones
+              ? 1.0f
+              : float(std * counter_normal(seed, stream, std::uint64_t(global(std::int64_t(i)))));
     p.value.copy_from_f32(v);
   }
   p.name = std::move(name);

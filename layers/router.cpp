@@ -317,7 +317,7 @@ void update_expert_bias(float* bias, const std::vector<std::int64_t>& tokens_per
   }
 }
 
-#define NE_INSTANTIATE(T)                                                                     \
+#define NE_INSTANTIATE(T)                                                                      \
   template Routing<T> route_choice<T>(const RouterConfig&, const T*, std::int64_t, const T*);  \
   template std::vector<std::int64_t> balance_counts<T>(const RouterConfig&, const Routing<T>&, \
                                                        TokenSpan);                             \

@@ -35,8 +35,7 @@ ShardIndex column_shard(const std::vector<std::int64_t>& segments, std::int64_t 
   };
 }
 
-ShardIndex row_shard(std::int64_t out, std::int64_t in, const TensorParallel& tp) {
-  (void)out;
+ShardIndex row_shard(std::int64_t in, const TensorParallel& tp) {
   NE_CHECK(in % tp.size == 0, "a row-parallel weight does not split over TP");
   const std::int64_t local = in / tp.size, first = tp.rank * local;
   return [=](std::int64_t i) { return (i / local) * in + first + i % local; };
@@ -46,7 +45,7 @@ Tensor gather_tokens(ops::At at, const TensorParallel& tp, const Tensor& x, cons
   Tensor out = at.empty({x.dim(0) * tp.size, x.dim(1)}, x.dtype());
   Group g = tp.group;  // a handle: the collectives are not const
   g.all_gather(x.buffer(), out.buffer(), x.bytes(), at.stream,
-                      {.async = true, .name = at.named(name)});
+               {.async = true, .name = at.named(name)});
   return out;
 }
 

@@ -45,8 +45,8 @@ struct TensorParallel {
 // shard holds its part of every segment, in segment order.
 ShardIndex column_shard(const std::vector<std::int64_t>& segments, std::int64_t in,
                         const TensorParallel& tp);
-// A row-parallel shard of a whole [out][in] weight: columns [rank * in / tp, ...).
-ShardIndex row_shard(std::int64_t out, std::int64_t in, const TensorParallel& tp);
+// A row-parallel shard of a whole [out][in] weight: columns [rank * in / tp, ...) of every row.
+ShardIndex row_shard(std::int64_t in, const TensorParallel& tp);
 
 // The token split's all-gather: [rows][h] on each rank -> [tp * rows][h], rank order.
 Tensor gather_tokens(ops::At at, const TensorParallel& tp, const Tensor& x, const char* name);

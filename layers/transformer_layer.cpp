@@ -18,10 +18,6 @@ std::string prefix(int layer) {
   return "decoder.layers." + std::to_string(layer) + ".";
 }
 
-}  // namespace
-
-namespace {
-
 void check_tp(const ModelConfig& cfg, const TensorParallel& tp, int layer) {
   if (tp.size != cfg.tp())
     throw UsageError("layer " + std::to_string(layer) + ": a TP group of " +
@@ -81,7 +77,7 @@ void TransformerLayer::make_parameters(Device& device, std::uint64_t seed,
   };
   auto row = [&](std::string name, std::int64_t in) {
     return make_parameter(device, std::move(name), {H, in / t}, dt, Init::Normal, sd, seed,
-                          row_shard(H, in, tp_));
+                          row_shard(in, tp_));
   };
   input_norm_ = replicated(p + "input_layernorm.weight", {H}, dt, Init::Ones, 0);
   qkv_ = column(p + "self_attention.linear_qkv.weight", {heads * d, groups * d, groups * d});
@@ -108,8 +104,7 @@ void TransformerLayer::make_parameters(Device& device, std::uint64_t seed,
   auto experts = [&](std::string name, Shape shape, std::int64_t per_expert, ShardIndex within) {
     const std::int64_t local_numel = shape[1] * shape[2];
     Parameter w = make_parameter(
-        device, std::move(name), std::move(shape), dt, Init::Normal, sd, seed,
-        [=](std::int64_t i) {
+        device, std::move(name), std::move(shape), dt, Init::Normal, sd, seed, [=](std::int64_t i) {
           return (first + i / local_numel) * per_expert + within(i % local_numel);
         });
     w.expert = true;
@@ -118,8 +113,7 @@ void TransformerLayer::make_parameters(Device& device, std::uint64_t seed,
   const std::int64_t et = etp.size;
   fc1_ = experts(p + "mlp.experts.linear_fc1.weight", {local, 2 * F / et, H}, 2 * F * H,
                  column_shard({F, F}, H, etp));
-  fc2_ = experts(p + "mlp.experts.linear_fc2.weight", {local, H, F / et}, H * F,
-                 row_shard(H, F, etp));
+  fc2_ = experts(p + "mlp.experts.linear_fc2.weight", {local, H, F / et}, H * F, row_shard(F, etp));
   if (cfg.moe_shared_expert_intermediate_size > 0) {
     const std::int64_t S = cfg.moe_shared_expert_intermediate_size;
     shared_fc1_ = column(p + "mlp.shared_experts.linear_fc1.weight", {S, S});
@@ -367,7 +361,8 @@ void LayerPlan::shared_experts_forward(Stream& s) {
                                   c.dtype);
   Tensor a = ops::swiglu_forward(at, "shared_act", f1, Tensor());
   st.shared_out = scattered(
-      at, ops::linear_forward(at, "shared_fc2", a, L_.shared_fc2_.value, ops::one_group(a), c.dtype),
+      at,
+      ops::linear_forward(at, "shared_fc2", a, L_.shared_fc2_.value, ops::one_group(a), c.dtype),
       "sp_reducescatter_shared_fc2");
   if (!ctx_.recompute.shared) {
     sv.save("shared_experts", "fc1_output", f1, s);
@@ -391,84 +386,6 @@ void LayerPlan::combine_forward(Stream& s) {
   st.saved.end_module("mlp_norm", s);
   st.shared_out = st.h = Tensor();
   if (st.dispatch->frees_dispatch_input()) st.dispatch->io.hidden = Tensor();
-}
-
-// The router's top-k on this rank's tokens, into the dispatcher's inputs. With TP, the
-// load-balancing counts are summed over the TP group between the choice and the losses
-// (Megatron's router all-reduces tokens_per_expert over the TP x CP group for its aux losses).
-void LayerPlan::route_tokens(Stream& s, const Tensor& logits, std::int64_t T) {
-  const ModelConfig& c = L_.cfg_;
-  State& st = *st_;
-  ops::At at = at_(s);
-  const std::int64_t E = c.num_moe_experts, k = c.router.topk;
-  MoeTokens& io = st.dispatch->io;
-  io.topk_idx = at.empty({T, k}, DType::I64);
-  io.topk_probs = at.empty({T, k}, DType::F32);
-  io.tokens_per_expert = at.empty({E}, DType::I64);
-  st.routing = std::make_shared<Routing<float>>();
-  View vl = view(logits), vb = L_.expert_bias_ ? view(L_.expert_bias_) : View{},
-       vi = view(io.topk_idx), vp = view(io.topk_probs), vc = view(io.tokens_per_expert);
-  auto routing = st.routing;
-  auto stats = stats_;
-  const RouterConfig rc = c.router;
-  const TokenSpan span{L_.tp_.rank * T, T * L_.tp_.size, st.seq};
-  const bool split = L_.tp_.on();
-  auto publish = [=] {
-    std::copy(routing->idx.begin(), routing->idx.end(), vi.as<std::int64_t>());
-    std::copy(routing->probs.begin(), routing->probs.end(), vp.as<float>());
-    std::copy(routing->tokens_per_expert.begin(), routing->tokens_per_expert.end(),
-              vc.as<std::int64_t>());
-    stats->aux_loss = routing->aux_loss;
-    stats->seq_aux_loss = routing->seq_aux_loss;
-    stats->z_loss = routing->z_loss;
-    stats->tokens_per_expert = routing->tokens_per_expert;
-  };
-  // The measured router series is keyed by its fp32 logits (profile.yaml memory_ops).
-  const Work work{.flops = 12.0 * double(T * E),
-                  .bytes = double(logits.bytes()),
-                  .precision = Precision::FP32,
-                  .shape = KernelShape::memory(MemoryOp::Router)};
-  const bool balanced = rc.aux_loss_coeff > 0 && rc.load_balancing != LoadBalancing::None;
-  if (!split || !balanced) {
-    launch(
-        s, "router_topk", work,
-        [=] {
-          *routing = split ? route_choice(rc, vl.as<const float>(), T, vb.as<const float>())
-                           : route(rc, vl.as<const float>(), T, span.seq, vb.as<const float>());
-          if (split) add_balance_losses(rc, vl.as<const float>(), *routing, span, {});
-          publish();
-        },
-        {logits, L_.expert_bias_, io.topk_idx, io.topk_probs, io.tokens_per_expert}, ctx_.tally);
-    return;
-  }
-  const std::int64_t n = span.total / (rc.load_balancing == LoadBalancing::SeqAuxLoss ? span.seq
-                                                                                       : span.total) *
-                         E;
-  Tensor counts = at.empty({n}, DType::F32);  // fp32 sums of integers: exact below 2^24
-  View vn = view(counts);
-  launch(
-      s, "router_topk", work,
-      [=] {
-        *routing = route_choice(rc, vl.as<const float>(), T, vb.as<const float>());
-        const auto mine = balance_counts(rc, *routing, span);
-        std::copy(mine.begin(), mine.end(), vn.as<float>());
-      },
-      {logits, L_.expert_bias_, counts}, ctx_.tally);
-  L_.tp_.group.all_reduce(counts.buffer(), counts.buffer(), std::size_t(n), s,
-                          {.async = true, .name = "router_balance_counts_allreduce"});
-  launch(
-      s, "router_aux_loss",
-      Work{.flops = 4.0 * double(T * E),
-           .bytes = double(logits.bytes()),
-           .precision = Precision::FP32,
-           .shape = KernelShape::memory(MemoryOp::Elementwise)},
-      [=] {
-        const float* summed = vn.as<const float>();
-        add_balance_losses(rc, vl.as<const float>(), *routing, span,
-                           std::vector<std::int64_t>(summed, summed + n));
-        publish();
-      },
-      {logits, counts, io.topk_idx, io.topk_probs, io.tokens_per_expert}, ctx_.tally);
 }
 
 Tensor LayerPlan::gathered(ops::At at, const Tensor& x, const char* name) const {

@@ -92,7 +92,7 @@ void cross_entropy_forward(ops::At at, const TensorParallel& tp, const Tensor& l
       {logits, saved.max}, at.tally);
   Group g = tp.group;  // a handle: the collectives are not const
   g.all_reduce(saved.max.buffer(), saved.max.buffer(), std::size_t(T), at.stream,
-                      {.async = true, .name = "vocab_parallel_max_allreduce"}, Reduction::MaxF32);
+               {.async = true, .name = "vocab_parallel_max_allreduce"}, Reduction::MaxF32);
   launch(
       at.stream, "cross_entropy_stats", work,
       [=] {
@@ -101,7 +101,7 @@ void cross_entropy_forward(ops::At at, const TensorParallel& tp, const Tensor& l
       },
       {logits, labels, saved.max, saved.stats}, at.tally);
   g.all_reduce(saved.stats.buffer(), saved.stats.buffer(), std::size_t(2 * T), at.stream,
-                      {.async = true, .name = "vocab_parallel_stats_allreduce"});
+               {.async = true, .name = "vocab_parallel_stats_allreduce"});
   launch(
       at.stream, "cross_entropy",
       Work{.bytes = double(saved.stats.bytes()),

@@ -22,7 +22,8 @@ struct LayerPlan::State {
   Tensor h;           // attention block's output + residual (the combine's residual input)
   Tensor shared_out;  // shared experts' output
   // dgrad results kept for the wgrad step
-  Tensor g_h, g_h_all, g_qkv, g_ln1, g_ln2, g_logits, g_shared_out, g_shared_fc1, g_fc2_out, g_fc1_out;
+  Tensor g_h, g_h_all, g_qkv, g_ln1, g_ln2, g_logits, g_shared_out, g_shared_fc1, g_fc2_out,
+      g_fc1_out;
   Tensor g_dense_ln2;  // dense layers: the MLP's input gradient, for pre_dispatch's backward
   Tensor grad_out;     // the layer's output gradient, for the residual and shared paths
   Tensor shared_in;    // the shared experts' input (the pre-MLP norm's output), until they run

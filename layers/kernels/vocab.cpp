@@ -91,9 +91,9 @@ void cross_entropy_backward(const T* logits, const std::int32_t* targets, T* dlo
 }
 
 #define NE_INSTANTIATE(T)                                                                          \
-  template void embedding_forward<T>(const std::int32_t*, const T*, T*, std::int64_t, std::int64_t, \
-                                     VocabShard);                                                  \
-  template void embedding_wgrad<T>(const std::int32_t*, const T*, T*, std::int64_t, std::int64_t,   \
+  template void embedding_forward<T>(const std::int32_t*, const T*, T*, std::int64_t,              \
+                                     std::int64_t, VocabShard);                                    \
+  template void embedding_wgrad<T>(const std::int32_t*, const T*, T*, std::int64_t, std::int64_t,  \
                                    VocabShard);                                                    \
   template void shard_logits_max<T>(const T*, T*, std::int64_t, std::int64_t);                     \
   template void shard_softmax_stats<T>(const T*, const T*, const std::int32_t*, VocabShard, T*,    \

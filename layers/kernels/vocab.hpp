@@ -1,8 +1,8 @@
 // The ends of the model: the embedding lookup, and cross-entropy on the output layer's logits
 // (the output layer itself is a plain linear layer, layers/gemm.hpp). Loss math is fp32 or wider.
 #pragma once
-#include <cstdint>
 #include <climits>
+#include <cstdint>
 
 namespace nodeemu::layers::kernels {
 

@@ -40,10 +40,11 @@ TEST(Layer, BusyByClassAddsUpToBusyTime) {
 // With TP the layer runs on its TP group: rank 0 holds its share of the tokens, its collectives
 // are timed (the comm class), and its GEMMs are smaller than the unsplit layer's.
 TEST(Layer, ATensorParallelLayerRunsOnItsTpGroup) {
-  const LayerReport split = time_layers(Recipe::load(recipe_path("qwen3_30b_a3b_tp2_pp2_vpp4_ep4")));
-  const LayerReport whole = time_layers(Recipe::load(
-      recipe_path("qwen3_30b_a3b_tp2_pp2_vpp4_ep4"),
-      {"model.tensor_model_parallel_size=1", "model.sequence_parallel=false"}));
+  const LayerReport split =
+      time_layers(Recipe::load(recipe_path("qwen3_30b_a3b_tp2_pp2_vpp4_ep4")));
+  const LayerReport whole = time_layers(
+      Recipe::load(recipe_path("qwen3_30b_a3b_tp2_pp2_vpp4_ep4"),
+                   {"model.tensor_model_parallel_size=1", "model.sequence_parallel=false"}));
   ASSERT_EQ(split.layers.size(), 1u);
   const LayerTiming& t = split.layers[0];
   EXPECT_EQ(t.tokens, 2048);

@@ -89,6 +89,26 @@ TEST(Schedules, PipelinedSchedulesAreBitExactWithSequentialForUnevenSplits) {
   EXPECT_EQ(plain.numerics_hash, seq.numerics_hash);
 }
 
+// One hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1, which Megatron requires with TP before
+// Blackwell): each transfer's completion record holds the queue until its peer has posted, so
+// neighbours must post matching transfers in the same order, as Megatron's _p2p_ops does by PP
+// rank parity. 1F1B and the interleaved schedule run, and give the bits they give on 32 queues.
+TEST(Schedules, PipelinesRunOnOneHardwareQueue) {
+  for (const auto& extra : std::vector<std::vector<std::string>>{
+           {"model.pipeline_model_parallel_size=2"},
+           {"model.pipeline_model_parallel_size=2", "comm_overlap.batch_p2p_comm=false"},
+           {"model.pipeline_model_parallel_size=2",
+            "model.virtual_pipeline_model_parallel_size=2"}}) {
+    std::vector<std::string> o = {"model.num_layers=4", "emulator.gpus_per_node=8"};
+    o.insert(o.end(), extra.begin(), extra.end());
+    const RunReport many = run(o, 1);
+    o.push_back("emulator.cuda_device_max_connections=1");
+    const RunReport one = run(o, 1);
+    EXPECT_EQ(one.numerics_hash, many.numerics_hash) << extra.back();
+    EXPECT_NE(one.timeline_hash, many.timeline_hash) << extra.back();
+  }
+}
+
 // schedules.py: forward_backward_pipelining_without_interleaving (pp - rank - 1) and
 // get_pp_rank_microbatches (2 (pp - rank - 1) + (chunks - 1) group, + 1 with EP overlap),
 // each capped at the virtual micro-batches, worked by hand.

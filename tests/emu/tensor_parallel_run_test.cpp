@@ -71,14 +71,16 @@ TEST(TensorParallelRun, EveryScheduleOffloadAndRecomputeKeepsTheBitsOfTheLayout)
 TEST(TensorParallelRun, DenseFirstLayersAndTheFlexDispatcherKeepTheBits) {
   const std::vector<std::string> base = with(kTp2, {"model.moe_layer_freq=[0,1,1,1]"});
   const RunReport seq = train(tiny(base));
-  const RunReport comb = train(tiny(with(base, {"comm_overlap.overlap_moe_expert_parallel_comm=true",
-                                                "comm_overlap.delay_wgrad_compute=true"})));
+  const RunReport comb =
+      train(tiny(with(base, {"comm_overlap.overlap_moe_expert_parallel_comm=true",
+                             "comm_overlap.delay_wgrad_compute=true"})));
   EXPECT_EQ(comb.numerics_hash, seq.numerics_hash);
-  const std::vector<std::string> flex =
-      with(base, {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=deepep"});
+  const std::vector<std::string> flex = with(
+      base, {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=deepep"});
   const RunReport f = train(tiny(flex));
   ASSERT_TRUE(f.numerics_hash);
-  const RunReport fo = train(tiny(with(flex, {"comm_overlap.overlap_moe_expert_parallel_comm=true"})));
+  const RunReport fo =
+      train(tiny(with(flex, {"comm_overlap.overlap_moe_expert_parallel_comm=true"})));
   EXPECT_EQ(fo.numerics_hash, f.numerics_hash);
 }
 
@@ -98,10 +100,11 @@ TEST(TensorParallelRun, ExpertTpKeepsTheBitsOfItsLayout) {
   const std::string overlap = "comm_overlap.overlap_moe_expert_parallel_comm=true";
   const std::string delay = "comm_overlap.delay_wgrad_compute=true";
   EXPECT_EQ(train(tiny(with(base, {overlap, delay}))).numerics_hash, seq.numerics_hash);
-  EXPECT_EQ(train(tiny(with(base, {"nodes=2", "model.pipeline_model_parallel_size=2",
-                                   "model.virtual_pipeline_model_parallel_size=2", overlap, delay})))
-                .numerics_hash,
-            seq.numerics_hash);
+  EXPECT_EQ(
+      train(tiny(with(base, {"nodes=2", "model.pipeline_model_parallel_size=2",
+                             "model.virtual_pipeline_model_parallel_size=2", overlap, delay})))
+          .numerics_hash,
+      seq.numerics_hash);
 }
 
 }  // namespace

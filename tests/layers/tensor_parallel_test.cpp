@@ -1,7 +1,7 @@
 // Tensor parallelism with sequence parallelism, and expert TP, against the unsplit model: the same
-// weights and data at TP 2 and 4 and ETP 2 and 4 give the TP = 1 step's losses and gradients within a stated fp32 tolerance,
-// a TP layout repeats its own bits under delayed wgrad and any thread count, and one layer's
-// TP collectives are the ones Megatron's layout implies.
+// weights and data at TP 2 and 4 and ETP 2 and 4 give the TP = 1 step's losses and gradients within
+// a stated fp32 tolerance, a TP layout repeats its own bits under delayed wgrad and any thread
+// count, and one layer's TP collectives are the ones Megatron's layout implies.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -29,7 +29,8 @@ constexpr double kLossTol = 1e-5;
 void expect_close(const StepResult& got, const StepResult& ref) {
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   for (std::size_t r = 0; r < ref.losses.size(); ++r)
-    EXPECT_NEAR(got.losses[r], ref.losses[r], kLossTol * std::abs(ref.losses[r])) << "DP rank " << r;
+    EXPECT_NEAR(got.losses[r], ref.losses[r], kLossTol * std::abs(ref.losses[r]))
+        << "DP rank " << r;
   std::string where;
   EXPECT_LT(testing::worst_relative(got, ref, &where), kGradTol) << "worst tensor: " << where;
 }
@@ -103,7 +104,8 @@ TEST(TensorParallel, TokenGatherAndScatterMatchASerialReference) {
     Stream stream = dev.default_stream();
     ops::At at{stream, nullptr};
     for (DType dt : {DType::F32, DType::BF16}) {
-      Tensor mine = Tensor::empty(dev, {kRows, kH}, dt), whole = Tensor::empty(dev, {kTp * kRows, kH}, dt);
+      Tensor mine = Tensor::empty(dev, {kRows, kH}, dt),
+             whole = Tensor::empty(dev, {kTp * kRows, kH}, dt);
       std::vector<float> m, w;
       for (std::int64_t i = 0; i < kRows; ++i)
         for (std::int64_t j = 0; j < kH; ++j) m.push_back(value(r, i, j));
@@ -212,9 +214,9 @@ TEST(TensorParallel, OneExpertTpLayerIssuesMegatronsCollectives) {
     if (op.device == 0 && op.kind == OpKind::Comm && op.name.rfind("moe_etp_", 0) == 0)
       ++count[op.name];
   const std::map<std::string, int> megatron = {
-      {"moe_etp_counts_allgather", 1},     {"moe_etp_allgather_tokens", 1},
-      {"moe_etp_allgather_probs", 1},      {"moe_etp_reducescatter", 1},
-      {"moe_etp_reducescatter_bwd", 1},    {"moe_etp_allgather_tokens_bwd", 1},
+      {"moe_etp_counts_allgather", 1},    {"moe_etp_allgather_tokens", 1},
+      {"moe_etp_allgather_probs", 1},     {"moe_etp_reducescatter", 1},
+      {"moe_etp_reducescatter_bwd", 1},   {"moe_etp_allgather_tokens_bwd", 1},
       {"moe_etp_allgather_probs_bwd", 1},
   };
   EXPECT_EQ(count, megatron);
