@@ -285,12 +285,21 @@ std::string Engine::describe_op(OpId id) const {
 
 std::string Engine::describe_wait(OpId id) const {
   OpId cur = id;
-  for (;;) {
+  for (std::size_t steps = 0; steps < ops_.size(); ++steps) {
     const Op& op = ops_[cur];
     if (op.prev != kNoOp && !ops_[op.prev].complete()) {
       cur = op.prev;
     } else if (op.waits_for != kNoOp && !ops_[op.waits_for].complete()) {
       cur = op.waits_for;
+    } else if (!op.dispatched) {
+      // Its stream is ready but its hardware queue is not: the operation launched ahead of it
+      // into the same queue has not started (one queue: CUDA_DEVICE_MAX_CONNECTIONS=1). Found by
+      // a scan: this runs once, when the run is already lost.
+      OpId ahead = kNoOp;
+      for (OpId o = 0; o < ops_.size() && ahead == kNoOp; ++o)
+        if (ops_[o].queue_next == cur) ahead = o;
+      if (ahead == kNoOp || ops_[ahead].complete()) break;
+      cur = ahead;
     } else {
       break;
     }

@@ -115,6 +115,34 @@ TEST(OrderChecker, CollectivesIssuedInDifferentOrdersAreReportedNotHung) {
   EXPECT_THAT(m, HasSubstr("parties issued it behind work that never completes"));
 }
 
+// One hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1): two ranks that each post a send, then a
+// record behind it, then the receive matching the peer's send. Each send waits for a receive
+// that is queued behind the other rank's record: the report follows the queue to the send.
+TEST(OrderChecker, AHangBehindAHardwareQueueNamesWhatHoldsTheQueue) {
+  NodeOptions o = comm_options(2);
+  o.cuda_device_max_connections = 1;
+  Node node(o);
+  Communicator comm(node);
+  std::string m = message_of([&] {
+    node.run([&](Host& host) {
+      const int me = host.rank(), peer = 1 - me;
+      Group g01 = comm.group({0, 1}, "p2p_0_to_1"), g10 = comm.group({1, 0}, "p2p_1_to_0");
+      Buffer b = host.device().allocate(4096), r = host.device().allocate(4096);
+      Stream send = host.device().create_stream(Priority::Normal, "send");
+      Stream recv = host.device().create_stream(Priority::Normal, "recv");
+      Group& mine = me == 0 ? g01 : g10;
+      Group& theirs = me == 0 ? g10 : g01;
+      mine.send(mine.index_of(peer), b, 1024, send, {.async = true});
+      Event done;
+      send.record(done);
+      theirs.recv(theirs.index_of(peer), r, 1024, recv, {.async = true});
+      done.synchronize();
+    });
+  });
+  EXPECT_THAT(m, HasSubstr("waits on 'record'"));
+  EXPECT_THAT(m, HasSubstr("behind 'send"));
+}
+
 TEST(OrderCheckerDeathTest, AWatchdogEndsAHangWhileAnotherHostKeepsRunning) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
