@@ -171,6 +171,10 @@ std::uint64_t Node::engine_ops() const {
   return impl_->engine->ops_issued();
 }
 
+int Node::host_device(int host) const {
+  return impl_->engine->layout().host_device.at(std::size_t(host));
+}
+
 void Node::write_chrome_trace(std::ostream& os) const {
   impl_->recorder.write_chrome_json(os, impl_->engine->layout());
 }

@@ -101,6 +101,8 @@ class Node {
   // "name (what it is)": the run summary warns about each.
   std::vector<std::string> unpriced_kernels() const;
   const TraceRecorder& trace() const;
+  // The device a host actor of the trace drives (-1 for the main program).
+  int host_device(int host) const;
   void write_chrome_trace(std::ostream& os) const;
   // Writes to a temporary file, then renames: a failed run never leaves half a trace.
   void write_chrome_trace(const std::string& path) const;

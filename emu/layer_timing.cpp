@@ -130,7 +130,8 @@ LayerTiming time_one(const Recipe& r, const layers::ModelConfig& cfg, int layer,
   t.forward_busy_s = forward.busy_s;
   busy_by_class(all, t);
   for (const auto& h : node.trace().host_calls())
-    if (h.host != 0 && h.name != "synchronize") t.host_issue_s += vtime_to_seconds(h.end - h.start);
+    if (node.host_device(h.host) == 0 && h.name != "synchronize")
+      t.host_issue_s += vtime_to_seconds(h.end - h.start);  // rank 0's host, not its TP peers'
   return t;
 }
 

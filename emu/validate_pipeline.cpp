@@ -71,13 +71,11 @@ void Rules::layout() {
     error("model.microbatch_group_size_per_vp_stage",
           "has no effect without virtual_pipeline_model_parallel_size; unset it");
   if (b("model.bf16") && b("model.fp16")) error("model.fp16", "bf16 and fp16 are exclusive");
-  // Sequence parallelism splits each micro-batch's tokens evenly over the TP ranks
-  // (Megatron asserts seq_length % TP == 0 with sequence_parallel).
-  if (l.tp > 1 && (std::int64_t(mbs) * r_.integer("train.seq_length")) % l.tp)
-    error("train.seq_length",
-          "micro_batch_size x seq_length must split over "
-          "tensor_model_parallel_size = " +
-              std::to_string(l.tp) + " (sequence parallelism)");
+  // Sequence parallelism splits each sequence evenly over the TP ranks (Megatron asserts
+  // seq_length % TP == 0 with sequence_parallel).
+  if (l.tp > 1 && r_.integer("train.seq_length") % l.tp)
+    error("train.seq_length", "must split over tensor_model_parallel_size = " +
+                                  std::to_string(l.tp) + " (sequence parallelism)");
 }
 
 // The interleaved schedule's micro-batch groups (schedules.py

@@ -202,6 +202,8 @@ void AlltoallPlan::size_all_to_all(ops::At at) {
     // [etp][ep][experts]: the host's copy, the static capacity, or meta mode's counts (the same
     // for every ETP peer: meta routing is drawn per EP rank).
     const int t = d_.etp().size, me = d_.ep()->index_of(at.stream.device().id());
+    // The sync point, in both planes: the host waits for the counts' copy.
+    if (counts_.sent) counts_.landed.synchronize();
     std::vector<std::int64_t> table;
     if (capacity_) {
       table.assign(std::size_t(t * d_.ep_size() * E), capacity_);
@@ -209,7 +211,6 @@ void AlltoallPlan::size_all_to_all(ops::At at) {
       for (int i = 0; i < t; ++i)
         table.insert(table.end(), meta_counts_.begin(), meta_counts_.end());
     } else {
-      counts_.landed.synchronize();
       const std::int64_t* h = counts_.host.as<const std::int64_t>();
       table.assign(h, h + t * d_.ep_size() * E);
     }

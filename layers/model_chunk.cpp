@@ -144,11 +144,12 @@ ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const 
           hidden_ = *last;
           ops::rmsnorm_forward(at, "final_layernorm", hidden_, chunk_.final_norm_,
                                c.layernorm_epsilon, lnf_, rstd_);
-          // The output layer is column-parallel over the vocabulary: all tokens' normed rows.
-          lnf_all_ =
+          // The output layer is column-parallel over the vocabulary: all tokens' normed rows,
+          // gathered again for its wgrad (only this rank's share is kept, as Megatron keeps it).
+          const Tensor all =
               chunk_.tp_.on() ? gather_tokens(at, chunk_.tp_, lnf_, "sp_allgather_output") : lnf_;
-          logits_ = ops::linear_forward(at, "output_layer", lnf_all_, chunk_.output_.value,
-                                        ops::one_group(lnf_all_), DType::F32);
+          logits_ = ops::linear_forward(at, "output_layer", all, chunk_.output_.value,
+                                        ops::one_group(all), DType::F32);
           cross_entropy_forward(at, chunk_.tp_, logits_, labels_, loss_sum_, ce_);
         },
         [this, &c](Stream& s) {
@@ -156,6 +157,9 @@ ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const 
           g_logits_ = cross_entropy_backward(at, chunk_.tp_, logits_, labels_, ce_, loss_scale_);
           logits_ = Tensor();
           ce_ = {};
+          lnf_all_ = chunk_.tp_.on()
+                         ? gather_tokens(at, chunk_.tp_, lnf_, "sp_allgather_output_bwd")
+                         : lnf_;
           g_lnf_ = ops::linear_dgrad(at, "output_layer", g_logits_, chunk_.output_.value,
                                      ops::one_group(g_logits_), c.dtype);
           if (chunk_.tp_.on())

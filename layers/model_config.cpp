@@ -52,7 +52,9 @@ void tensor_parallel_rules(const ModelConfig& c, const Fail& fail) {
   };
   whole(c.num_attention_heads, "num_attention_heads");
   whole(c.num_query_groups, "num_query_groups");
-  whole(c.ffn_hidden_size, "ffn_hidden_size");
+  bool dense = false;  // the dense MLP's width splits only where there is one
+  for (int l = 0; l < c.num_layers && !dense; ++l) dense = !c.is_moe_layer(l);
+  if (dense) whole(c.ffn_hidden_size, "ffn_hidden_size");
   whole(c.vocab_size, "vocab_size");
   if (c.moe_shared_expert_intermediate_size > 0)
     whole(c.moe_shared_expert_intermediate_size, "moe_shared_expert_intermediate_size");

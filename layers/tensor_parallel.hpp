@@ -17,7 +17,8 @@
 // Where Megatron's layout differs: Megatron's activations are [seq, batch, hidden], so its split
 // is along the sequence of every sample; NodeEmu's are [batch * seq, hidden] and the split is of
 // that order. The two agree for micro_batch_size 1 (every MoE recipe here); with more, the same
-// tokens are grouped differently over the ranks, which changes no result of the step.
+// tokens are grouped differently over the ranks, which changes no result of the step except
+// which tokens a capacity factor drops (capacity is per rank, on its own tokens).
 #pragma once
 #include <cstdint>
 #include <string>

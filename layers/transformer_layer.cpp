@@ -47,7 +47,7 @@ TransformerLayer::TransformerLayer(const ModelConfig& cfg, int layer, Device& de
   if (cfg.is_moe_layer(layer) != static_cast<bool>(dispatcher_))
     throw UsageError("layer " + std::to_string(layer) +
                      ": a MoE layer needs a dispatcher and a dense layer none");
-  if (cfg.etp() != 1)
+  if (dispatcher_ && cfg.etp() != 1)
     throw UsageError("layer " + std::to_string(layer) +
                      ": a caller's dispatcher runs without expert TP (set "
                      "expert_tensor_parallel_size to 1)");

@@ -12,7 +12,7 @@
 // nodes. With TP (tensor_parallel.hpp) the layer's input and output are this rank's share of the
 // tokens; attention, the dense MLP and the shared experts run on all of them with their heads or
 // features split, and the router and the token dispatcher see this rank's share. Experts are
-// sharded by EP (expert TP is 1). CP = 1.
+// sharded by EP, and their columns by expert TP (alltoall_token_dispatcher.cpp). CP = 1.
 #pragma once
 #include <cstdint>
 #include <memory>
