@@ -230,7 +230,11 @@ void Rules::not_modelled() {
     refuse("model.recompute_granularity", "full recompute (use selective with recompute_modules)");
   if (recompute_has("mla_up_proj"))
     error("model.recompute_modules",
-          "mla_up_proj needs multi-latent attention, which NodeEmu does not model; remove it");
+          b("model.multi_latent_attention")
+              ? "mla_up_proj (recomputing MLA's up projections) is not modelled by NodeEmu yet; "
+                "remove it"
+              : "mla_up_proj needs multi_latent_attention; remove it");
+  attention_keys();
   if (overlap_grad_reduce())
     refuse(set("comm_overlap.overlap_grad_reduce") ? "comm_overlap.overlap_grad_reduce"
                                                    : "ddp.overlap_grad_reduce",
@@ -239,6 +243,32 @@ void Rules::not_modelled() {
   if (b("model.cpu_offloading"))
     refuse("model.cpu_offloading",
            "whole-layer cpu_offloading (use fine_grained_activation_offloading)");
+}
+
+// Keys that only mean something for MLA or YaRN: set without them they would change nothing.
+void Rules::attention_keys() {
+  const bool mla = b("model.multi_latent_attention");
+  if (!mla) {
+    for (const char* k : {"model.q_lora_rank", "model.kv_lora_rank", "model.qk_head_dim",
+                          "model.qk_pos_emb_head_dim", "model.v_head_dim"})
+      if (set(k)) error(k, "needs multi_latent_attention: true (or unset it)");
+  } else {
+    if (set("model.kv_channels"))
+      error("model.kv_channels",
+            "has no effect with multi_latent_attention (qk_head_dim, qk_pos_emb_head_dim and "
+            "v_head_dim set MLA's heads); unset it");
+    if (set("model.num_query_groups") &&
+        i("model.num_query_groups") != i("model.num_attention_heads"))
+      error("model.num_query_groups",
+            "MLA has one key/value head per query head; unset it or set num_attention_heads");
+  }
+  const bool yarn =
+      set("model.rope_type") ? r_.text("model.rope_type") == "yarn" : mla;
+  if (!yarn)
+    for (const char* k : {"model.rotary_scaling_factor", "model.mscale", "model.mscale_all_dim",
+                          "model.original_max_position_embeddings", "model.beta_fast",
+                          "model.beta_slow"})
+      if (set(k)) error(k, "is YaRN's; it needs rope_type: yarn (or unset it)");
 }
 
 void Rules::model() {

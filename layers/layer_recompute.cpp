@@ -49,15 +49,19 @@ Tensor LayerPlan::qkv(Stream& s) {
   if (!ctx_.recompute.qkv) return st.saved.need("core_attn", "input", s);
   if (!st.re_qkv) {
     const ops::At at = recompute_at(s);
-    const Tensor in = ln1_all(s);
-    st.re_qkv =
-        ops::linear_forward(at, "linear_qkv", in, L_.qkv_.value, ops::one_group(in), L_.cfg_.dtype);
-    if (L_.cfg_.qk_layernorm) {
+    if (L_.mla_.on()) {
+      st.re_qkv = L_.mla_.forward(at, ln1(s), st.attn(), nullptr, "qkv_linear");
+    } else {
+      const Tensor in = ln1_all(s);
+      st.re_qkv = ops::linear_forward(at, "linear_qkv", in, L_.qkv_.value, ops::one_group(in),
+                                      L_.cfg_.dtype);
+    }
+    if (L_.q_norm_.value) {
       Tensor rstd;  // the forward's, saved, is what backward uses
       st.re_qkv = ops::qk_norm_forward(at, st.re_qkv, L_.q_norm_, L_.k_norm_, st.attn(),
                                        L_.cfg_.layernorm_epsilon, rstd);
     }
-    ops::rope(at, "rotary_pos_emb", st.re_qkv, st.attn(), L_.cfg_.rotary_base, false);
+    ops::rope(at, "rotary_pos_emb", st.re_qkv, st.attn(), L_.cfg_.rope(), false);
   }
   return st.re_qkv;
 }

@@ -1,5 +1,7 @@
 #include "layers/model_config.hpp"
 
+#include <cmath>
+
 #include "devices/errors.hpp"
 
 namespace nodeemu::layers {
@@ -14,6 +16,30 @@ const char* dispatcher_name(DispatcherType t) {
       return "flex";
   }
   return "?";
+}
+
+int ModelConfig::head_dim() const {
+  if (multi_latent_attention) return qk_head_dim + qk_pos_emb_head_dim;
+  return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads;
+}
+
+kernels::Rotary ModelConfig::rope() const {
+  kernels::Rotary r = rotary;
+  r.interleaved = multi_latent_attention;
+  return r;
+}
+
+kernels::AttentionShape ModelConfig::attention_shape(std::int64_t batch, std::int64_t seq) const {
+  kernels::AttentionShape s{batch, seq, num_attention_heads / tp(), kv_heads() / tp(), head_dim()};
+  if (multi_latent_attention) {
+    s.v_head_dim = v_head_dim;
+    s.rope_dim = qk_pos_emb_head_dim;
+    // MultiLatentAttention.__init__: softmax_scale = mscale^2 / sqrt(q_head_dim), with YaRN's
+    // mscale over mscale_all_dim (1 without YaRN).
+    const double m = rotary.softmax_mscale();
+    s.softmax_scale = m * m / std::sqrt(double(head_dim()));
+  }
+  return s;
 }
 
 bool ModelConfig::is_moe_layer(int layer) const {
@@ -51,7 +77,7 @@ void tensor_parallel_rules(const ModelConfig& c, const Fail& fail) {
                     std::to_string(t));
   };
   whole(c.num_attention_heads, "num_attention_heads");
-  whole(c.num_query_groups, "num_query_groups");
+  if (!c.multi_latent_attention) whole(c.num_query_groups, "num_query_groups");
   bool dense = false;  // the dense MLP's width splits only where there is one
   for (int l = 0; l < c.num_layers && !dense; ++l) dense = !c.is_moe_layer(l);
   if (dense) whole(c.ffn_hidden_size, "ffn_hidden_size");
@@ -81,6 +107,17 @@ void expert_tensor_parallel_rules(const ModelConfig& c, const Fail& fail) {
          "use bf16");
 }
 
+// MLA's dimensions: the rotated part of each head must be even; the compressed ranks positive.
+template <class Fail>
+void mla_rules(const ModelConfig& c, const Fail& fail) {
+  if (c.q_lora_rank < 0) fail("q_lora_rank", "must be 0 (no query compression) or more");
+  if (c.kv_lora_rank < 1) fail("kv_lora_rank", "must be at least 1");
+  if (c.qk_head_dim < 1) fail("qk_head_dim", "must be at least 1");
+  if (c.v_head_dim < 1) fail("v_head_dim", "must be at least 1");
+  if (c.qk_pos_emb_head_dim < 2 || c.qk_pos_emb_head_dim % 2)
+    fail("qk_pos_emb_head_dim", "must be even and at least 2 (its columns are rotated)");
+}
+
 }  // namespace
 
 void ModelConfig::validate() const {
@@ -93,7 +130,15 @@ void ModelConfig::validate() const {
     fail("num_attention_heads", "must divide hidden_size (or set kv_channels)");
   if (num_query_groups < 1 || num_attention_heads % num_query_groups)
     fail("num_query_groups", "must divide num_attention_heads");
-  if (head_dim() % 2) fail("kv_channels", "the head dimension must be even for rotary embeddings");
+  if (multi_latent_attention)
+    mla_rules(*this, fail);
+  else if (head_dim() % 2)
+    fail("kv_channels", "the head dimension must be even for rotary embeddings");
+  if (rotary.yarn && !multi_latent_attention)
+    fail("rope_type", "yarn is modelled with multi_latent_attention only (MLA's softmax scale)");
+  if (rotary.base <= 1) fail("rotary_base", "must be above 1");
+  if (rotary.yarn && rotary.scaling_factor < 1)
+    fail("rotary_scaling_factor", "must be at least 1");
   if (vocab_size < 2) fail("vocab_size", "must be at least 2");
   if (ffn_hidden_size < 1) fail("ffn_hidden_size", "must be at least 1");
   if (moe_expert_rank_capacity_factor < 0)

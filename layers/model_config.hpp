@@ -8,6 +8,7 @@
 #include "comm/flex_dispatcher.hpp"
 #include "layers/dtype.hpp"
 #include "layers/kernel_choices.hpp"
+#include "layers/kernels/attention.hpp"
 #include "layers/meta_routing.hpp"
 #include "layers/router_config.hpp"
 
@@ -24,7 +25,8 @@ struct ModelConfig {
   int kv_channels = 0;        // head dim; 0 = hidden_size / num_attention_heads
   int ffn_hidden_size = 128;  // dense layers' MLP
   int vocab_size = 256;
-  double rotary_base = 10000;
+  // RoPE's base and, with rope_type yarn, YaRN's scaling (kernels/attention.hpp).
+  kernels::Rotary rotary;
   double layernorm_epsilon = 1e-6;
   double init_method_std = 0.02;
   DType dtype = DType::F32;  // bf16: true -> BF16, fp16: true -> F16
@@ -48,8 +50,16 @@ struct ModelConfig {
   // > 0: HybridEP's sync-free mode, with this budget per rank relative to balanced routing.
   double moe_expert_rank_capacity_factor = 0;
   int mtp_num_layers = 0;
-  // qk_layernorm: an RMSNorm over each query and key head before RoPE (Qwen3 has it).
+  // qk_layernorm: an RMSNorm over each query and key head before RoPE (Qwen3 has it); with MLA,
+  // over the compressed query and key/value latents (Megatron's MLA spec fuses them into the up
+  // projections as TELayerNormColumnParallelLinear).
   bool qk_layernorm = false;
+  // Multi-latent attention (DeepSeek-V2/V3; Megatron-Core's MLASelfAttention, layers/mla.hpp),
+  // by MLATransformerConfig's names. q_lora_rank 0: one linear_q_proj, no query compression.
+  bool multi_latent_attention = false;
+  int q_lora_rank = 0;
+  int kv_lora_rank = 512;
+  int qk_head_dim = 128, qk_pos_emb_head_dim = 64, v_head_dim = 128;
   // Tensor parallelism as Megatron-Core lays it out (tensor_parallel.hpp): attention heads, the
   // dense and shared-expert MLPs and the vocabulary split over tensor_model_parallel_size ranks.
   // It is modelled with sequence_parallel only (Megatron requires it for MoE with TP > 1).
@@ -60,7 +70,15 @@ struct ModelConfig {
   int expert_tensor_parallel_size = 1;
   KernelChoices kernels;  // which kernels run (transformer_impl, attention_backend, fusions)
 
-  int head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
+  // The query/key head dim (MLA: qk_head_dim + qk_pos_emb_head_dim) and the value one.
+  int head_dim() const;
+  int value_head_dim() const { return multi_latent_attention ? v_head_dim : head_dim(); }
+  // MLA runs plain multi-head attention: one key/value head per query head.
+  int kv_heads() const { return multi_latent_attention ? num_attention_heads : num_query_groups; }
+  // The RoPE this model applies: MLA pairs its columns interleaved.
+  kernels::Rotary rope() const;
+  // One TP rank's attention: its heads over every token of a micro-batch.
+  kernels::AttentionShape attention_shape(std::int64_t batch, std::int64_t seq) const;
   int tp() const { return tensor_model_parallel_size; }
   int etp() const { return expert_tensor_parallel_size; }
   bool is_moe_layer(int layer) const;

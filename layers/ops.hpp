@@ -78,8 +78,9 @@ void linear_wgrad(At at, const std::string& name, const Tensor& dy, const Tensor
                   const Rows& rows, Parameter& w);
 std::vector<std::int64_t> one_group(const Tensor& x);
 
+// RoPE on the query and key heads' rotated columns (kernels::rope_apply).
 void rope(At at, const std::string& name, Tensor& qkv, const kernels::AttentionShape& s,
-          double base, bool inverse);
+          const kernels::Rotary& r, bool inverse);
 // QK layer norm (qk_layernorm: Megatron's q_layernorm and k_layernorm, an RMSNorm over each
 // query and key head's head_dim, before RoPE). Returns qkv with its query and key heads
 // normalised (values copied); rstd: fp32 [rows][heads + kv_heads], saved for backward.
@@ -95,6 +96,20 @@ void attention_forward(At at, const Tensor& qkv, const kernels::AttentionShape& 
                        Tensor& lse, Tensor& probs);
 Tensor attention_backward(At at, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& lse, const Tensor& probs, const kernels::AttentionShape& s);
+
+// Multi-latent attention's plumbing (ops_mla.cpp). A [rows][sum(widths)] tensor split into
+// column blocks, and the reverse.
+std::vector<Tensor> split_columns(At at, const std::string& name, const Tensor& x,
+                                  const std::vector<std::int64_t>& widths);
+Tensor concat_columns(At at, const std::string& name, const std::vector<Tensor>& parts);
+// The attention kernel's qkv from MLA's up projections: q [rows][heads * (qk + pe)], kv
+// [rows][heads * (qk + dv)] and the shared rope key k_pe [rows][pe]; `s` has kv_heads = heads,
+// head_dim = qk + pe, v_head_dim = dv and rope_dim = pe. Its backward splits dqkv back, summing
+// the rope key's gradient over the heads.
+Tensor mla_qkv(At at, const Tensor& q, const Tensor& kv, const Tensor& k_pe,
+               const kernels::AttentionShape& s);
+void mla_qkv_backward(At at, const Tensor& dqkv, const kernels::AttentionShape& s, Tensor& dq,
+                      Tensor& dkv, Tensor& dk_pe);
 
 // a = swiglu(h) * probs (probs: fp32 [rows] or empty). `rows` per expert, given for the experts
 // (SequentialMLP runs each expert's activation on its own).

@@ -104,16 +104,17 @@ Tensor qk_norm_backward(At at, const Tensor& g, const Tensor& qkv, const Tensor&
 }
 
 void rope(At at, const std::string& name, Tensor& qkv, const kernels::AttentionShape& s,
-          double base, bool inverse) {
+          const kernels::Rotary& r, bool inverse) {
   View v = view(qkv);
   const double e = double(dtype_bytes(qkv.dtype()));
-  const double q_elems = double(s.rows() * s.heads * s.head_dim);
-  const double k_elems = double(s.rows() * s.kv_heads * s.head_dim);
-  const double trig = double(s.seq * s.head_dim) * 4;
+  // The rotated columns only (MLA rotates the pe part of each head).
+  const double q_elems = double(s.rows() * s.heads * s.rotated());
+  const double k_elems = double(s.rows() * s.kv_heads * s.rotated());
+  const double trig = double(s.seq * s.rotated()) * 4;
   // The values: one kernel rotates q and k together; the chain around it only takes time.
   auto body = [=] {
     F32Scope f;
-    kernels::rope_apply(f.inout(v), s, base, inverse);
+    kernels::rope_apply(f.inout(v), s, r, inverse);
   };
   const bool fused = at.k().rope_fusion;
   bool first = true;
@@ -160,14 +161,14 @@ namespace {
 KernelShape fused_attention(CoreAttention backend, const kernels::AttentionShape& s, bool bwd) {
   return KernelShape::attention(
       backend == CoreAttention::Flash ? AttentionBackend::Flash : AttentionBackend::Cudnn, bwd,
-      true, s.batch, s.seq, int(s.heads), int(s.kv_heads), int(s.head_dim), int(s.head_dim));
+      true, s.batch, s.seq, int(s.heads), int(s.kv_heads), int(s.head_dim), int(s.dv()));
 }
 
 }  // namespace
 
 void attention_forward(At at, const Tensor& qkv, const kernels::AttentionShape& s, Tensor& out,
                        Tensor& lse, Tensor& probs) {
-  out = at.empty({s.rows(), s.heads * s.head_dim}, qkv.dtype());
+  out = at.empty({s.rows(), s.out_width()}, qkv.dtype());
   lse = at.empty({s.batch, s.heads, s.seq}, DType::F32);
   const CoreAttention backend = at.k().attention;
   const DType t = qkv.dtype();
@@ -182,7 +183,7 @@ void attention_forward(At at, const Tensor& qkv, const kernels::AttentionShape& 
            2.0 * e * double(s.rows() * d) * double(s.kv_heads + s.heads), t);
     also_gemm(at, name + ".baddbmm", GemmLayout::NT, bh_s, s.seq, d, t);
     also(at, name + ".scale_mask_softmax", MemoryOp::Elementwise, 2 * double(probs.bytes()), t);
-    also_gemm(at, name + ".bmm", GemmLayout::NN, bh_s, d, s.seq, t);
+    also_gemm(at, name + ".bmm", GemmLayout::NN, bh_s, s.dv(), s.seq, t);
     name += ".permute";
     shape = KernelShape::memory(MemoryOp::Copy);
   } else {
@@ -215,8 +216,8 @@ Tensor attention_backward(At at, const Tensor& dout, const Tensor& qkv, const Te
   if (backend == CoreAttention::Unfused) {
     const double pb = double(s.batch * s.heads * s.seq * s.seq) * e;
     also(at, name + ".permute", MemoryOp::Copy, 2 * double(dout.bytes()), t);
-    also_gemm(at, name + ".bmm_dp", GemmLayout::NT, bh_s, s.seq, d, t);
-    also_gemm(at, name + ".bmm_dv", GemmLayout::TN, bh_s, d, s.seq, t);
+    also_gemm(at, name + ".bmm_dp", GemmLayout::NT, bh_s, s.seq, s.dv(), t);
+    also_gemm(at, name + ".bmm_dv", GemmLayout::TN, bh_s, s.dv(), s.seq, t);
     also(at, name + ".scale_mask_softmax", MemoryOp::Elementwise, 3 * pb, t);
     also_gemm(at, name + ".baddbmm_dq", GemmLayout::NN, bh_s, d, s.seq, t);
     const bool gqa = s.kv_heads < s.heads;

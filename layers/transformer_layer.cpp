@@ -80,10 +80,13 @@ void TransformerLayer::make_parameters(Device& device, std::uint64_t seed,
                           row_shard(in, tp_));
   };
   input_norm_ = replicated(p + "input_layernorm.weight", {H}, dt, Init::Ones, 0);
-  qkv_ = column(p + "self_attention.linear_qkv.weight", {heads * d, groups * d, groups * d});
-  proj_ = row(p + "self_attention.linear_proj.weight", heads * d);
+  if (cfg.multi_latent_attention)
+    mla_ = MultiLatentAttention(cfg, device, seed, p, tp_);
+  else
+    qkv_ = column(p + "self_attention.linear_qkv.weight", {heads * d, groups * d, groups * d});
+  proj_ = row(p + "self_attention.linear_proj.weight", heads * cfg.value_head_dim());
   mlp_norm_ = replicated(p + "pre_mlp_layernorm.weight", {H}, dt, Init::Ones, 0);
-  if (cfg.qk_layernorm) {
+  if (cfg.qk_layernorm && !cfg.multi_latent_attention) {
     q_norm_ = replicated(p + "self_attention.q_layernorm.weight", {d}, dt, Init::Ones, 0);
     k_norm_ = replicated(p + "self_attention.k_layernorm.weight", {d}, dt, Init::Ones, 0);
   }
@@ -124,7 +127,10 @@ void TransformerLayer::make_parameters(Device& device, std::uint64_t seed,
 TransformerLayer::~TransformerLayer() = default;
 
 std::vector<Parameter*> TransformerLayer::parameters() {
-  std::vector<Parameter*> out{&input_norm_, &qkv_, &proj_, &mlp_norm_};
+  std::vector<Parameter*> out{&input_norm_};
+  if (qkv_.value) out.push_back(&qkv_);
+  mla_.append_parameters(out);
+  out.insert(out.end(), {&proj_, &mlp_norm_});
   if (q_norm_.value) out.insert(out.end(), {&q_norm_, &k_norm_});
   if (router_.value) out.push_back(&router_);
   out.push_back(&fc1_);
@@ -210,9 +216,13 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
   sv.save("attn_norm", "rstd", rstd1, s);
   {
     ModuleScope m(sv, "qkv_linear", s);
-    const Tensor in = gathered(at, ln1, "sp_allgather_qkv");
-    qkv = ops::linear_forward(at, "linear_qkv", in, L_.qkv_.value, ops::one_group(in), c.dtype);
-    if (c.qk_layernorm) {
+    if (L_.mla_.on()) {
+      qkv = L_.mla_.forward(at, ln1, st.attn(), &sv, "qkv_linear");
+    } else {
+      const Tensor in = gathered(at, ln1, "sp_allgather_qkv");
+      qkv = ops::linear_forward(at, "linear_qkv", in, L_.qkv_.value, ops::one_group(in), c.dtype);
+    }
+    if (L_.q_norm_.value) {
       // SelfAttention.get_query_key_value_tensors: q_layernorm and k_layernorm after the split,
       // before RoPE; their input is kept for backward.
       Tensor rstd;
@@ -222,7 +232,7 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
       sv.save("qkv_linear", "qk_norm_input", raw, s);
       sv.save("qkv_linear", "qk_norm_rstd", rstd, s);
     }
-    ops::rope(at, "rotary_pos_emb", qkv, st.attn(), c.rotary_base, false);
+    ops::rope(at, "rotary_pos_emb", qkv, st.attn(), c.rope(), false);
     if (!re.input_norm) sv.save("qkv_linear", "input", ln1, s);
   }
   {

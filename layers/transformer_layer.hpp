@@ -1,7 +1,8 @@
 // One transformer layer on one rank, and its per-micro-batch plan split into Megatron-Core's
 // schedule nodes (REFERENCE §1):
 //
-//   pre_dispatch (compute)  input norm, QKV, RoPE, causal GQA attention, projection, residual,
+//   pre_dispatch (compute)  input norm, QKV (or MLA's projections: mla.hpp), RoPE, causal GQA
+//                           attention, projection, residual,
 //                           pre-MLP norm, shared experts, router, dispatch preprocess (permute)
 //   dispatch     (comm)     the tokens' all-to-all
 //   mlp          (compute)  sort by local expert, grouped fc1, SwiGLU x probs, grouped fc2, unsort
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "comm/group.hpp"
+#include "layers/mla.hpp"
 #include "layers/model_config.hpp"
 #include "layers/ops.hpp"
 #include "layers/parameter.hpp"
@@ -64,8 +66,9 @@ class TransformerLayer {
   ModelConfig cfg_;
   int layer_;
   TensorParallel tp_;
-  Parameter input_norm_, qkv_, proj_, mlp_norm_;
-  Parameter q_norm_, k_norm_;          // [head_dim] each, with qk_layernorm
+  Parameter input_norm_, qkv_, proj_, mlp_norm_;  // no qkv_ with MLA
+  Parameter q_norm_, k_norm_;          // [head_dim] each, with qk_layernorm (not MLA)
+  MultiLatentAttention mla_;           // multi_latent_attention's projections
   Parameter router_;                   // fp32 [experts][hidden]
   Tensor expert_bias_;                 // fp32 [experts] (moe_router_enable_expert_bias)
   Parameter fc1_, fc2_;                // experts: [local][2f][h], [local][h][f]; dense: 2-D

@@ -208,19 +208,24 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
   sv.release("core_attn", "probs");
   st.re_qkv = st.re_lse = st.re_probs = Tensor();
   dgrad_end("core_attn", s, false);
-  ops::rope(at, "rotary_pos_emb_bwd", g_qkv, st.attn(), c.rotary_base, true);
-  if (c.qk_layernorm) {
+  ops::rope(at, "rotary_pos_emb_bwd", g_qkv, st.attn(), c.rope(), true);
+  if (L_.q_norm_.value) {
     g_qkv = ops::qk_norm_backward(at, g_qkv, sv.need("qkv_linear", "qk_norm_input", s),
                                   sv.need("qkv_linear", "qk_norm_rstd", s), L_.q_norm_, L_.k_norm_,
                                   st.attn());
     sv.release("qkv_linear", "qk_norm_input");
     sv.release("qkv_linear", "qk_norm_rstd");
   }
-  st.g_qkv = g_qkv;
   backward_start("qkv_linear", s);
-  st.g_ln1 = scattered(
-      at, ops::linear_dgrad(at, "linear_qkv", g_qkv, L_.qkv_.value, ops::one_group(g_qkv), c.dtype),
-      "sp_reducescatter_qkv_bwd");
+  if (L_.mla_.on()) {
+    st.g_ln1 = L_.mla_.backward(at, g_qkv, st.attn(), sv, "qkv_linear", st.mla_grads);
+  } else {
+    st.g_qkv = g_qkv;
+    st.g_ln1 = scattered(at,
+                         ops::linear_dgrad(at, "linear_qkv", g_qkv, L_.qkv_.value,
+                                           ops::one_group(g_qkv), c.dtype),
+                         "sp_reducescatter_qkv_bwd");
+  }
   dgrad_end("qkv_linear", s);
   const Tensor x = sv.need("attn_norm", "input", s);
   Tensor g_xn = ops::rmsnorm_dgrad(at, "input_layernorm", st.g_ln1, x, L_.input_norm_,
@@ -270,8 +275,12 @@ void LayerPlan::pre_dispatch_dw(Stream& s) {
   sv.release("attn_proj", "input");
   st.re_ctx = Tensor();
   wgrad_end("attn_proj", s);
-  const Tensor ln1 = ln1_all(s);
-  ops::linear_wgrad(at, "linear_qkv", st.g_qkv, ln1, ops::one_group(ln1), L_.qkv_);
+  if (L_.mla_.on()) {
+    L_.mla_.wgrad(at, ln1(s), sv, "qkv_linear", st.mla_grads);
+  } else {
+    const Tensor ln1 = ln1_all(s);
+    ops::linear_wgrad(at, "linear_qkv", st.g_qkv, ln1, ops::one_group(ln1), L_.qkv_);
+  }
   sv.release("qkv_linear", "input");
   st.re_ln1 = st.ln1_all = Tensor();
   wgrad_end("qkv_linear", s);

@@ -72,6 +72,7 @@ class Rules {
   void recompute();
   void emulator();
   void routing();
+  void attention_keys();
   void not_modelled();
   // The model's own checks (layers::ModelConfig::validate), so that a run never fails on what
   // validate passed; run last, when nothing else is wrong, to say each problem once.

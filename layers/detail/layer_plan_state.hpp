@@ -34,6 +34,7 @@ struct LayerPlan::State {
   // TP: the norms' outputs all-gathered again in backward (Megatron keeps only this rank's
   // share and gathers again for the wgrad), held from first use to last.
   Tensor ln1_all, ln2_all;
+  MlaGrads mla_grads;  // MLA's dgrad results for its wgrad
   bool attn_recomputed = false;
   // moe_shared_expert_overlap: when the side stream may start, and when it is done.
   Event shared_ready, shared_done;
@@ -45,8 +46,7 @@ struct LayerPlan::State {
 };
 
 inline kernels::AttentionShape LayerPlan::State::attn() const {
-  return {batch, seq, cfg->num_attention_heads / cfg->tp(), cfg->num_query_groups / cfg->tp(),
-          cfg->head_dim()};
+  return cfg->attention_shape(batch, seq);
 }
 
 }  // namespace nodeemu::layers

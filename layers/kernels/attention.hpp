@@ -1,28 +1,68 @@
 // Causal self-attention with grouped-query attention and rotary embeddings, on the fused QKV
 // projection's output.
 //
-// Layout: qkv is [batch * seq][nh * d | nkv * d | nkv * d] (all query heads, then keys, then
+// Layout: qkv is [batch * seq][nh * d | nkv * d | nkv * dv] (all query heads, then keys, then
 // values), rows in sequence order within each batch element. Query head h reads key/value head
 // h / (nh / nkv). Forward keeps only the output and the row log-sum-exp, and backward recomputes
 // the probabilities, as flash attention does: so the saved activations are those of the kernels
 // Megatron runs through TransformerEngine, not an S x S matrix per head.
+//
+// Multi-latent attention (MLA) uses the same kernels with a value head dim different from the
+// query/key one (dv = v_head_dim, d = qk_head_dim + qk_pos_emb_head_dim), RoPE on the last
+// rope_dim columns of each query and key head only, and YaRN's softmax scale.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 namespace nodeemu::layers::kernels {
 
 struct AttentionShape {
   std::int64_t batch, seq, heads, kv_heads, head_dim;
-  std::int64_t qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
+  std::int64_t v_head_dim = 0;  // 0: head_dim
+  std::int64_t rope_dim = 0;    // rotated columns at the end of each q/k head; 0: all of them
+  double softmax_scale = 0;     // 0: 1 / sqrt(head_dim)
+  std::int64_t dv() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
+  std::int64_t rotated() const { return rope_dim > 0 ? rope_dim : head_dim; }
+  double scale() const;
+  std::int64_t qkv_width() const { return (heads + kv_heads) * head_dim + kv_heads * dv(); }
+  std::int64_t out_width() const { return heads * dv(); }
   std::int64_t rows() const { return batch * seq; }
 };
 
-// Rotate-half RoPE on the query and key columns of qkv, in place; position = index in sequence.
-// inverse = true applies the transpose rotation (the backward of the forward rotation).
-template <class T>
-void rope_apply(T* qkv, const AttentionShape& s, double base, bool inverse);
+// Rotary position embedding frequencies: plain RoPE, or YaRN (Megatron-Core's
+// YarnRotaryEmbedding, yarn_rotary_pos_embedding.py, which DeepSeek-V3 uses): the inverse
+// frequencies blend the interpolated (divided by scaling_factor) and the original ones with a
+// linear ramp over the dimensions between the beta_fast and beta_slow correction dims, and cos
+// and sin are multiplied by yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim).
+struct Rotary {
+  double base = 10000;
+  bool yarn = false;
+  double scaling_factor = 1;
+  double mscale = 1, mscale_all_dim = 0;
+  double original_max_position_embeddings = 4096;
+  double beta_fast = 32, beta_slow = 1;
+  // MLA's pairing (Megatron's mla_rotary_interleaved, rope_utils.py): column 2i rotates with
+  // 2i + 1, where rotate-half pairs i with i + dim / 2. Megatron regroups the columns to
+  // [even | odd] and rotates half; rotating the pairs in place is that regrouping's inverse
+  // applied to the same result, and queries and keys are regrouped alike, so every score
+  // q . k is the same.
+  bool interleaved = false;
+  // One inverse frequency per rotated pair, for `dim` rotated columns.
+  std::vector<double> inverse_frequencies(std::int64_t dim) const;
+  double cos_sin_scale() const;
+  // YaRN's attention scale: MLA's softmax scale is its square over sqrt(head dim).
+  double softmax_mscale() const;
+};
+// DeepSeek's yarn_get_mscale: 0.1 * mscale * ln(scale) + 1 above scale 1, else 1.
+double yarn_mscale(double scale, double mscale);
 
-// out: [rows][nh * d]; lse: [batch][nh][seq].
+// RoPE (rotate-half, or interleaved pairs) on the last rotated() columns of each query and key head of qkv, in place;
+// position = index in sequence. inverse = true applies the transpose rotation (the backward of
+// the forward rotation).
+template <class T>
+void rope_apply(T* qkv, const AttentionShape& s, const Rotary& r, bool inverse);
+
+// out: [rows][nh * dv]; lse: [batch][nh][seq].
 template <class T>
 void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s);
 // dqkv: [rows][qkv_width], overwritten.

@@ -76,7 +76,7 @@ TEST(Kernels, AttentionWithRopeAndGqaGradientsMatchFiniteDifferences) {
   Vec c = random_vec(std::size_t(s.rows() * s.heads * s.head_dim), 5);
   auto forward = [&](const Vec& in) {
     Vec r = in, out(c.size()), lse(static_cast<std::size_t>(s.batch * s.heads * s.seq));
-    kernels::rope_apply(r.data(), s, 10000.0, false);
+    kernels::rope_apply(r.data(), s, kernels::Rotary{}, false);
     kernels::attention_forward(r.data(), out.data(), lse.data(), s);
     return std::make_tuple(r, out, lse);
   };
@@ -84,8 +84,68 @@ TEST(Kernels, AttentionWithRopeAndGqaGradientsMatchFiniteDifferences) {
   auto [rot, out, lse] = forward(qkv);
   Vec d(qkv.size());
   kernels::attention_backward(c.data(), rot.data(), out.data(), lse.data(), d.data(), s);
-  kernels::rope_apply(d.data(), s, 10000.0, true);
+  kernels::rope_apply(d.data(), s, kernels::Rotary{}, true);
   expect_grad(loss, qkv, d, "attention dqkv");
+}
+
+// MLA's shape: value heads narrower than query/key heads, RoPE on the last pe columns only
+// (interleaved pairs, YaRN frequencies and magnitude), and its own softmax scale.
+TEST(Kernels, MlaAttentionGradientsMatchFiniteDifferences) {
+  kernels::AttentionShape s{2, 5, 3, 3, 6};
+  s.v_head_dim = 4;
+  s.rope_dim = 4;
+  s.softmax_scale = 0.3;
+  kernels::Rotary r;
+  r.yarn = r.interleaved = true;
+  r.scaling_factor = 40;
+  r.mscale = 1.2;  // != mscale_all_dim: cos and sin are scaled, and backward must follow
+  r.mscale_all_dim = 0.5;
+  r.original_max_position_embeddings = 16;
+  Vec qkv = random_vec(std::size_t(s.rows() * s.qkv_width()), 7, 0.7);
+  Vec c = random_vec(std::size_t(s.rows() * s.out_width()), 8);
+  auto forward = [&](const Vec& in) {
+    Vec x = in, out(c.size()), lse(static_cast<std::size_t>(s.batch * s.heads * s.seq));
+    kernels::rope_apply(x.data(), s, r, false);
+    kernels::attention_forward(x.data(), out.data(), lse.data(), s);
+    return std::make_tuple(x, out, lse);
+  };
+  auto loss = [&](const Vec& in) { return dot(std::get<1>(forward(in)), c); };
+  auto [rot, out, lse] = forward(qkv);
+  Vec d(qkv.size());
+  kernels::attention_backward(c.data(), rot.data(), out.data(), lse.data(), d.data(), s);
+  kernels::rope_apply(d.data(), s, r, true);
+  expect_grad(loss, qkv, d, "mla attention dqkv");
+  // RoPE leaves each head's first head_dim - rope_dim columns alone.
+  Vec moved = qkv;
+  kernels::rope_apply(moved.data(), s, r, false);
+  for (std::int64_t row = 0; row < s.rows(); ++row)
+    for (std::int64_t h = 0; h < s.heads + s.kv_heads; ++h)
+      for (std::int64_t j = 0; j < 2; ++j) {
+        const std::size_t i = std::size_t(row * s.qkv_width() + h * 6 + j);
+        EXPECT_EQ(moved[i], qkv[i]);
+      }
+}
+
+// YaRN's inverse frequencies and scales for DeepSeek-V3's rope (64 rotated columns, factor 40,
+// 4096 original positions, beta 32 / 1), against Megatron's formulas evaluated independently:
+// dims below 10 keep their frequency, dims above 23 are divided by the factor, a linear ramp
+// between; mscale(40, 1) = 0.1 ln 40 + 1.
+TEST(Kernels, YarnFrequenciesFollowMegatronsFormula) {
+  kernels::Rotary r;
+  r.yarn = true;
+  r.scaling_factor = 40;
+  r.mscale = r.mscale_all_dim = 1;
+  const std::vector<double> f = r.inverse_frequencies(64);
+  ASSERT_EQ(f.size(), 32u);
+  EXPECT_DOUBLE_EQ(f[0], 1.0);
+  EXPECT_NEAR(f[10], 0.05623413251903491, 1e-15);
+  EXPECT_NEAR(f[20], 0.0007905694150420946, 1e-17);
+  EXPECT_NEAR(f[31], 3.3338035804083097e-06, 1e-20);
+  EXPECT_DOUBLE_EQ(r.cos_sin_scale(), 1.0);
+  EXPECT_NEAR(r.softmax_mscale(), 1.3688879454113936, 1e-14);
+  r.yarn = false;
+  EXPECT_DOUBLE_EQ(r.inverse_frequencies(64)[31], std::pow(10000.0, -62.0 / 64));
+  EXPECT_DOUBLE_EQ(r.softmax_mscale(), 1.0);
 }
 
 TEST(Kernels, AttentionIsCausal) {

@@ -36,6 +36,25 @@ inline layers::ModelConfig tiny_moe(layers::DType dt = layers::DType::F32) {
   return c;
 }
 
+// The tiny MoE with DeepSeek's multi-latent attention: compressed query and key/value latents
+// with their norms, value heads narrower than query/key heads, YaRN.
+inline layers::ModelConfig tiny_mla(layers::DType dt = layers::DType::F32) {
+  layers::ModelConfig c = tiny_moe(dt);
+  c.multi_latent_attention = true;
+  c.num_query_groups = c.num_attention_heads;
+  c.q_lora_rank = 24;
+  c.kv_lora_rank = 16;
+  c.qk_head_dim = 8;
+  c.qk_pos_emb_head_dim = 4;
+  c.v_head_dim = 6;
+  c.qk_layernorm = true;
+  c.rotary.yarn = true;
+  c.rotary.scaling_factor = 4;
+  c.rotary.mscale_all_dim = 1;
+  c.rotary.original_max_position_embeddings = 8;
+  return c;
+}
+
 // One Qwen3-30B-A3B MoE layer at full size (for meta mode).
 inline layers::ModelConfig qwen3_30b_a3b_layer() {
   layers::ModelConfig c;
@@ -50,7 +69,7 @@ inline layers::ModelConfig qwen3_30b_a3b_layer() {
   c.router.num_experts = 128;
   c.router.topk = 8;
   c.router.force_load_balancing = true;  // meta mode: routing known on the host
-  c.rotary_base = 1e6;
+  c.rotary.base = 1e6;
   c.dtype = layers::DType::BF16;
   return c;
 }

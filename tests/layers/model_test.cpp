@@ -17,6 +17,7 @@ using testing::run_distributed;
 using testing::run_reference;
 using testing::StepResult;
 using testing::tiny_moe;
+using testing::tiny_mla;
 using testing::worst_relative;
 
 bool bit_equal(const StepResult& a, const StepResult& b) {
@@ -139,12 +140,24 @@ TEST(Model, Bf16StaysWithinTheDocumentedDistanceOfFp32) {
 
 // The step's loss differentiated by central differences along each named weight's gradient
 // direction, against that gradient's norm (the sequential reference, two micro-batches).
+// `only`: the elements [first, last) of one weight, the direction restricted to them (a part of
+// a weight whose share of the gradient is too small for the whole direction to notice).
+struct Elements {
+  std::string name;
+  std::size_t first = 0, last = 0;
+};
+
 void expect_gradients_match_finite_differences(const ModelConfig& cfg,
-                                               const std::vector<std::string>& names) {
+                                               const std::vector<std::string>& names,
+                                               const std::vector<Elements>& only = {}) {
   const StepResult base = run_reference(cfg, 2);
-  for (const std::string& name : names) {
-    SCOPED_TRACE(name);
-    const auto& g = base.grads.at(name);
+  std::vector<Elements> checks = only;
+  for (const std::string& name : names) checks.push_back({name, 0, base.grads.at(name).size()});
+  for (const auto& [name, first, last] : checks) {
+    SCOPED_TRACE(name + " [" + std::to_string(first) + ", " + std::to_string(last) + ")");
+    std::vector<float> g = base.grads.at(name);
+    for (std::size_t i = 0; i < g.size(); ++i)
+      if (i < first || i >= last) g[i] = 0;
     double norm = 0;
     for (float v : g) norm += double(v) * v;
     norm = std::sqrt(norm);
@@ -202,6 +215,30 @@ TEST(Model, QkLayernormGradientsMatchFiniteDifferences) {
                                              "decoder.layers.2.self_attention.k_layernorm.weight",
                                              "decoder.layers.0.self_attention.linear_qkv.weight"});
   expect_matches_reference(run_distributed(cfg, 4), run_reference(cfg, 4));
+}
+
+// Multi-latent attention: central differences for every MLA weight (one per layer, so every
+// layer's attention is crossed), with and without query compression and latent norms, and the
+// EP layout against the sequential reference.
+TEST(Model, MlaGradientsMatchFiniteDifferences) {
+  auto cfg = tiny_mla();
+  cfg.router.force_load_balancing = true;
+  const std::string a = "decoder.layers.", s = ".self_attention.";
+  expect_gradients_match_finite_differences(
+      cfg, {a + "0" + s + "linear_q_down_proj.weight", a + "1" + s + "linear_q_up_proj.layer_norm_weight",
+            a + "2" + s + "linear_q_up_proj.weight", a + "3" + s + "linear_kv_down_proj.weight",
+            a + "0" + s + "linear_kv_up_proj.layer_norm_weight",
+            a + "1" + s + "linear_kv_up_proj.weight", a + "2" + s + "linear_proj.weight",
+            a + "3.input_layernorm.weight"},
+      // kv_down's last qk_pos_emb_head_dim rows make the rope key every head shares.
+      {{a + "1" + s + "linear_kv_down_proj.weight", 16 * 64, 20 * 64}});
+  expect_matches_reference(run_distributed(cfg, 4), run_reference(cfg, 4));
+  cfg.q_lora_rank = 0;
+  cfg.qk_layernorm = false;
+  cfg.rotary.yarn = false;
+  expect_gradients_match_finite_differences(
+      cfg, {a + "1" + s + "linear_q_proj.weight", a + "2" + s + "linear_kv_down_proj.weight",
+            a + "3" + s + "linear_kv_up_proj.weight"});
 }
 
 // Records what the layers tell the hooks.
