@@ -121,19 +121,23 @@ layers::ModelConfig model_config(const Recipe& r, const GpuSpec& gpu) {
   c.vocab_size = r.int32("model.vocab_size");
   c.rotary.base = r.real("model.rotary_base");
   c.multi_latent_attention = r.flag("model.multi_latent_attention");
-  c.q_lora_rank = r.int32("model.q_lora_rank");
-  c.kv_lora_rank = r.int32("model.kv_lora_rank");
-  c.qk_head_dim = r.int32("model.qk_head_dim");
-  c.qk_pos_emb_head_dim = r.int32("model.qk_pos_emb_head_dim");
-  c.v_head_dim = r.int32("model.v_head_dim");
+  c.q_lora_rank = opt_int("model.q_lora_rank", c.q_lora_rank);
+  c.kv_lora_rank = opt_int("model.kv_lora_rank", c.kv_lora_rank);
+  c.qk_head_dim = opt_int("model.qk_head_dim", c.qk_head_dim);
+  c.qk_pos_emb_head_dim = opt_int("model.qk_pos_emb_head_dim", c.qk_pos_emb_head_dim);
+  c.v_head_dim = opt_int("model.v_head_dim", c.v_head_dim);
   c.rotary.yarn = r.is_set("model.rope_type") ? r.text("model.rope_type") == "yarn"
                                                : c.multi_latent_attention;
-  c.rotary.scaling_factor = r.real("model.rotary_scaling_factor");
-  c.rotary.mscale = r.real("model.mscale");
-  c.rotary.mscale_all_dim = r.real("model.mscale_all_dim");
-  c.rotary.original_max_position_embeddings = r.int32("model.original_max_position_embeddings");
-  c.rotary.beta_fast = r.real("model.beta_fast");
-  c.rotary.beta_slow = r.real("model.beta_slow");
+  auto opt_real = [&](const std::string& key, double& v) {
+    if (r.is_set(key)) v = r.real(key);
+  };
+  opt_real("model.rotary_scaling_factor", c.rotary.scaling_factor);
+  opt_real("model.mscale", c.rotary.mscale);
+  opt_real("model.mscale_all_dim", c.rotary.mscale_all_dim);
+  if (r.is_set("model.original_max_position_embeddings"))
+    c.rotary.original_max_position_embeddings = r.int32("model.original_max_position_embeddings");
+  opt_real("model.beta_fast", c.rotary.beta_fast);
+  opt_real("model.beta_slow", c.rotary.beta_slow);
   c.layernorm_epsilon = r.real("model.layernorm_epsilon");
   c.init_method_std = r.real("model.init_method_std");
   c.dtype = r.flag("model.bf16") ? DType::BF16 : r.flag("model.fp16") ? DType::F16 : DType::F32;

@@ -228,12 +228,12 @@ void Rules::not_modelled() {
     refuse("model.mtp_num_layers", "multi-token prediction");
   if (r_.text("model.recompute_granularity") == "full")
     refuse("model.recompute_granularity", "full recompute (use selective with recompute_modules)");
-  if (recompute_has("mla_up_proj"))
+  if (recompute_has("mla_up_proj") && !b("model.multi_latent_attention"))
+    error("model.recompute_modules", "mla_up_proj needs multi_latent_attention; remove it");
+  else if (recompute_has("mla_up_proj") && i("model.q_lora_rank") == 0)
     error("model.recompute_modules",
-          b("model.multi_latent_attention")
-              ? "mla_up_proj (recomputing MLA's up projections) is not modelled by NodeEmu yet; "
-                "remove it"
-              : "mla_up_proj needs multi_latent_attention; remove it");
+          "mla_up_proj needs q_lora_rank > 0 (without query compression there is no query up "
+          "projection to recompute); remove it");
   attention_keys();
   if (overlap_grad_reduce())
     refuse(set("comm_overlap.overlap_grad_reduce") ? "comm_overlap.overlap_grad_reduce"

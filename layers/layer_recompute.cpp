@@ -44,12 +44,20 @@ Tensor LayerPlan::ln2_all(Stream& s) {
   return st.ln2_all;
 }
 
+bool LayerPlan::up_recomputed() const {
+  return ctx_.recompute.mla_up_proj && L_.mla_.on();
+}
+
 Tensor LayerPlan::qkv(Stream& s) {
   State& st = *st_;
-  if (!ctx_.recompute.qkv) return st.saved.need("core_attn", "input", s);
+  if (!ctx_.recompute.qkv && !up_recomputed()) return st.saved.need("core_attn", "input", s);
   if (!st.re_qkv) {
     const ops::At at = recompute_at(s);
-    if (L_.mla_.on()) {
+    // mla_up_proj recomputes from the latents forward kept, even when the whole attention is
+    // recomputed too (a2a_overlap_attn): the norms' outputs are then the recompute's.
+    if (up_recomputed()) {
+      st.re_qkv = L_.mla_.recompute_up(at, st.attn(), st.saved, "qkv_linear", st.mla_grads);
+    } else if (L_.mla_.on()) {
       st.re_qkv = L_.mla_.forward(at, ln1(s), st.attn(), nullptr, "qkv_linear");
     } else {
       const Tensor in = ln1_all(s);

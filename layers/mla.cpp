@@ -1,5 +1,7 @@
 #include "layers/mla.hpp"
 
+#include "devices/errors.hpp"
+
 namespace nodeemu::layers {
 
 MultiLatentAttention::MultiLatentAttention(const ModelConfig& c, Device& device,
@@ -66,10 +68,14 @@ Tensor MultiLatentAttention::up_input(ops::At at, const Tensor& latent, const ch
 
 Tensor MultiLatentAttention::forward(ops::At at, const Tensor& ln1,
                                      const kernels::AttentionShape& s, SavedTensors* saved,
-                                     const char* module) {
+                                     const char* module, bool up_recomputed) {
   Stream& st = at.stream;
   auto keep = [&](const char* name, const Tensor& t) {
     if (saved && t) saved->save(module, name, t, st);
+  };
+  // The norms' outputs feed the up projections' wgrad; the recompute makes them again.
+  auto keep_normed = [&](const char* name, const Tensor& t) {
+    if (!up_recomputed) keep(name, t);
   };
   Tensor q;
   if (q_lora_ > 0) {
@@ -81,7 +87,7 @@ Tensor MultiLatentAttention::forward(ops::At at, const Tensor& ln1,
     keep("q_latent", latent);
     if (norms_) {
       keep("q_rstd", rstd);
-      keep("q_normed", normed);
+      keep_normed("q_normed", normed);
     }
   } else {
     const Tensor in = gathered(at, ln1, "sp_allgather_q_proj");
@@ -98,8 +104,32 @@ Tensor MultiLatentAttention::forward(ops::At at, const Tensor& ln1,
   keep("kv_latent", parts[0]);
   if (norms_) {
     keep("kv_rstd", rstd);
-    keep("kv_normed", normed);
+    keep_normed("kv_normed", normed);
   }
+  if (up_recomputed) keep("k_pos_emb", parts[1]);
+  return ops::mla_qkv(at, q, kv, k_pe, s);
+}
+
+Tensor MultiLatentAttention::recompute_up(ops::At at, const kernels::AttentionShape& s,
+                                          SavedTensors& saved, const char* module, MlaGrads& g) {
+  Stream& st = at.stream;
+  Tensor q;
+  if (q_lora_ > 0) {
+    Tensor rstd;
+    const Tensor in = up_input(at, saved.need(module, "q_latent", st), "q_layernorm", q_norm_,
+                               g.re_q_normed, rstd, "sp_allgather_q_up");
+    q = ops::linear_forward(at, "linear_q_up_proj", in, q_up_.value, ops::one_group(in), dtype_);
+  } else {
+    // Megatron's checkpoint covers the up projections; without query compression there is none.
+    throw UsageError("recompute module mla_up_proj needs q_lora_rank > 0 (a query up projection)");
+  }
+  Tensor rstd;
+  const Tensor in = up_input(at, saved.need(module, "kv_latent", st), "kv_layernorm", kv_norm_,
+                             g.re_kv_normed, rstd, "sp_allgather_kv_up");
+  const Tensor kv =
+      ops::linear_forward(at, "linear_kv_up_proj", in, kv_up_.value, ops::one_group(in), dtype_);
+  const Tensor k_pe = gathered(at, saved.need(module, "k_pos_emb", st), "sp_allgather_k_pos_emb");
+  saved.release(module, "k_pos_emb");
   return ops::mla_qkv(at, q, kv, k_pe, s);
 }
 
@@ -147,14 +177,14 @@ void MultiLatentAttention::wgrad(ops::At at, const Tensor& ln1, SavedTensors& sa
   Stream& st = at.stream;
   // The up projections' input, gathered again (TE keeps this rank's share of the norm's output).
   auto up = [&](const char* name, Parameter& w, const Tensor& g_out, const char* input,
-                const char* ag) {
-    const Tensor all = gathered(at, saved.need(module, input, st), ag);
+                const Tensor& recomputed, const char* ag) {
+    const Tensor all = gathered(at, recomputed ? recomputed : saved.need(module, input, st), ag);
     ops::linear_wgrad(at, name, g_out, all, ops::one_group(all), w);
   };
   const char* q_in = norms_ ? "q_normed" : "q_latent";
   const char* kv_in = norms_ ? "kv_normed" : "kv_latent";
   if (q_lora_ > 0) {
-    up("linear_q_up_proj", q_up_, g.q_up_out, q_in, "sp_allgather_q_up_bwd");
+    up("linear_q_up_proj", q_up_, g.q_up_out, q_in, g.re_q_normed, "sp_allgather_q_up_bwd");
     if (norms_)
       ops::rmsnorm_wgrad(at, "q_layernorm", g.q_normed, saved.need(module, "q_latent", st),
                          saved.need(module, "q_rstd", st), q_norm_);
@@ -163,12 +193,13 @@ void MultiLatentAttention::wgrad(ops::At at, const Tensor& ln1, SavedTensors& sa
     const Tensor all = gathered(at, ln1, "sp_allgather_q_proj_bwd");
     ops::linear_wgrad(at, "linear_q_proj", g.q_up_out, all, ops::one_group(all), q_up_);
   }
-  up("linear_kv_up_proj", kv_up_, g.kv_up_out, kv_in, "sp_allgather_kv_up_bwd");
+  up("linear_kv_up_proj", kv_up_, g.kv_up_out, kv_in, g.re_kv_normed, "sp_allgather_kv_up_bwd");
   if (norms_)
     ops::rmsnorm_wgrad(at, "kv_layernorm", g.kv_normed, saved.need(module, "kv_latent", st),
                        saved.need(module, "kv_rstd", st), kv_norm_);
   ops::linear_wgrad(at, "linear_kv_down_proj", g.kv_down_out, ln1, ops::one_group(ln1), kv_down_);
-  for (const char* name : {"q_latent", "q_rstd", "q_normed", "kv_latent", "kv_rstd", "kv_normed"})
+  for (const char* name :
+       {"q_latent", "q_rstd", "q_normed", "kv_latent", "kv_rstd", "kv_normed", "k_pos_emb"})
     saved.release(module, name);
   g = MlaGrads{};
 }

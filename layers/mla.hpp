@@ -35,6 +35,8 @@ struct MlaGrads {
   Tensor q_up_out, kv_up_out;         // all tokens, this rank's heads
   Tensor q_latent, q_normed;          // this rank's tokens: q_down's output, q_layernorm's
   Tensor kv_down_out, kv_normed;      // kv_down's whole output, kv_layernorm's
+  // mla_up_proj recompute: the norms' outputs the recompute produced, for the up wgrads.
+  Tensor re_q_normed, re_kv_normed;
 };
 
 class MultiLatentAttention {
@@ -46,9 +48,15 @@ class MultiLatentAttention {
   bool on() const { return static_cast<bool>(kv_down_.value); }
 
   // The attention kernel's qkv (before RoPE) from the input norm's output on this rank's
-  // tokens. `saved` (null when recomputing) keeps what backward reads, under `module`.
+  // tokens. `saved` (null when recomputing) keeps what backward reads, under `module`. With
+  // `up_recomputed` (recompute module mla_up_proj) it keeps the latents and the rope key instead
+  // of the norms' outputs, and backward runs recompute_up.
   Tensor forward(ops::At at, const Tensor& ln1, const kernels::AttentionShape& s,
-                 SavedTensors* saved, const char* module);
+                 SavedTensors* saved, const char* module, bool up_recomputed = false);
+  // Megatron's mla_up_proj checkpoint (MLASelfAttention's qkv_up_checkpoint): the latents'
+  // norms, their gathers and the up projections again, from what forward kept; qkv before RoPE.
+  Tensor recompute_up(ops::At at, const kernels::AttentionShape& s, SavedTensors& saved,
+                      const char* module, MlaGrads& g);
   // The gradient of the input norm's output on this rank's tokens, from the gradient of qkv
   // (after RoPE's inverse); leaves what the wgrad reads in `g`.
   Tensor backward(ops::At at, const Tensor& g_qkv, const kernels::AttentionShape& s,

@@ -55,9 +55,10 @@ struct ModelConfig {
   // projections as TELayerNormColumnParallelLinear).
   bool qk_layernorm = false;
   // Multi-latent attention (DeepSeek-V2/V3; Megatron-Core's MLASelfAttention, layers/mla.hpp),
-  // by MLATransformerConfig's names. q_lora_rank 0: one linear_q_proj, no query compression.
+  // by MLATransformerConfig's names and defaults. q_lora_rank 0: one linear_q_proj, no query
+  // compression (Megatron's None).
   bool multi_latent_attention = false;
-  int q_lora_rank = 0;
+  int q_lora_rank = 512;
   int kv_lora_rank = 512;
   int qk_head_dim = 128, qk_pos_emb_head_dim = 64, v_head_dim = 128;
   // Tensor parallelism as Megatron-Core lays it out (tensor_parallel.hpp): attention heads, the

@@ -24,13 +24,11 @@ RecomputeSet RecomputeSet::from_modules(const std::vector<std::string>& modules)
     } else if (m == "a2a_overlap_post_attn") {
       r.mlp_norm = r.shared = true;
     } else if (m == "mla_up_proj") {
-      throw UsageError(
-          "recompute module mla_up_proj needs multi-latent attention, which NodeEmu does not "
-          "model; remove it from recompute_modules");
+      r.mla_up_proj = true;
     } else {
       throw UsageError("unknown recompute module '" + m +
                        "'; use core_attn, layernorm, moe_act, moe, mlp, shared_experts, "
-                       "a2a_overlap_attn, a2a_overlap_post_attn or a2a_overlap_mlp");
+                       "mla_up_proj, a2a_overlap_attn, a2a_overlap_post_attn or a2a_overlap_mlp");
     }
   }
   return r;
@@ -38,7 +36,7 @@ RecomputeSet RecomputeSet::from_modules(const std::vector<std::string>& modules)
 
 bool RecomputeSet::any() const {
   return input_norm || qkv || attn_stats || attn_out || mlp_norm || shared || expert_fc1 ||
-         expert_act || dense_fc1 || dense_act;
+         expert_act || dense_fc1 || dense_act || mla_up_proj;
 }
 
 }  // namespace nodeemu::layers

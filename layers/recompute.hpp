@@ -20,6 +20,7 @@ struct RecomputeSet {
   bool expert_act = false;  // the experts' activation output (fc2's input)
   bool dense_fc1 = false;   // the same for a dense MLP
   bool dense_act = false;
+  bool mla_up_proj = false;  // MLA's up projections (the attention's input), from the latents
 
   // From Megatron's recompute_modules names:
   //   core_attn        the attention is checkpointed: its statistics are recomputed
@@ -29,12 +30,13 @@ struct RecomputeSet {
   //                    all-to-all is not re-run: its output is what stays)
   //   mlp              a dense MLP is checkpointed from its input
   //   shared_experts   the shared experts are checkpointed from their input
+  //   mla_up_proj      MLA's up projections are checkpointed from the compressed latents
   // and LoongForge's whole overlap nodes:
   //   a2a_overlap_attn       attention from the layer input (norm, QKV, attention)
   //   a2a_overlap_post_attn  the pre-MLP norm and the shared experts
   //   a2a_overlap_mlp        the experts, as moe
-  // Throws UsageError naming a module it does not know or cannot model (mla_up_proj: NodeEmu
-  // has no multi-latent attention).
+  // Throws UsageError naming a module it does not know. mla_up_proj on a model without MLA is
+  // refused by emu's validate; a layer without MLA has nothing for it to recompute.
   static RecomputeSet from_modules(const std::vector<std::string>& modules);
   bool any() const;
 };

@@ -217,7 +217,7 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
   {
     ModuleScope m(sv, "qkv_linear", s);
     if (L_.mla_.on()) {
-      qkv = L_.mla_.forward(at, ln1, st.attn(), &sv, "qkv_linear");
+      qkv = L_.mla_.forward(at, ln1, st.attn(), &sv, "qkv_linear", re.mla_up_proj);
     } else {
       const Tensor in = gathered(at, ln1, "sp_allgather_qkv");
       qkv = ops::linear_forward(at, "linear_qkv", in, L_.qkv_.value, ops::one_group(in), c.dtype);
@@ -239,7 +239,7 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
     ModuleScope m(sv, "core_attn", s);
     Tensor probs;
     ops::attention_forward(at, qkv, st.attn(), ctx, lse, probs);
-    if (!re.qkv) sv.save("core_attn", "input", qkv, s);
+    if (!re.qkv && !up_recomputed()) sv.save("core_attn", "input", qkv, s);
     if (!re.attn_stats) sv.save("core_attn", "lse", lse, s);
     // The unfused core attention keeps its softmax probabilities for backward.
     if (probs && !re.attn_stats) sv.save("core_attn", "probs", probs, s);

@@ -136,6 +136,7 @@ class LayerPlan {
   Tensor fc1_out(Stream& s);
   Tensor act_out(Stream& s);
   Tensor probs(Stream& s);
+  bool up_recomputed() const;  // mla_up_proj, on an MLA layer
   bool re_fc1() const;
   bool re_act() const;
   const char* fc1_name() const { return L_.is_moe() ? "expert_fc1" : "dense_fc1"; }

@@ -34,10 +34,11 @@ struct AttentionShape {
 // frequencies blend the interpolated (divided by scaling_factor) and the original ones with a
 // linear ramp over the dimensions between the beta_fast and beta_slow correction dims, and cos
 // and sin are multiplied by yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim).
+// Defaults: MLATransformerConfig's.
 struct Rotary {
   double base = 10000;
   bool yarn = false;
-  double scaling_factor = 1;
+  double scaling_factor = 40;
   double mscale = 1, mscale_all_dim = 0;
   double original_max_position_embeddings = 4096;
   double beta_fast = 32, beta_slow = 1;

@@ -68,6 +68,52 @@ TEST(TensorParallelRun, EveryScheduleOffloadAndRecomputeKeepsTheBitsOfTheLayout)
   }
 }
 
+// Multi-latent attention through the recipe keys, in the TP2 layout: the combined 1F1B with
+// delayed wgrad, a VPP pipeline, recompute and offload of its modules keep the sequential bits.
+TEST(TensorParallelRun, MlaKeepsTheBitsOfTheLayout) {
+  const std::vector<std::string> mla = with(
+      kTp2, {"model.multi_latent_attention=true", "model.num_query_groups=4",
+             "model.q_lora_rank=24", "model.kv_lora_rank=16", "model.qk_head_dim=8",
+             "model.qk_pos_emb_head_dim=4", "model.v_head_dim=8", "model.qk_layernorm=true",
+             "model.rotary_scaling_factor=4", "model.mscale_all_dim=1",
+             "model.original_max_position_embeddings=32"});
+  const RunReport seq = train(tiny(mla));
+  ASSERT_TRUE(seq.numerics_hash);
+  const RunReport gqa = train(tiny(kTp2));
+  EXPECT_NE(seq.numerics_hash, gqa.numerics_hash);
+  const std::vector<std::vector<std::string>> variants = {
+      {"comm_overlap.overlap_moe_expert_parallel_comm=true",
+       "comm_overlap.delay_wgrad_compute=true"},
+      {"nodes=2", "model.pipeline_model_parallel_size=2",
+       "model.virtual_pipeline_model_parallel_size=2"},
+      {"model.recompute_granularity=selective", "model.recompute_modules=[core_attn,layernorm]",
+       "model.fine_grained_activation_offloading=true",
+       "model.offload_modules=[attn_norm,qkv_linear,core_attn,attn_proj]",
+       "model.min_offloaded_tensor_size=0"},
+      // The whole attention recomputed from the layer input: MLA's projections run again.
+      {"comm_overlap.overlap_moe_expert_parallel_comm=true",
+       "model.recompute_granularity=selective", "model.recompute_modules=[a2a_overlap_attn]"},
+      // Megatron's mla_up_proj: the up projections again from the latents, alone and with the
+      // whole attention's recompute.
+      {"model.recompute_granularity=selective", "model.recompute_modules=[mla_up_proj]"},
+      {"comm_overlap.overlap_moe_expert_parallel_comm=true",
+       "model.recompute_granularity=selective",
+       "model.recompute_modules=[mla_up_proj,a2a_overlap_attn]"},
+  };
+  for (const auto& v : variants) {
+    SCOPED_TRACE(v.back());
+    const RunReport r = train(tiny(with(mla, v)));
+    EXPECT_EQ(r.numerics_hash, seq.numerics_hash);
+  }
+  // mla_up_proj frees the attention's input between forward and backward and pays for it in
+  // recompute kernels.
+  const RunReport up = train(tiny(with(
+      mla, {"model.recompute_granularity=selective", "model.recompute_modules=[mla_up_proj]"})));
+  EXPECT_LT(up.devices[0].peak_mem_bytes, seq.devices[0].peak_mem_bytes);
+  EXPECT_GT(up.recompute_s, 0);
+  EXPECT_EQ(seq.recompute_s, 0);
+}
+
 TEST(TensorParallelRun, DenseFirstLayersAndTheFlexDispatcherKeepTheBits) {
   const std::vector<std::string> base = with(kTp2, {"model.moe_layer_freq=[0,1,1,1]"});
   const RunReport seq = train(tiny(base));

@@ -14,6 +14,7 @@ namespace {
 using testing::run_reference;
 using testing::run_tensor_parallel;
 using testing::StepResult;
+using testing::tiny_mla;
 using testing::tiny_moe;
 
 // Why TP is not bit-exact against TP = 1: a row-parallel linear (the attention projection, fc2,
@@ -57,6 +58,22 @@ TEST(TensorParallel, ExpertTpMatchesTheUnsplitModel) {
   expect_close(run_tensor_parallel(cfg, 8, 2, 4, false, 1, 2), run_reference(cfg, 4));
   // ETP 4 with TP 2: the folding differs between attention and experts.
   expect_close(run_tensor_parallel(cfg, 8, 2, 2, false, 1, 4), run_reference(cfg, 4));
+}
+
+// MLA over TP: the down projections duplicated on this rank's tokens, the up projections and
+// the projection split by heads, the rope key gathered. Same tolerance: the extra sums in
+// another order are the duplicated weights' TP all-reduce and the rope key's reduce-scatter.
+TEST(TensorParallel, MlaMatchesTheUnsplitModel) {
+  ModelConfig cfg = tiny_mla();
+  expect_close(run_tensor_parallel(cfg, 2, 2, 1), run_reference(cfg, 1));
+  expect_close(run_tensor_parallel(cfg, 8, 4, 2), run_reference(cfg, 2));
+  cfg.q_lora_rank = 0;
+  cfg.qk_layernorm = false;
+  expect_close(run_tensor_parallel(cfg, 2, 2, 1), run_reference(cfg, 1));
+  const StepResult base = run_tensor_parallel(cfg, 4, 2, 2);
+  const StepResult delayed = run_tensor_parallel(cfg, 4, 2, 2, true, 3);
+  EXPECT_EQ(base.losses, delayed.losses);
+  EXPECT_TRUE(base.grads == delayed.grads);
 }
 
 TEST(TensorParallel, DenseLayersAndSeqAuxLossMatchTheUnsplitModel) {
@@ -135,8 +152,8 @@ TEST(TensorParallel, TokenGatherAndScatterMatchASerialReference) {
 // One micro-batch through one MoE layer (no embedding or loss) on two ranks that form the TP
 // group (`tp`) or the expert-TP group (otherwise), each with an EP group of its own: rank 0's
 // collectives, by name.
-std::map<std::string, int> one_layer_collectives(bool tp) {
-  ModelConfig cfg = tiny_moe();
+std::map<std::string, int> one_layer_collectives(bool tp, bool mla = false) {
+  ModelConfig cfg = mla ? tiny_mla() : tiny_moe();
   cfg.num_layers = 1;
   (tp ? cfg.tensor_model_parallel_size : cfg.expert_tensor_parallel_size) = 2;
   cfg.sequence_parallel = tp;
@@ -191,6 +208,32 @@ TEST(TensorParallel, OneLayerIssuesMegatronsCollectives) {
       {"sp_allgather_mlp_bwd", 1},
   };
   EXPECT_EQ(one_layer_collectives(true), megatron);
+}
+
+// MLA at TP 2 (MLASelfAttention with TE): no collective for the duplicated down projections;
+// an all-gather before each column-parallel up projection (inside TELayerNormColumnParallelLinear,
+// after its norm) and of the rope key (gather_from_sequence_parallel_region); backward, their
+// reverse, and the up projections' inputs gathered again for their wgrad. The rest as above.
+TEST(TensorParallel, OneMlaLayerIssuesMegatronsCollectives) {
+  const std::map<std::string, int> megatron = {
+      {"sp_allgather_q_up", 1},
+      {"sp_allgather_kv_up", 1},
+      {"sp_allgather_k_pos_emb", 1},
+      {"sp_reducescatter_proj", 1},
+      {"sp_allgather_shared_fc1", 1},
+      {"sp_reducescatter_shared_fc2", 1},
+      {"router_balance_counts_allreduce", 1},
+      {"sp_allgather_proj_bwd", 1},
+      {"sp_reducescatter_q_up_bwd", 1},
+      {"sp_reducescatter_kv_up_bwd", 1},
+      {"sp_reducescatter_k_pos_emb_bwd", 1},
+      {"sp_allgather_q_up_bwd", 1},
+      {"sp_allgather_kv_up_bwd", 1},
+      {"sp_allgather_shared_fc2_bwd", 1},
+      {"sp_reducescatter_shared_fc1_bwd", 1},
+      {"sp_allgather_mlp_bwd", 1},
+  };
+  EXPECT_EQ(one_layer_collectives(true, true), megatron);
 }
 
 // Expert TP 2 (TP 1): MoEAlltoAllTokenDispatcher's ETP collectives. The counts are all-gathered
