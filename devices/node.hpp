@@ -38,6 +38,10 @@ class PriceBook;
 struct NodeImpl;
 }  // namespace detail
 
+// The most nodes one run emulates: 2048 GPUs of an 8-GPU node, beyond the largest production
+// layouts the recipes describe (DeepSeek-V3's Bridge recipe takes 128 nodes).
+inline constexpr int kMaxNodes = 256;
+
 struct NodeOptions {
   std::string topology_path;  // used when `topology` is not given
   std::shared_ptr<const NodeTopology> topology;

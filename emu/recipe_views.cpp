@@ -146,6 +146,7 @@ layers::ModelConfig model_config(const Recipe& r, const GpuSpec& gpu) {
   c.moe_shared_expert_intermediate_size = opt_int("model.moe_shared_expert_intermediate_size", 0);
   c.moe_layer_freq = r.int_list("model.moe_layer_freq");
   c.mtp_num_layers = opt_int("model.mtp_num_layers", 0);
+  c.mtp_loss_scaling_factor = r.real("model.mtp_loss_scaling_factor");
   c.qk_layernorm = r.flag("model.qk_layernorm");
   c.tensor_model_parallel_size = r.int32("model.tensor_model_parallel_size");
   c.sequence_parallel = r.flag("model.sequence_parallel");
@@ -294,7 +295,7 @@ int microbatches_per_rank(const Recipe& r, int world) {
 layers::RecordedLoads routing_trace(const Recipe& r, const layers::ModelConfig& c) {
   layers::RecordedLoads loads =
       load_routing_trace(r.resolve(r.text("emulator.routing_trace")), c.num_moe_experts);
-  for (int l = 0; l < c.num_layers; ++l)
+  for (int l = 0; l < c.num_layers + c.mtp_num_layers; ++l)
     if (c.is_moe_layer(l) && !loads.by_layer.count(l))
       throw ConfigError(r.name(), "emulator.routing_trace",
                         loads.source + " has no records of MoE layer " + std::to_string(l) +

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "devices/errors.hpp"
+#include "devices/node.hpp"
 #include "emu/detail/validation_rules.hpp"
 #include "emu/flex_backend_support.hpp"
 #include "emu/recipe_views.hpp"
@@ -23,6 +24,8 @@ void Rules::required() {
                         "model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
                         "model.context_parallel_size", "model.expert_model_parallel_size"})
     if (set(k) && r_.integer(k) < 1) error(k, "must be at least 1");
+  if (i("nodes") > kMaxNodes)
+    error("nodes", "must be at most " + std::to_string(kMaxNodes) + " (NodeEmu's limit)");
   for (const char* k : {"model.virtual_pipeline_model_parallel_size", "train.global_batch_size",
                         "model.num_moe_experts", "model.ffn_hidden_size",
                         "model.moe_ffn_hidden_size", "model.num_query_groups"})

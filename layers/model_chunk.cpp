@@ -48,6 +48,16 @@ ModelChunk::ModelChunk(const ModelConfig& cfg, ChunkSpec spec, Device& device, s
                                 Init::Normal, cfg.init_method_std, seed, first_row);
   for (int l = spec.first_layer; l < spec.first_layer + spec.num_layers; ++l)
     layers_.push_back(std::make_unique<TransformerLayer>(cfg, l, device, seed, ep, rank, tp_, etp));
+  if (spec.post_process && cfg.mtp_num_layers > 0) {
+    // MTP layer k is layer num_layers + k (its routing, hooks and names are its own).
+    layers_.push_back(
+        std::make_unique<TransformerLayer>(cfg, cfg.num_layers, device, seed, ep, rank, tp_, etp));
+    mtp_ = std::make_unique<MtpWeights>(cfg, device, seed, tp_);
+    if (!spec.pre_process)
+      mtp_embedding_ = make_parameter(device, "embedding.word_embeddings.weight", {V, H},
+                                      cfg.dtype, Init::Normal, cfg.init_method_std, seed,
+                                      first_row);
+  }
   if (spec.post_process) {
     final_norm_ = make_parameter(device, "decoder.final_layernorm.weight", {H}, cfg.dtype,
                                  Init::Ones, 0, seed);
@@ -70,7 +80,15 @@ std::vector<Parameter*> ModelChunk::parameters() {
     out.push_back(&final_norm_);
     out.push_back(&output_);
   }
+  if (mtp_)
+    for (auto* p : mtp_->parameters()) out.push_back(p);
+  if (mtp_embedding_.value) out.push_back(&mtp_embedding_);
   return out;
+}
+
+Parameter* ModelChunk::word_embedding() {
+  if (embedding_.value) return &embedding_;
+  return mtp_embedding_.value ? &mtp_embedding_ : nullptr;
 }
 
 void ModelChunk::zero_grad(Stream& s, WorkTally* tally) {
@@ -108,16 +126,22 @@ ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const 
   }
   for (auto& l : chunk.layers_)
     layers.push_back(l->plan(ctx, &event, microbatch, data.batch, data.seq, loss_scale));
-  // Each layer reads the previous one's output, and its output gradient is the next one's
-  // input gradient (or the loss's, or the next stage's).
-  for (std::size_t i = 0; i < layers.size(); ++i)
+  // Each decoder layer reads the previous one's output, and its output gradient is the next
+  // one's input gradient (or the loss's, or MTP's, or the next stage's).
+  const std::size_t decoder = layers.size() - (chunk.mtp_ ? 1 : 0);
+  for (std::size_t i = 0; i < decoder; ++i)
     layers[i]->connect(
         i == 0 ? (chunk.spec_.pre_process ? &embedded_ : &input) : &layers[i - 1]->output,
-        i + 1 < layers.size()      ? &layers[i + 1]->grad_input
+        i + 1 < decoder            ? &layers[i + 1]->grad_input
         : chunk.spec_.post_process ? &grad_hidden_
                                    : &grad_output);
   const Tensor* last =
-      layers.empty() ? (chunk.spec_.pre_process ? &embedded_ : &input) : &layers.back()->output;
+      decoder == 0 ? (chunk.spec_.pre_process ? &embedded_ : &input) : &layers[decoder - 1]->output;
+  if (chunk.mtp_)
+    mtp_ = std::make_unique<MtpPlan>(
+        c, *chunk.mtp_,
+        MtpChunkParts{&chunk.final_norm_, chunk.word_embedding(), &chunk.output_, chunk.tp_},
+        *layers.back(), ctx, &event, data, last, &grad_hidden_, loss_scale);
   if (chunk.spec_.pre_process) {
     embedding = ScheduleNode(
         "embedding", StreamKind::Compute, &ctx, &event,
@@ -125,10 +149,10 @@ ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const 
           ops::At at{s, ctx_.tally, nullptr, &c.kernels};
           embedded_ = embedding_forward(at, chunk_.tp_, tokens_, chunk_.embedding_, c.dtype);
         },
-        [this, &c](Stream& s) {
+        [this, &c, decoder](Stream& s) {
           ops::At at{s, ctx_.tally, nullptr, &c.kernels};
           g_embedded_ = embedding_grad_all(
-              at, chunk_.tp_, layers.empty() ? grad_hidden_ : layers.front()->grad_input);
+              at, chunk_.tp_, decoder == 0 ? grad_hidden_ : layers.front()->grad_input);
         },
         [this, &c](Stream& s) {
           ops::At at{s, ctx_.tally, nullptr, &c.kernels};
@@ -142,8 +166,12 @@ ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const 
         [this, last, &c](Stream& s) {
           ops::At at{s, ctx_.tally, nullptr, &c.kernels};
           hidden_ = *last;
-          ops::rmsnorm_forward(at, "final_layernorm", hidden_, chunk_.final_norm_,
-                               c.layernorm_epsilon, lnf_, rstd_);
+          // With MTP the final norm ran in the MTP layer's prologue, which reads its output too.
+          if (mtp_)
+            lnf_ = mtp_->final_norm_out();
+          else
+            ops::rmsnorm_forward(at, "final_layernorm", hidden_, chunk_.final_norm_,
+                                 c.layernorm_epsilon, lnf_, rstd_);
           // The output layer is column-parallel over the vocabulary: all tokens' normed rows,
           // gathered again for its wgrad (only this rank's share is kept, as Megatron keeps it).
           const Tensor all =
@@ -151,6 +179,7 @@ ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const 
           logits_ = ops::linear_forward(at, "output_layer", all, chunk_.output_.value,
                                         ops::one_group(all), DType::F32);
           cross_entropy_forward(at, chunk_.tp_, logits_, labels_, loss_sum_, ce_);
+          if (mtp_) mtp_->loss_forward(at);
         },
         [this, &c](Stream& s) {
           ops::At at{s, ctx_.tally, nullptr, &c.kernels};
@@ -164,14 +193,20 @@ ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const 
                                      ops::one_group(g_logits_), c.dtype);
           if (chunk_.tp_.on())
             g_lnf_ = scatter_tokens(at, chunk_.tp_, g_lnf_, "sp_reducescatter_output_bwd");
-          grad_hidden_ =
-              ops::rmsnorm_dgrad(at, "final_layernorm", g_lnf_, hidden_, chunk_.final_norm_, rstd_);
+          if (mtp_)  // the final norm's backward waits for MTP's gradient of its output
+            mtp_->loss_backward(at, g_lnf_);
+          else
+            grad_hidden_ = ops::rmsnorm_dgrad(at, "final_layernorm", g_lnf_, hidden_,
+                                              chunk_.final_norm_, rstd_);
         },
         [this](Stream& s) {
           ops::At at{s, ctx_.tally, nullptr, &chunk_.cfg_.kernels};
           ops::linear_wgrad(at, "output_layer", g_logits_, lnf_all_, ops::one_group(lnf_all_),
                             chunk_.output_);
-          ops::rmsnorm_wgrad(at, "final_layernorm", g_lnf_, hidden_, rstd_, chunk_.final_norm_);
+          if (mtp_)
+            mtp_->loss_dw(at);
+          else
+            ops::rmsnorm_wgrad(at, "final_layernorm", g_lnf_, hidden_, rstd_, chunk_.final_norm_);
           g_logits_ = g_lnf_ = lnf_ = lnf_all_ = hidden_ = rstd_ = Tensor();
         });
   }
@@ -212,7 +247,8 @@ void ChunkPlan::backward_all() {
   embedding.backward();
 }
 
-void reduce_gradients(ModelChunk& chunk, Group dp, Group edp, Stream& s, const TensorParallel& tp) {
+void reduce_gradients(ModelChunk& chunk, Group dp, Group edp, Stream& s, const TensorParallel& tp,
+                      Group* embedding) {
   auto all_reduce = [&](Group& g, Parameter& p, const char* name) {
     g.all_reduce(p.main_grad.buffer(), p.main_grad.buffer(),
                  static_cast<std::size_t>(p.main_grad.numel()), s, {.async = true, .name = name});
@@ -221,6 +257,8 @@ void reduce_gradients(ModelChunk& chunk, Group dp, Group edp, Stream& s, const T
     Group& g = p->expert ? edp : dp;
     if (g.size() > 1) all_reduce(g, *p, "grad_allreduce");
   }
+  if (embedding && chunk.word_embedding())
+    all_reduce(*embedding, *chunk.word_embedding(), "embedding_grad_allreduce");
   if (!tp.on()) return;
   Group tp_group = tp.group;
   for (auto* p : chunk.parameters())

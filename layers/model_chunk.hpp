@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/group.hpp"
+#include "layers/mtp.hpp"
 #include "layers/transformer_layer.hpp"
 #include "layers/vocab_parallel.hpp"
 
@@ -42,7 +43,12 @@ class ModelChunk {
   const ChunkSpec& spec() const { return spec_; }
   const ModelConfig& config() const { return cfg_; }
   std::vector<Parameter*> parameters();
+  // The decoder layers, then (on the last stage with MTP) the MTP layer's transformer layer.
   std::vector<std::unique_ptr<TransformerLayer>>& layers() { return layers_; }
+  bool has_mtp() const { return static_cast<bool>(mtp_); }
+  // The word embedding this chunk holds: the first stage's, or the last stage's copy for MTP
+  // (null if neither); its gradient is all-reduced over the embedding group.
+  Parameter* word_embedding();
   // Zeroes every main_grad, as a device operation on `s`.
   void zero_grad(Stream& s, WorkTally* tally = nullptr);
   // `loss_scale` multiplies the loss's (and the router losses') gradient: 1 / (tokens of the
@@ -58,6 +64,11 @@ class ModelChunk {
   TensorParallel tp_;
   Parameter embedding_, final_norm_, output_;
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
+  std::unique_ptr<MtpWeights> mtp_;
+  // MTP on a last stage without the embedding: its copy of the word embedding, drawn from the
+  // same stream as the first stage's (Megatron zero-fills it and all-reduces it over the
+  // embedding group at setup: the same values).
+  Parameter mtp_embedding_;
 };
 
 class ChunkPlan {
@@ -78,6 +89,8 @@ class ChunkPlan {
   const Tensor& grad_input() const;
   // The summed token loss of this micro-batch (host, once the loss kernel has run for real).
   double loss_sum() const { return *loss_sum_; }
+  // The MTP loss's term of the objective (0 without MTP), scaled as its gradient is.
+  double mtp_loss_term() const { return mtp_ ? mtp_->loss_term() : 0.0; }
   // The same value through a handle that outlives the plan (a schedule drops plans after their
   // backward; the loop reads the losses after the step's synchronize).
   std::shared_ptr<const double> loss_sum_handle() const { return loss_sum_; }
@@ -95,13 +108,15 @@ class ChunkPlan {
       g_logits_, g_embedded_;
   CrossEntropySaved ce_;
   std::shared_ptr<double> loss_sum_ = std::make_shared<double>(0);
+  std::unique_ptr<MtpPlan> mtp_;
 };
 
 // All-reduces gradients over data parallelism: dense weights over `dp`, expert weights over
-// `edp` (either may be a one-member group); then, with TP, the weights every TP rank holds whole
-// over `tp` (Megatron's finalize_model_grads: the data-parallel sync, then
-// _allreduce_layernorm_grads). fp32 sums in member order.
+// `edp` (either may be a one-member group); then the word embedding over `embedding` (the first
+// and last pipeline stages with MTP; empty otherwise); then, with TP, the weights every TP rank
+// holds whole over `tp` (Megatron's finalize_model_grads: the data-parallel sync,
+// _allreduce_word_embedding_grads, _allreduce_layernorm_grads). fp32 sums in member order.
 void reduce_gradients(ModelChunk& chunk, Group dp, Group edp, Stream& s,
-                      const TensorParallel& tp = {});
+                      const TensorParallel& tp = {}, Group* embedding = nullptr);
 
 }  // namespace nodeemu::layers

@@ -44,6 +44,9 @@ kernels::AttentionShape ModelConfig::attention_shape(std::int64_t batch, std::in
 
 bool ModelConfig::is_moe_layer(int layer) const {
   if (num_moe_experts == 0) return false;
+  // An MTP layer has the decoder's last layer's spec (gpt_layer_specs.py
+  // get_gpt_mtp_block_spec_for_backend).
+  if (layer >= num_layers) return is_moe_layer(num_layers - 1);
   if (moe_layer_freq.size() == 1) return layer % moe_layer_freq[0] == 0;
   return moe_layer_freq.at(std::size_t(layer)) == 1;
 }
@@ -155,10 +158,9 @@ void ModelConfig::validate() const {
         fail("moe_layer_freq", "a per-layer list holds only 0 (dense) and 1 (MoE)");
   }
   if (moe_layer_freq.empty()) fail("moe_layer_freq", "is empty; give N or one 0/1 per layer");
-  if (mtp_num_layers > 0)
-    fail("mtp_num_layers",
-         "multi-token prediction is not modelled yet; set 0 (the mtp schedule "
-         "node exists and is a no-op)");
+  if (mtp_num_layers < 0 || mtp_num_layers > 1)
+    fail("mtp_num_layers", "must be 0 or 1 (one multi-token prediction layer is modelled)");
+  if (mtp_loss_scaling_factor < 0) fail("mtp_loss_scaling_factor", "must be 0 or more");
   tensor_parallel_rules(*this, fail);
   expert_tensor_parallel_rules(*this, fail);
   if (num_moe_experts > 0) {

@@ -49,7 +49,10 @@ struct ModelConfig {
   int moe_hybridep_num_sms_preprocessing = 0;  // 0: HybridEP's default (FlexConfig)
   // > 0: HybridEP's sync-free mode, with this budget per rank relative to balanced routing.
   double moe_expert_rank_capacity_factor = 0;
+  // Multi-token prediction (layers/mtp.hpp): this many MTP layers after the decoder, on the
+  // last pipeline stage, their loss scaled by mtp_loss_scaling_factor / mtp_num_layers.
   int mtp_num_layers = 0;
+  double mtp_loss_scaling_factor = 0.1;
   // qk_layernorm: an RMSNorm over each query and key head before RoPE (Qwen3 has it); with MLA,
   // over the compressed query and key/value latents (Megatron's MLA spec fuses them into the up
   // projections as TELayerNormColumnParallelLinear).
@@ -82,6 +85,7 @@ struct ModelConfig {
   kernels::AttentionShape attention_shape(std::int64_t batch, std::int64_t seq) const;
   int tp() const { return tensor_model_parallel_size; }
   int etp() const { return expert_tensor_parallel_size; }
+  // Layers num_layers.. are the MTP layers (with the decoder's last layer's kind).
   bool is_moe_layer(int layer) const;
   // Throws ConfigError naming the Megatron key.
   void validate() const;

@@ -1,5 +1,7 @@
 #include "layers/tensor_parallel.hpp"
 
+#include <cstring>
+
 #include "devices/check.hpp"
 #include "devices/errors.hpp"
 
@@ -61,6 +63,49 @@ Tensor scatter_tokens(ops::At at, const TensorParallel& tp, const Tensor& x, con
   Group g = tp.group;
   g.reduce_scatter(x.buffer(), out.buffer(), std::vector<std::size_t>(size_t(tp.size), part),
                    at.stream, {.async = true, .name = at.named(name)}, op);
+  return out;
+}
+
+Tensor features_to_tokens(ops::At at, const TensorParallel& tp, const Tensor& x, const char* name) {
+  const std::int64_t T = x.dim(0), cols = x.dim(1), t = tp.size, local = T / t;
+  NE_CHECK(T % t == 0, "token rows do not split over TP");
+  const Tensor all = gather_tokens(at, tp, x, name);  // [t][T][cols], rank-major
+  Tensor out = at.empty({local, cols * t}, x.dtype());
+  const View va = view(all), vo = view(out);
+  const std::int64_t first = tp.rank * local, e = std::int64_t(dtype_bytes(x.dtype()));
+  launch(
+      at.stream, at.named(std::string(name) + "_to_tokens"),
+      Work{.bytes = 2.0 * double(out.bytes()), .shape = KernelShape::memory(MemoryOp::Copy)},
+      [=] {
+        const char* in = static_cast<const char*>(va.data);
+        char* o = static_cast<char*>(vo.data);
+        for (std::int64_t i = 0; i < local; ++i)
+          for (std::int64_t r = 0; r < t; ++r)
+            std::memcpy(o + (i * cols * t + r * cols) * e, in + ((r * T + first + i) * cols) * e,
+                        std::size_t(cols * e));
+      },
+      {all, out}, at.tally);
+  return out;
+}
+
+Tensor tokens_to_features(ops::At at, const TensorParallel& tp, const Tensor& g, const char* name) {
+  const std::int64_t H = g.dim(1), t = tp.size, cols = H / t;
+  NE_CHECK(H % t == 0, "features do not split over TP");
+  const Tensor all = gather_tokens(at, tp, g, name);  // [T][H]
+  const std::int64_t T = all.dim(0), e = std::int64_t(dtype_bytes(g.dtype()));
+  Tensor out = at.empty({T, cols}, g.dtype());
+  const View va = view(all), vo = view(out);
+  const std::int64_t first = tp.rank * cols;
+  launch(
+      at.stream, at.named(std::string(name) + "_to_features"),
+      Work{.bytes = 2.0 * double(out.bytes()), .shape = KernelShape::memory(MemoryOp::Copy)},
+      [=] {
+        const char* in = static_cast<const char*>(va.data);
+        char* o = static_cast<char*>(vo.data);
+        for (std::int64_t i = 0; i < T; ++i)
+          std::memcpy(o + i * cols * e, in + (i * H + first) * e, std::size_t(cols * e));
+      },
+      {all, out}, at.tally);
   return out;
 }
 

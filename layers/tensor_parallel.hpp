@@ -55,4 +55,12 @@ Tensor gather_tokens(ops::At at, const TensorParallel& tp, const Tensor& x, cons
 // rank order in the tensor's type (fp32 or bf16).
 Tensor scatter_tokens(ops::At at, const TensorParallel& tp, const Tensor& x, const char* name);
 
+// A column-parallel output gathered along its features and split back to the tokens (MTP's
+// eh_proj: gather_from_tensor_model_parallel_region, then scatter_to_sequence_parallel_region):
+// [T][H / tp] for every token -> [T / tp][H] for this rank's. One all-gather, then a local
+// reordering.
+Tensor features_to_tokens(ops::At at, const TensorParallel& tp, const Tensor& x, const char* name);
+// Its backward: [T / tp][H] -> [T][H / tp] (the tokens all-gathered, this rank's columns kept).
+Tensor tokens_to_features(ops::At at, const TensorParallel& tp, const Tensor& g, const char* name);
+
 }  // namespace nodeemu::layers

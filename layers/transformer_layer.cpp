@@ -14,7 +14,10 @@ namespace nodeemu::layers {
 
 namespace {
 
-std::string prefix(int layer) {
+// Megatron's parameter names; layers past the decoder's are the MTP layers' inner layers.
+std::string prefix(const ModelConfig& c, int layer) {
+  if (layer >= c.num_layers)
+    return "mtp.layers." + std::to_string(layer - c.num_layers) + ".transformer_layer.";
   return "decoder.layers." + std::to_string(layer) + ".";
 }
 
@@ -57,7 +60,7 @@ TransformerLayer::TransformerLayer(const ModelConfig& cfg, int layer, Device& de
 void TransformerLayer::make_parameters(Device& device, std::uint64_t seed,
                                        const TensorParallel& etp) {
   const ModelConfig& cfg = cfg_;
-  const std::string p = prefix(layer_);
+  const std::string p = prefix(cfg_, layer_);
   const std::int64_t H = cfg.hidden_size, d = cfg.head_dim(), t = tp_.size;
   const std::int64_t heads = cfg.num_attention_heads, groups = cfg.num_query_groups;
   const double sd = cfg.init_method_std;
@@ -158,7 +161,10 @@ LayerPlan::LayerPlan(TransformerLayer& layer, ExecContext& ctx, Event* plan_even
   st_->seq = seq;
   st_->loss_scale = loss_scale;
   st_->cfg = &L_.cfg_;
-  const std::string n = "layer" + std::to_string(layer.layer()) + ".";
+  const ModelConfig& c = layer.config();
+  const std::string n = layer.layer() >= c.num_layers
+                            ? "mtp" + std::to_string(layer.layer() - c.num_layers) + "."
+                            : "layer" + std::to_string(layer.layer()) + ".";
   pre_dispatch = ScheduleNode(
       n + "pre_dispatch", StreamKind::Compute, &ctx, plan_event,
       [this](Stream& s) { pre_dispatch_forward(s); },
@@ -201,6 +207,7 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
   ops::At at = at_(s);
   SavedTensors& sv = st.saved;
   const RecomputeSet& re = ctx_.recompute;
+  if (prologue.forward) prologue.forward(s);
   if (!st.input || !*st.input)
     throw UsageError("layer " + std::to_string(L_.layer_) +
                      ": pre_dispatch forward before its input exists");

@@ -7,7 +7,8 @@
 //   dispatch     (comm)     the tokens' all-to-all
 //   mlp          (compute)  sort by local expert, grouped fc1, SwiGLU x probs, grouped fc2, unsort
 //   combine      (comm)     the way back, unpermute, + shared experts, + residual
-//   mtp          (compute)  multi-token prediction: a no-op node (mtp_num_layers must be 0)
+//   mtp          (compute)  an MTP layer's final norm (Megatron's mtp_post_process, mtp.hpp);
+//                           a no-op node for a decoder layer
 //
 // A dense layer runs its MLP (and the residual add) in `mlp`; its dispatch and combine are no-op
 // nodes. With TP (tensor_parallel.hpp) the layer's input and output are this rank's share of the
@@ -16,6 +17,7 @@
 // sharded by EP, and their columns by expert TP (alltoall_token_dispatcher.cpp). CP = 1.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -85,6 +87,12 @@ class LayerPlan {
   // first backward node runs: a chunk chains its layers through these slots.
   void connect(const Tensor* input, const Tensor* grad_output);
   ScheduleNode pre_dispatch, dispatch, mlp, combine, mtp;
+  // Work of an MTP layer's own inside pre_dispatch: before its forward (what makes the layer's
+  // input), after its backward and after its wgrad (Megatron's MTP pre_dispatch callable holds
+  // the embedding, the norms and eh_proj; layers/mtp.hpp). Empty for a decoder layer.
+  struct Prologue {
+    std::function<void(Stream&)> forward, backward, dw;
+  } prologue;
   Tensor output;      // after combine's forward (mlp's, for a dense layer)
   Tensor grad_input;  // after pre_dispatch's backward
   // The router's losses and counts for this micro-batch (valid once the router kernel has run

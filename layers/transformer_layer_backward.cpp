@@ -233,6 +233,7 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
   dgrad_end("attn_norm", s);
   grad_input = ops::add(at, "input_residual_bwd", g_xn, st.g_h);
   st.grad_out = Tensor();
+  if (prologue.backward) prologue.backward(s);
 }
 
 void LayerPlan::pre_dispatch_dw(Stream& s) {
@@ -291,6 +292,7 @@ void LayerPlan::pre_dispatch_dw(Stream& s) {
   sv.release("attn_norm", "rstd");
   wgrad_end("attn_norm", s);
   st.g_ln2 = st.g_h = st.g_qkv = st.g_ln1 = Tensor();
+  if (prologue.dw) prologue.dw(s);
 }
 
 void LayerPlan::backward_start(const char* module, Stream& s) {

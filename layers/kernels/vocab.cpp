@@ -53,8 +53,10 @@ void shard_softmax_stats(const T* logits, const T* max, const std::int32_t* targ
 }
 
 template <class T>
-void shard_cross_entropy(const T* stats, T* loss, std::int64_t tokens) {
-  for (std::int64_t t = 0; t < tokens; ++t) loss[t] = std::log(stats[t]) - stats[tokens + t];
+void shard_cross_entropy(const T* stats, const std::int32_t* targets, T* loss,
+                         std::int64_t tokens) {
+  for (std::int64_t t = 0; t < tokens; ++t)
+    loss[t] = targets[t] < 0 ? T(0) : std::log(stats[t]) - stats[tokens + t];
 }
 
 template <class T>
@@ -64,6 +66,10 @@ void shard_cross_entropy_backward(const T* logits, const T* max, const T* stats,
   for_row_blocks(tokens, [&](std::int64_t t) {
     const T* l = logits + t * vocab;
     T* d = dlogits + t * vocab;
+    if (targets[t] < 0) {
+      std::fill(d, d + vocab, T(0));
+      return;
+    }
     for (std::int64_t v = 0; v < vocab; ++v) d[v] = std::exp(l[v] - max[t]) / stats[t] * T(scale);
     if (shard.holds(targets[t])) d[targets[t] - shard.first] -= T(scale);
   });
@@ -74,7 +80,7 @@ void cross_entropy_forward(const T* logits, const std::int32_t* targets, T* loss
                            std::int64_t tokens, std::int64_t vocab) {
   for_row_blocks(tokens, [&](std::int64_t t) {
     const T* l = logits + t * vocab;
-    loss[t] = logsumexp(l, vocab) - l[targets[t]];
+    loss[t] = targets[t] < 0 ? T(0) : logsumexp(l, vocab) - l[targets[t]];
   });
 }
 
@@ -83,8 +89,12 @@ void cross_entropy_backward(const T* logits, const std::int32_t* targets, T* dlo
                             std::int64_t tokens, std::int64_t vocab, double scale) {
   for_row_blocks(tokens, [&](std::int64_t t) {
     const T* l = logits + t * vocab;
-    const T lse = logsumexp(l, vocab);
     T* d = dlogits + t * vocab;
+    if (targets[t] < 0) {
+      std::fill(d, d + vocab, T(0));
+      return;
+    }
+    const T lse = logsumexp(l, vocab);
     for (std::int64_t v = 0; v < vocab; ++v) d[v] = std::exp(l[v] - lse) * T(scale);
     d[targets[t]] -= T(scale);
   });
@@ -98,7 +108,7 @@ void cross_entropy_backward(const T* logits, const std::int32_t* targets, T* dlo
   template void shard_logits_max<T>(const T*, T*, std::int64_t, std::int64_t);                     \
   template void shard_softmax_stats<T>(const T*, const T*, const std::int32_t*, VocabShard, T*,    \
                                        std::int64_t, std::int64_t);                                \
-  template void shard_cross_entropy<T>(const T*, T*, std::int64_t);                                \
+  template void shard_cross_entropy<T>(const T*, const std::int32_t*, T*, std::int64_t);                                \
   template void shard_cross_entropy_backward<T>(const T*, const T*, const T*, const std::int32_t*, \
                                                 VocabShard, T*, std::int64_t, std::int64_t,        \
                                                 double);                                           \

@@ -24,6 +24,10 @@ template <class T>
 void embedding_wgrad(const std::int32_t* ids, const T* dy, T* dtable, std::int64_t tokens,
                      std::int64_t h, VocabShard shard = {});
 
+// A target below 0 (kIgnoreTarget) is a masked position (Megatron's loss_mask 0: multi-token
+// prediction's rolled-out tail): no loss and no gradient.
+inline constexpr std::int32_t kIgnoreTarget = -1;
+
 // The cross-entropy over a vocabulary split in shards (Megatron's _VocabParallelCrossEntropy):
 // each shard's maximum logit per token, reduced (max) over the shards; then each shard's
 // sum of exp(logit - max) and its target logit minus max (0 when the target is elsewhere),
@@ -36,7 +40,8 @@ void shard_softmax_stats(const T* logits, const T* max, const std::int32_t* targ
                          VocabShard shard, T* stats, std::int64_t tokens, std::int64_t vocab);
 // loss[t] = log(sum of exps) - (target logit - max), from the reduced stats.
 template <class T>
-void shard_cross_entropy(const T* stats, T* loss, std::int64_t tokens);
+void shard_cross_entropy(const T* stats, const std::int32_t* targets, T* loss,
+                         std::int64_t tokens);
 // dlogits[t] = (exp(logit - max) / sum - onehot(target)) * scale, for the shard's columns.
 template <class T>
 void shard_cross_entropy_backward(const T* logits, const T* max, const T* stats,

@@ -158,7 +158,7 @@ inline StepResult run_reference(const layers::ModelConfig& cfg, int mbs, bool de
       }
     }
     dev.synchronize();
-    for (auto& p : plans) out.losses.push_back(p->loss_sum() * scale);
+    for (auto& p : plans) out.losses.push_back(p->loss_sum() * scale + p->mtp_loss_term());
     for (auto* p : chunk.parameters()) out.grads[p->name] = p->main_grad.to_f32();
   });
   return out;
@@ -186,7 +186,7 @@ inline StepResult run_distributed(const layers::ModelConfig& cfg, int ep, int no
     layers::reduce_gradients(chunk, comm.group_of(pg, GroupKind::DP, r),
                              comm.group_of(pg, GroupKind::EDP, r), ctx.compute);
     dev.synchronize();
-    losses[size_t(r)] = plan->loss_sum() * scale;
+    losses[size_t(r)] = plan->loss_sum() * scale + plan->mtp_loss_term();
     for (auto* p : chunk.parameters()) grads[size_t(r)][p->name] = p->main_grad.to_f32();
   });
   StepResult out;
@@ -246,7 +246,7 @@ inline StepResult run_tensor_parallel(const layers::ModelConfig& base, int world
                              comm.group_of(pg, GroupKind::EDP, r), ctx.compute, tpg);
     dev.synchronize();
     std::lock_guard<std::mutex> lock(mu);
-    if (tpg.rank == 0) losses[size_t(d)] = plan->loss_sum() * scale;
+    if (tpg.rank == 0) losses[size_t(d)] = plan->loss_sum() * scale + plan->mtp_loss_term();
     // Every replica holds the same bits after the reductions: any may fill its place.
     for (auto* p : chunk.parameters()) {
       const std::vector<float> g = p->main_grad.to_f32();

@@ -241,6 +241,32 @@ TEST(Model, MlaGradientsMatchFiniteDifferences) {
             a + "3" + s + "linear_kv_up_proj.weight"});
 }
 
+// Multi-token prediction: central differences for its own weights, for the word embedding (which
+// it shares with the first layer's input) and for the decoder's final norm (whose output it
+// reads), and the EP layout against the sequential reference; with MTP off the same weights give
+// another loss (its term is in the objective).
+TEST(Model, MtpGradientsMatchFiniteDifferences) {
+  auto cfg = tiny_moe();
+  cfg.router.force_load_balancing = true;
+  cfg.mtp_num_layers = 1;
+  cfg.mtp_loss_scaling_factor = 0.5;  // large enough for the directions to see its terms
+  expect_gradients_match_finite_differences(
+      cfg, {"mtp.layers.0.enorm.weight", "mtp.layers.0.hnorm.weight", "mtp.layers.0.eh_proj.weight",
+            "mtp.layers.0.final_layernorm.weight",
+            "mtp.layers.0.transformer_layer.self_attention.linear_qkv.weight",
+            "mtp.layers.0.transformer_layer.mlp.experts.linear_fc1.weight",
+            "embedding.word_embeddings.weight", "decoder.final_layernorm.weight",
+            "output_layer.weight"});
+  expect_matches_reference(run_distributed(cfg, 4), run_reference(cfg, 4));
+  // MTP's gradient reaches the decoder through the final norm's output.
+  const StepResult with = run_reference(cfg, 2);
+  cfg.mtp_num_layers = 0;
+  const StepResult without = run_reference(cfg, 2);
+  const std::string qkv = "decoder.layers.0.self_attention.linear_qkv.weight";
+  EXPECT_NE(with.grads.at(qkv), without.grads.at(qkv));
+  EXPECT_EQ(without.grads.count("mtp.layers.0.eh_proj.weight"), 0u);
+}
+
 // Records what the layers tell the hooks.
 class RecordingHooks : public ActivationHooks {
  public:

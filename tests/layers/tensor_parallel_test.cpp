@@ -76,6 +76,20 @@ TEST(TensorParallel, MlaMatchesTheUnsplitModel) {
   EXPECT_TRUE(base.grads == delayed.grads);
 }
 
+// MTP over TP: eh_proj column-parallel with its output gathered along the features and split
+// back to the tokens, the MTP embedding vocab-parallel, the shared output layer's MTP logits;
+// and DeepSeek-V3's shape in small (MLA, a dense first layer, MTP) at TP 2 and TP 4 x EP 2.
+TEST(TensorParallel, MtpMatchesTheUnsplitModel) {
+  ModelConfig cfg = tiny_moe();
+  cfg.mtp_num_layers = 1;
+  expect_close(run_tensor_parallel(cfg, 2, 2, 1), run_reference(cfg, 1));
+  ModelConfig ds = tiny_mla();
+  ds.mtp_num_layers = 1;
+  ds.moe_layer_freq = {0, 1, 1, 1};
+  expect_close(run_tensor_parallel(ds, 2, 2, 1), run_reference(ds, 1));
+  expect_close(run_tensor_parallel(ds, 8, 4, 2), run_reference(ds, 2));
+}
+
 TEST(TensorParallel, DenseLayersAndSeqAuxLossMatchTheUnsplitModel) {
   ModelConfig cfg = tiny_moe();
   cfg.moe_layer_freq = {0, 1, 0, 1};
