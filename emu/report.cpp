@@ -96,15 +96,22 @@ std::string hex(std::uint64_t v) {
 void print_summary(const RunReport& r, std::ostream& os) {
   os << "recipe " << r.recipe << " (" << r.mode << "), " << r.world << " GPUs of " << r.topology
      << ", schedule " << r.schedule << ", GEMMs " << r.gemm_kernel << "\n\n";
-  os << "  iter      loss   step (virtual ms)\n";
-  for (const auto& it : r.iterations) {
-    std::ostringstream loss;
-    if (it.loss)
-      loss << std::fixed << std::setprecision(6) << *it.loss;
+  // The MTP loss gets a column only in runs that report it.
+  const bool mtp = !r.iterations.empty() && r.iterations[0].mtp_loss.has_value();
+  os << "  iter      loss" << (mtp ? "  mtp loss" : "") << "   step (virtual ms)\n";
+  auto fixed6 = [](const std::optional<double>& v) {
+    std::ostringstream o;
+    if (v)
+      o << std::fixed << std::setprecision(6) << *v;
     else
-      loss << "-";
-    os << "  " << std::setw(4) << it.iter << std::setw(10) << loss.str() << std::setw(20)
-       << ms(it.step_time_s) << (it.iter <= r.warmup_iterations ? "   (warm-up)" : "") << "\n";
+      o << "-";
+    return o.str();
+  };
+  for (const auto& it : r.iterations) {
+    os << "  " << std::setw(4) << it.iter << std::setw(10) << fixed6(it.loss);
+    if (mtp) os << std::setw(10) << fixed6(it.mtp_loss);
+    os << std::setw(20) << ms(it.step_time_s)
+       << (it.iter <= r.warmup_iterations ? "   (warm-up)" : "") << "\n";
   }
   os << "\nsteady mean step " << ms(r.step_time_s) << " ms (virtual), over "
      << r.iterations.size() - std::size_t(r.warmup_iterations) << " iterations; "
@@ -177,6 +184,7 @@ void write_summary_json(const RunReport& r, const Recipe& recipe, std::ostream& 
     const auto& it = r.iterations[i];
     os << (i ? ", " : "") << "{\"iter\": " << it.iter
        << ", \"loss\": " << (it.loss ? num(*it.loss) : "null")
+       << (it.mtp_loss ? ", \"mtp_loss\": " + num(*it.mtp_loss) : std::string())
        << ", \"step_time_s\": " << num(it.step_time_s) << "}";
   }
   os << "],\n";

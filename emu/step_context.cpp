@@ -102,6 +102,8 @@ layers::ChunkPlan& StepContext::Impl::plan(PlanId id) {
     p = chunks_[std::size_t(id.chunk)]->plan(ctx_, id.microbatch, data_(id.microbatch),
                                              loss_scale_);
     if (last_stage(id.chunk)) losses_[id.microbatch] = p->loss_sum_handle();
+    if (last_stage(id.chunk) && p->mtp_loss_sum_handle())
+      mtp_losses_[id.microbatch] = p->mtp_loss_sum_handle();
   }
   return *p;
 }
@@ -237,6 +239,12 @@ void StepContext::Impl::check_finished(const std::string& schedule) const {
 std::vector<std::shared_ptr<const double>> StepContext::Impl::loss_handles() const {
   std::vector<std::shared_ptr<const double>> out;
   for (const auto& [mb, h] : losses_) out.push_back(h);
+  return out;
+}
+
+std::vector<std::shared_ptr<const double>> StepContext::Impl::mtp_loss_handles() const {
+  std::vector<std::shared_ptr<const double>> out;
+  for (const auto& [mb, h] : mtp_losses_) out.push_back(h);
   return out;
 }
 

@@ -77,6 +77,8 @@ class StepContext::Impl {
   void check_finished(const std::string& schedule) const;
   // The loss of each micro-batch on the last stage, in micro-batch order.
   std::vector<std::shared_ptr<const double>> loss_handles() const;
+  // The same for the MTP layer's cross-entropy sums (empty without MTP).
+  std::vector<std::shared_ptr<const double>> mtp_loss_handles() const;
 
  private:
   bool first_stage(int chunk) const { return chunk * pp_size_ + pp_rank_ == 0; }
@@ -98,7 +100,7 @@ class StepContext::Impl {
   layers::Shape activation_shape_;  // [tokens, hidden]: what crosses a pipeline link
   std::map<std::pair<int, int>, std::unique_ptr<layers::ChunkPlan>> plans_;
   std::map<std::pair<int, int>, bool> released_;
-  std::map<int, std::shared_ptr<const double>> losses_;
+  std::map<int, std::shared_ptr<const double>> losses_, mtp_losses_;
   std::map<Key, Event> fwd_pending_, bwd_pending_;
   std::set<Key> fwd_arrived_, bwd_arrived_;
   std::optional<Event> comm_send_in_flight_;  // the comm stream's last forward send

@@ -58,6 +58,7 @@ struct GradDigest {
 struct RankResult {
   std::vector<double> end_s;  // virtual time at the end of each iteration
   std::vector<double> loss;   // this rank's share of each iteration's loss (last stage only)
+  std::vector<double> mtp_loss;  // the same for the MTP loss
   std::vector<GradDigest> digests;
   std::uint64_t peak_mem = 0;
   int reruns = 0;  // steps run twice: the sync-free budget dropped pairs on some rank
@@ -174,6 +175,14 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     const bool sync_free = cfg.moe_expert_rank_capacity_factor > 0;
     Group world_group = sync_free ? comm.group(all_ranks, "world") : Group();
 
+    // With MTP on a pipeline, the last stage's copy of the word embedding and the first stage's
+    // sum their gradients (Megatron's embedding group: the first and last PP ranks).
+    std::optional<Group> embedding_group;
+    if (cfg.mtp_num_layers > 0 && pp > 1 && (p == 0 || p == pp - 1)) {
+      const std::vector<int>& pipeline = pg.group_of(GroupKind::PP, r);
+      embedding_group = comm.group({pipeline.front(), pipeline.back()}, "embedding");
+    }
+
     for (int it = 0; it < iterations; ++it) {
       std::optional<StepContext::Impl> impl;
       auto forward_backward = [&] {
@@ -209,7 +218,9 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
         forward_backward();
         restore_budget(chunks);
       }
-      for (auto& c : chunks) layers::reduce_gradients(*c, dp, edp, ctx.compute, tp);
+      for (auto& c : chunks)
+        layers::reduce_gradients(*c, dp, edp, ctx.compute, tp,
+                                 embedding_group ? &*embedding_group : nullptr);
       if (functional) {
         dev.synchronize();
         for (auto* prm : params) {
@@ -232,6 +243,11 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
       for (const auto& l : impl->loss_handles()) loss += *l * loss_scale;
       // Every TP rank computes the whole loss (the vocab-parallel cross-entropy); one counts it.
       out.loss.push_back(last_stage && tp.rank == 0 ? loss : 0.0);
+      // MTP's positions: each sequence's last one is masked (its rolled-out label).
+      double mtp_loss = 0;
+      for (const auto& l : impl->mtp_loss_handles())
+        mtp_loss += *l * loss_scale * double(seq) / double(seq - 1);
+      out.mtp_loss.push_back(last_stage && tp.rank == 0 ? mtp_loss : 0.0);
       if (r == 0 && options.progress) {
         std::ostringstream line;
         line << "iter " << it + 1 << "/" << iterations << ": virtual " << std::fixed
@@ -273,12 +289,16 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     ir.step_time_s = ends[std::size_t(it)] - (it ? ends[std::size_t(it - 1)] : 0.0);
     if (functional) {
       // The last stage's ranks in data-parallel order: a fixed order of summation.
-      double loss = 0;
-      for (int d = 0; d < int(dp_size); ++d)
-        for (int r = 0; r < world; ++r)
-          if (pg.rank_in(GroupKind::PP, r) == pp - 1 && pg.rank_in(GroupKind::DP, r) == d)
-            loss += results[std::size_t(r)].loss[std::size_t(it)];
-      ir.loss = loss;
+      auto over_last_stage = [&](std::vector<double> RankResult::*per_rank) {
+        double sum = 0;
+        for (int d = 0; d < int(dp_size); ++d)
+          for (int r = 0; r < world; ++r)
+            if (pg.rank_in(GroupKind::PP, r) == pp - 1 && pg.rank_in(GroupKind::DP, r) == d)
+              sum += (results[std::size_t(r)].*per_rank)[std::size_t(it)];
+        return sum;
+      };
+      ir.loss = over_last_stage(&RankResult::loss);
+      if (cfg.mtp_num_layers > 0) ir.mtp_loss = over_last_stage(&RankResult::mtp_loss);
     }
     rep.iterations.push_back(ir);
   }

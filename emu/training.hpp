@@ -27,6 +27,9 @@ struct TrainOptions {
 struct IterationReport {
   int iter = 0;
   std::optional<double> loss;  // none in meta mode
+  // With MTP (functional): the MTP layer's token-mean cross-entropy over its unmasked positions,
+  // reported apart from the LM loss as Megatron logs it ("mtp_1 loss").
+  std::optional<double> mtp_loss;
   double step_time_s = 0;      // virtual
 };
 

@@ -227,8 +227,6 @@ void Rules::not_modelled() {
            "HybridEP's permute fused into its transfer (unset it: the separate permute runs)");
   if (b("model.add_bias_linear")) refuse("model.add_bias_linear", "a linear bias");
   if (b("model.add_qkv_bias")) refuse("model.add_qkv_bias", "a QKV bias");
-  if (set("model.mtp_num_layers") && i("model.mtp_num_layers") > 0)
-    refuse("model.mtp_num_layers", "multi-token prediction");
   if (r_.text("model.recompute_granularity") == "full")
     refuse("model.recompute_granularity", "full recompute (use selective with recompute_modules)");
   if (recompute_has("mla_up_proj") && !b("model.multi_latent_attention"))

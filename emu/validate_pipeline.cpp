@@ -161,6 +161,17 @@ void Rules::ep_overlap() {
     error("model.moe_shared_expert_overlap", "must be false" + why);
   if (set("model.mtp_num_layers") && i("model.mtp_num_layers") > 1)
     error("model.mtp_num_layers", "must be unset, 0 or 1" + why);
+  // fine_grained_callables.py build_mtp_layer_callables asserts a MoE MTP layer, which has the
+  // decoder's last layer's spec.
+  if (set("model.mtp_num_layers") && i("model.mtp_num_layers") > 0) {
+    try {
+      if (!model_config(r_, gpu_).is_moe_layer(i("model.num_layers") - 1))
+        error("model.mtp_num_layers",
+              "needs a MoE last decoder layer (the MTP layer takes its spec)" + why);
+    } catch (const ConfigError&) {
+      // A broken model is reported by the model rules.
+    }
+  }
 }
 
 // REFERENCE section 4: delay_wgrad_compute.

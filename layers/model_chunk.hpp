@@ -91,6 +91,10 @@ class ChunkPlan {
   double loss_sum() const { return *loss_sum_; }
   // The MTP loss's term of the objective (0 without MTP), scaled as its gradient is.
   double mtp_loss_term() const { return mtp_ ? mtp_->loss_term() : 0.0; }
+  // The MTP layer's summed token cross-entropy (its masked positions count 0); null without MTP.
+  std::shared_ptr<const double> mtp_loss_sum_handle() const {
+    return mtp_ ? mtp_->loss_sum_handle() : nullptr;
+  }
   // The same value through a handle that outlives the plan (a schedule drops plans after their
   // backward; the loop reads the losses after the step's synchronize).
   std::shared_ptr<const double> loss_sum_handle() const { return loss_sum_; }

@@ -114,6 +114,48 @@ TEST(TensorParallelRun, MlaKeepsTheBitsOfTheLayout) {
   EXPECT_EQ(seq.recompute_s, 0);
 }
 
+// DeepSeek-V3's shape in small through the recipe: MLA, a dense first layer and MTP, in the
+// TP2 layout. One stage: the combined 1F1B with delayed wgrad, recompute and offload keep the
+// sequential bits. Two stages (the MTP layer and an embedding copy on the last, their gradient
+// summed with the first stage's over the embedding group): 1F1B, interleaved, and interleaved
+// with EP overlap keep each other's bits (not PP 1's: the embedding's two gradients are added
+// in another order). The MTP loss is reported beside the LM loss.
+TEST(TensorParallelRun, MlaWithMtpKeepsTheBitsOfTheLayout) {
+  const std::vector<std::string> ds = with(
+      kTp2, {"model.multi_latent_attention=true", "model.num_query_groups=4",
+             "model.q_lora_rank=24", "model.kv_lora_rank=16", "model.qk_head_dim=8",
+             "model.qk_pos_emb_head_dim=4", "model.v_head_dim=8", "model.qk_layernorm=true",
+             "model.moe_layer_freq=[0,1,1,1]", "model.mtp_num_layers=1"});
+  const RunReport seq = train(tiny(ds));
+  ASSERT_TRUE(seq.numerics_hash);
+  ASSERT_TRUE(seq.iterations[0].mtp_loss);
+  EXPECT_GT(*seq.iterations[0].mtp_loss, 1.0);  // a cross-entropy over a vocabulary of 128
+  EXPECT_NE(*seq.iterations[0].mtp_loss, *seq.iterations[0].loss);
+  const std::string overlap = "comm_overlap.overlap_moe_expert_parallel_comm=true";
+  for (const auto& v : std::vector<std::vector<std::string>>{
+           {overlap, "comm_overlap.delay_wgrad_compute=true"},
+           {"model.recompute_granularity=selective",
+            "model.recompute_modules=[mla_up_proj,layernorm,moe_act]"},
+           {"model.fine_grained_activation_offloading=true",
+            "model.offload_modules=[attn_norm,qkv_linear,core_attn,expert_fc1]",
+            "model.min_offloaded_tensor_size=0"}}) {
+    SCOPED_TRACE(v.back());
+    const RunReport r = train(tiny(with(ds, v)));
+    EXPECT_EQ(r.numerics_hash, seq.numerics_hash);
+    EXPECT_EQ(r.iterations[0].mtp_loss, seq.iterations[0].mtp_loss);
+  }
+  const std::vector<std::string> pp = with(ds, {"nodes=2", "model.pipeline_model_parallel_size=2"});
+  const RunReport one_f_one_b = train(tiny(pp));
+  EXPECT_EQ(one_f_one_b.iterations[0].loss, seq.iterations[0].loss);  // the first step's forward
+  const std::vector<std::string> vpp = with(pp, {"model.virtual_pipeline_model_parallel_size=2"});
+  for (const auto& v : std::vector<std::vector<std::string>>{
+           vpp, with(vpp, {overlap, "comm_overlap.delay_wgrad_compute=true"})}) {
+    SCOPED_TRACE(v.back());
+    const RunReport r = train(tiny(v));
+    EXPECT_EQ(r.numerics_hash, one_f_one_b.numerics_hash);
+  }
+}
+
 TEST(TensorParallelRun, DenseFirstLayersAndTheFlexDispatcherKeepTheBits) {
   const std::vector<std::string> base = with(kTp2, {"model.moe_layer_freq=[0,1,1,1]"});
   const RunReport seq = train(tiny(base));
