@@ -5,6 +5,8 @@
 #include "emu/layer_timing.hpp"
 
 #include <gtest/gtest.h>
+
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "tests/emu/emu_test_support.hpp"
@@ -55,6 +57,31 @@ TEST(Layer, ATensorParallelLayerRunsOnItsTpGroup) {
   EXPECT_NE(split.notes[0].find("TP 2"), std::string::npos);
   // Rank 0's host alone: its TP peer issues as much again, which is not rank 0's issue time.
   EXPECT_LT(t.host_issue_s, 1.5 * whole.layers[0].host_issue_s);
+}
+
+// DeepSeek-V3's layers at full size (MLA at TP 2): a dense layer 0 and a MoE layer, each with
+// its attention and TP collectives timed; MLA's attention (192-wide query/key heads) costs more
+// than GQA with 128-wide heads and 16 KV groups would (the proxy recipe's shape).
+TEST(Layer, TheDeepSeekV3RecipesLayersReportMla) {
+  const LayerReport ds = time_layers(Recipe::load(recipe_path("deepseek_v3")));
+  ASSERT_EQ(ds.layers.size(), 2u);
+  std::map<std::string, const LayerTiming*> by_kind;
+  for (const auto& t : ds.layers) by_kind[t.kind] = &t;
+  ASSERT_TRUE(by_kind.count("moe") && by_kind.count("dense"));
+  for (const auto& [kind, t] : by_kind) {
+    SCOPED_TRACE(kind);
+    EXPECT_EQ(t->tokens, 2048);
+    EXPECT_GT(t->by_class.at("attention"), 0);
+    EXPECT_GT(t->by_class.at("comm"), 0);
+  }
+  const LayerReport gqa = time_layers(Recipe::load(
+      recipe_path("deepseek_v3"),
+      {"model.multi_latent_attention=false", "model.rope_type=rope", "model.num_query_groups=16",
+       "model.kv_channels=128", "model.q_lora_rank=~", "model.kv_lora_rank=~",
+       "model.qk_head_dim=~", "model.qk_pos_emb_head_dim=~", "model.v_head_dim=~",
+       "model.rotary_scaling_factor=~", "model.mscale=~", "model.mscale_all_dim=~",
+       "model.original_max_position_embeddings=~", "model.qk_layernorm=false"}));
+  EXPECT_GT(by_kind["moe"]->by_class.at("attention"), gqa.layers[0].by_class.at("attention"));
 }
 
 TEST(Layer, SmallShapesAreHostBoundAndFullSizeIsGpuBound) {

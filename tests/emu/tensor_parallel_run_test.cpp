@@ -5,8 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <sstream>
 
 #include "emu/training.hpp"
+#include "emu/validate.hpp"
+#include "emu/recipe_views.hpp"
 #include "tests/emu/emu_test_support.hpp"
 
 namespace nodeemu::emu {
@@ -154,6 +158,34 @@ TEST(TensorParallelRun, MlaWithMtpKeepsTheBitsOfTheLayout) {
     const RunReport r = train(tiny(v));
     EXPECT_EQ(r.numerics_hash, one_f_one_b.numerics_hash);
   }
+}
+
+// The DeepSeek-V3 recipe (Megatron-Bridge's H100 layout) validates at full size; its full step
+// (1024 GPUs, 128 micro-batches per pipeline) is minutes to hours of wall time on a small host
+// (bench/README: engine speed is issue 19), so the run here keeps its width, MLA, MTP, dense
+// first layer, TP2 SP and the HybridEP flex dispatcher and shrinks the rest: 4 layers on two
+// stages of 16 GPUs, EP16, one step of 16 sequences. The trace holds MLA's and MTP's work.
+TEST(TensorParallelRun, TheDeepSeekV3RecipeValidatesAndRunsScaledDown) {
+  const Recipe full = Recipe::load(testing::recipe_path("deepseek_v3"));
+  const auto topo = load_topology(full);
+  EXPECT_FALSE(has_errors(validate(full, topo->gpu, topo->gpus)));
+  const std::string trace = ::testing::TempDir() + "deepseek_v3_scaled.json";
+  const RunReport r = train(
+      Recipe::load(testing::recipe_path("deepseek_v3"),
+                   {"nodes=4", "model.pipeline_model_parallel_size=2",
+                    "model.expert_model_parallel_size=16", "model.num_layers=4",
+                    "model.moe_layer_freq=[0,1,1,1]", "model.num_layers_in_first_pipeline_stage=2",
+                    "model.num_layers_in_last_pipeline_stage=2", "train.global_batch_size=16"}),
+      {.trace_path = trace});
+  EXPECT_EQ(r.world, 32);
+  EXPECT_GT(r.step_time_s, 0);
+  std::ifstream in(trace);
+  std::stringstream text;
+  text << in.rdbuf();
+  for (const char* k : {"linear_q_down_proj", "linear_kv_up_proj", "sp_allgather_k_pos_emb",
+                        "mla_qkv_concat", "mtp_eh_proj", "mtp_final_layernorm", "mtp_output_layer",
+                        "embedding_grad_allreduce"})
+    EXPECT_NE(text.str().find(k), std::string::npos) << k;
 }
 
 TEST(TensorParallelRun, DenseFirstLayersAndTheFlexDispatcherKeepTheBits) {

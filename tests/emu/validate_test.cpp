@@ -82,8 +82,14 @@ const Rule kRules[] = {
     {"overlap_no_shared_expert_overlap", overlap({}),
      overlap({"model.moe_shared_expert_overlap=true"}),
      "error: model.moe_shared_expert_overlap: must be false"},
-    {"overlap_mtp_at_most_1", overlap({"model.mtp_num_layers=0"}),
+    {"overlap_mtp_at_most_1", overlap({"model.mtp_num_layers=1"}),
      overlap({"model.mtp_num_layers=2"}), "error: model.mtp_num_layers: must be unset, 0 or 1"},
+    {"overlap_mtp_layer_is_moe", overlap({"model.mtp_num_layers=1", "model.moe_layer_freq=[0,1,1,1]"}),
+     overlap({"model.mtp_num_layers=1", "model.moe_layer_freq=[1,1,1,0]"}),
+     "error: model.mtp_num_layers: needs a MoE last decoder layer (the MTP layer takes its spec)"},
+    {"mtp_at_most_1", {"model.mtp_num_layers=1"}, {"model.mtp_num_layers=2"},
+     "error: model.mtp_num_layers: must be 0 or 1 (one multi-token prediction layer is "
+     "modelled)\n"},
     // --- delay_wgrad_compute ---
     {"delay_needs_overlap",
      delayed({}),
