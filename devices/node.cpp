@@ -22,9 +22,9 @@ std::shared_ptr<const NodeTopology> load_topology(const NodeOptions& o) {
 void check_options(const NodeOptions& o, const NodeTopology& t) {
   const std::string src = t.file;
   if (o.nodes < 1 || o.nodes > kMaxNodes)
-    throw ConfigError(src, "nodes",
-                      "must be between 1 and " + std::to_string(kMaxNodes) + ", got " +
-                          std::to_string(o.nodes));
+    throw ConfigError(
+        src, "nodes",
+        "must be between 1 and " + std::to_string(kMaxNodes) + ", got " + std::to_string(o.nodes));
   if (o.cuda_device_max_connections < 1 || o.cuda_device_max_connections > 32)
     throw ConfigError(src, "cuda_device_max_connections",
                       "must be between 1 and 32 (CUDA's range), got " +

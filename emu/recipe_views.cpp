@@ -126,8 +126,8 @@ layers::ModelConfig model_config(const Recipe& r, const GpuSpec& gpu) {
   c.qk_head_dim = opt_int("model.qk_head_dim", c.qk_head_dim);
   c.qk_pos_emb_head_dim = opt_int("model.qk_pos_emb_head_dim", c.qk_pos_emb_head_dim);
   c.v_head_dim = opt_int("model.v_head_dim", c.v_head_dim);
-  c.rotary.yarn = r.is_set("model.rope_type") ? r.text("model.rope_type") == "yarn"
-                                               : c.multi_latent_attention;
+  c.rotary.yarn =
+      r.is_set("model.rope_type") ? r.text("model.rope_type") == "yarn" : c.multi_latent_attention;
   auto opt_real = [&](const std::string& key, double& v) {
     if (r.is_set(key)) v = r.real(key);
   };

@@ -56,8 +56,8 @@ struct GradDigest {
 };
 
 struct RankResult {
-  std::vector<double> end_s;  // virtual time at the end of each iteration
-  std::vector<double> loss;   // this rank's share of each iteration's loss (last stage only)
+  std::vector<double> end_s;     // virtual time at the end of each iteration
+  std::vector<double> loss;      // this rank's share of each iteration's loss (last stage only)
   std::vector<double> mtp_loss;  // the same for the MTP loss
   std::vector<GradDigest> digests;
   std::uint64_t peak_mem = 0;

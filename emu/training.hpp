@@ -30,7 +30,7 @@ struct IterationReport {
   // With MTP (functional): the MTP layer's token-mean cross-entropy over its unmasked positions,
   // reported apart from the LM loss as Megatron logs it ("mtp_1 loss").
   std::optional<double> mtp_loss;
-  double step_time_s = 0;      // virtual
+  double step_time_s = 0;  // virtual
 };
 
 struct DeviceReport {

@@ -263,12 +263,11 @@ void Rules::attention_keys() {
       error("model.num_query_groups",
             "MLA has one key/value head per query head; unset it or set num_attention_heads");
   }
-  const bool yarn =
-      set("model.rope_type") ? r_.text("model.rope_type") == "yarn" : mla;
+  const bool yarn = set("model.rope_type") ? r_.text("model.rope_type") == "yarn" : mla;
   if (!yarn)
-    for (const char* k : {"model.rotary_scaling_factor", "model.mscale", "model.mscale_all_dim",
-                          "model.original_max_position_embeddings", "model.beta_fast",
-                          "model.beta_slow"})
+    for (const char* k :
+         {"model.rotary_scaling_factor", "model.mscale", "model.mscale_all_dim",
+          "model.original_max_position_embeddings", "model.beta_fast", "model.beta_slow"})
       if (set(k)) error(k, "is YaRN's; it needs rope_type: yarn (or unset it)");
 }
 

@@ -4,9 +4,8 @@
 
 namespace nodeemu::layers {
 
-MultiLatentAttention::MultiLatentAttention(const ModelConfig& c, Device& device,
-                                           std::uint64_t seed, const std::string& prefix,
-                                           const TensorParallel& tp)
+MultiLatentAttention::MultiLatentAttention(const ModelConfig& c, Device& device, std::uint64_t seed,
+                                           const std::string& prefix, const TensorParallel& tp)
     : q_lora_(c.q_lora_rank),
       kv_lora_(c.kv_lora_rank),
       pe_(c.qk_pos_emb_head_dim),
@@ -20,7 +19,8 @@ MultiLatentAttention::MultiLatentAttention(const ModelConfig& c, Device& device,
   const std::string p = prefix + "self_attention.";
   // Duplicated on every TP rank, run on this rank's tokens: gradients all-reduced over TP.
   auto whole = [&](std::string name, Shape shape, Init init, double std) {
-    Parameter w = make_parameter(device, std::move(name), std::move(shape), c.dtype, init, std, seed);
+    Parameter w =
+        make_parameter(device, std::move(name), std::move(shape), c.dtype, init, std, seed);
     w.sequence_parallel = tp.on();
     return w;
   };
@@ -31,8 +31,7 @@ MultiLatentAttention::MultiLatentAttention(const ModelConfig& c, Device& device,
   };
   if (q_lora_ > 0) {
     q_down_ = whole(p + "linear_q_down_proj.weight", {q_lora_, H}, Init::Normal, sd);
-    if (norms_)
-      q_norm_ = whole(p + "linear_q_up_proj.layer_norm_weight", {q_lora_}, Init::Ones, 0);
+    if (norms_) q_norm_ = whole(p + "linear_q_up_proj.layer_norm_weight", {q_lora_}, Init::Ones, 0);
     q_up_ = column(p + "linear_q_up_proj.weight", heads * d, q_lora_);
   } else {
     q_up_ = column(p + "linear_q_proj.weight", heads * d, H);
@@ -82,7 +81,8 @@ Tensor MultiLatentAttention::forward(ops::At at, const Tensor& ln1,
     const Tensor latent = ops::linear_forward(at, "linear_q_down_proj", ln1, q_down_.value,
                                               ops::one_group(ln1), dtype_);
     Tensor normed, rstd;
-    const Tensor in = up_input(at, latent, "q_layernorm", q_norm_, normed, rstd, "sp_allgather_q_up");
+    const Tensor in =
+        up_input(at, latent, "q_layernorm", q_norm_, normed, rstd, "sp_allgather_q_up");
     q = ops::linear_forward(at, "linear_q_up_proj", in, q_up_.value, ops::one_group(in), dtype_);
     keep("q_latent", latent);
     if (norms_) {
@@ -97,7 +97,8 @@ Tensor MultiLatentAttention::forward(ops::At at, const Tensor& ln1,
                                           ops::one_group(ln1), dtype_);
   const std::vector<Tensor> parts = ops::split_columns(at, "kv_down_split", down, {kv_lora_, pe_});
   Tensor normed, rstd;
-  const Tensor in = up_input(at, parts[0], "kv_layernorm", kv_norm_, normed, rstd, "sp_allgather_kv_up");
+  const Tensor in =
+      up_input(at, parts[0], "kv_layernorm", kv_norm_, normed, rstd, "sp_allgather_kv_up");
   const Tensor kv =
       ops::linear_forward(at, "linear_kv_up_proj", in, kv_up_.value, ops::one_group(in), dtype_);
   const Tensor k_pe = gathered(at, parts[1], "sp_allgather_k_pos_emb");
@@ -144,8 +145,8 @@ Tensor MultiLatentAttention::backward(ops::At at, const Tensor& g_qkv,
   auto latent_grad = [&](const char* up, const Parameter& w, const Tensor& g_out, const char* rs,
                          const char* norm, const Parameter& nw, const char* latent,
                          const char* rstd, Tensor& g_normed) {
-    g_normed = scattered(
-        at, ops::linear_dgrad(at, up, g_out, w.value, ops::one_group(g_out), dtype_), rs);
+    g_normed =
+        scattered(at, ops::linear_dgrad(at, up, g_out, w.value, ops::one_group(g_out), dtype_), rs);
     if (!norms_) return g_normed;
     return ops::rmsnorm_dgrad(at, norm, g_normed, saved.need(module, latent, st), nw,
                               saved.need(module, rstd, st));

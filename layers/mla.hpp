@@ -32,9 +32,9 @@ namespace nodeemu::layers {
 
 // The gradients MLA's dgrad leaves for its wgrad.
 struct MlaGrads {
-  Tensor q_up_out, kv_up_out;         // all tokens, this rank's heads
-  Tensor q_latent, q_normed;          // this rank's tokens: q_down's output, q_layernorm's
-  Tensor kv_down_out, kv_normed;      // kv_down's whole output, kv_layernorm's
+  Tensor q_up_out, kv_up_out;     // all tokens, this rank's heads
+  Tensor q_latent, q_normed;      // this rank's tokens: q_down's output, q_layernorm's
+  Tensor kv_down_out, kv_normed;  // kv_down's whole output, kv_layernorm's
   // mla_up_proj recompute: the norms' outputs the recompute produced, for the up wgrads.
   Tensor re_q_normed, re_kv_normed;
 };

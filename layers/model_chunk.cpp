@@ -54,9 +54,8 @@ ModelChunk::ModelChunk(const ModelConfig& cfg, ChunkSpec spec, Device& device, s
         std::make_unique<TransformerLayer>(cfg, cfg.num_layers, device, seed, ep, rank, tp_, etp));
     mtp_ = std::make_unique<MtpWeights>(cfg, device, seed, tp_);
     if (!spec.pre_process)
-      mtp_embedding_ = make_parameter(device, "embedding.word_embeddings.weight", {V, H},
-                                      cfg.dtype, Init::Normal, cfg.init_method_std, seed,
-                                      first_row);
+      mtp_embedding_ = make_parameter(device, "embedding.word_embeddings.weight", {V, H}, cfg.dtype,
+                                      Init::Normal, cfg.init_method_std, seed, first_row);
   }
   if (spec.post_process) {
     final_norm_ = make_parameter(device, "decoder.final_layernorm.weight", {H}, cfg.dtype,

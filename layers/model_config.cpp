@@ -140,8 +140,7 @@ void ModelConfig::validate() const {
   if (rotary.yarn && !multi_latent_attention)
     fail("rope_type", "yarn is modelled with multi_latent_attention only (MLA's softmax scale)");
   if (rotary.base <= 1) fail("rotary_base", "must be above 1");
-  if (rotary.yarn && rotary.scaling_factor < 1)
-    fail("rotary_scaling_factor", "must be at least 1");
+  if (rotary.yarn && rotary.scaling_factor < 1) fail("rotary_scaling_factor", "must be at least 1");
   if (vocab_size < 2) fail("vocab_size", "must be at least 2");
   if (ffn_hidden_size < 1) fail("ffn_hidden_size", "must be at least 1");
   if (moe_expert_rank_capacity_factor < 0)

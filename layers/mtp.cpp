@@ -118,8 +118,8 @@ void MtpPlan::prologue_backward(Stream& s) {
   const TensorParallel& tp = parts_.tp;
   const Tensor g_in = layer_.grad_input;
   g_y_ = tp.on() ? tokens_to_features(at, tp, g_in, "sp_allgather_mtp_eh_proj_bwd") : g_in;
-  Tensor g_cat = ops::linear_dgrad(at, "mtp_eh_proj", g_y_, w_.eh_proj.value,
-                                   ops::one_group(g_y_), c_.dtype);
+  Tensor g_cat =
+      ops::linear_dgrad(at, "mtp_eh_proj", g_y_, w_.eh_proj.value, ops::one_group(g_y_), c_.dtype);
   if (tp.on()) g_cat = scatter_tokens(at, tp, g_cat, "sp_reducescatter_mtp_eh_proj_bwd");
   const std::int64_t H = c_.hidden_size;
   const std::vector<Tensor> g = ops::split_columns(at, "mtp_concat_bwd", g_cat, {H, H});
@@ -131,9 +131,8 @@ void MtpPlan::prologue_backward(Stream& s) {
   // The final norm output's two gradients: the main output layer's and MTP's.
   g_lnf_ = ops::add(at, "final_layernorm_grad_sum", g_lnf_main_, g_lnf_mtp);
   g_lnf_main_ = Tensor();
-  *decoder_grad_ =
-      ops::rmsnorm_dgrad(at, "final_layernorm", g_lnf_, hidden_, *parts_.decoder_final_norm,
-                         rstd_f_);
+  *decoder_grad_ = ops::rmsnorm_dgrad(at, "final_layernorm", g_lnf_, hidden_,
+                                      *parts_.decoder_final_norm, rstd_f_);
 }
 
 void MtpPlan::prologue_dw(Stream& s) {

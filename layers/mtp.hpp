@@ -78,7 +78,7 @@ class MtpPlan {
   ExecContext& ctx_;
   const Tensor* decoder_out_;
   Tensor* decoder_grad_;
-  double grad_scale_;  // the MTP cross-entropy's per-token gradient scale
+  double grad_scale_;       // the MTP cross-entropy's per-token gradient scale
   Tensor tokens_, labels_;  // rolled
   Tensor hidden_, rstd_f_, lnf_, emb_, rstd_e_, rstd_h_, cat_, input_;
   Tensor out_, rstd_m_, logits_, out_all_;

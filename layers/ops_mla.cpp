@@ -127,8 +127,7 @@ void mla_qkv_backward(At at, const Tensor& dqkv, const kernels::AttentionShape& 
   const View vg = view(dqkv), vq = view(dq), vkv = view(dkv), vpe = view(dk_pe);
   launch(
       at.stream, at.named("mla_qkv_concat_bwd"),
-      memory(MemoryOp::Elementwise, double(rows * h * pe), 2 * double(dqkv.bytes()),
-             dqkv.dtype()),
+      memory(MemoryOp::Elementwise, double(rows * h * pe), 2 * double(dqkv.bytes()), dqkv.dtype()),
       [=] {
         F32Scope f;
         const float* g = f.in(vg);

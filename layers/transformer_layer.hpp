@@ -69,10 +69,10 @@ class TransformerLayer {
   int layer_;
   TensorParallel tp_;
   Parameter input_norm_, qkv_, proj_, mlp_norm_;  // no qkv_ with MLA
-  Parameter q_norm_, k_norm_;          // [head_dim] each, with qk_layernorm (not MLA)
-  MultiLatentAttention mla_;           // multi_latent_attention's projections
-  Parameter router_;                   // fp32 [experts][hidden]
-  Tensor expert_bias_;                 // fp32 [experts] (moe_router_enable_expert_bias)
+  Parameter q_norm_, k_norm_;                     // [head_dim] each, with qk_layernorm (not MLA)
+  MultiLatentAttention mla_;                      // multi_latent_attention's projections
+  Parameter router_;                              // fp32 [experts][hidden]
+  Tensor expert_bias_;                            // fp32 [experts] (moe_router_enable_expert_bias)
   Parameter fc1_, fc2_;                // experts: [local][2f][h], [local][h][f]; dense: 2-D
   Parameter shared_fc1_, shared_fc2_;  // optional
   std::unique_ptr<TokenDispatcher> dispatcher_;

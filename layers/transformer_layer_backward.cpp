@@ -221,10 +221,10 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
     st.g_ln1 = L_.mla_.backward(at, g_qkv, st.attn(), sv, "qkv_linear", st.mla_grads);
   } else {
     st.g_qkv = g_qkv;
-    st.g_ln1 = scattered(at,
-                         ops::linear_dgrad(at, "linear_qkv", g_qkv, L_.qkv_.value,
-                                           ops::one_group(g_qkv), c.dtype),
-                         "sp_reducescatter_qkv_bwd");
+    st.g_ln1 = scattered(
+        at,
+        ops::linear_dgrad(at, "linear_qkv", g_qkv, L_.qkv_.value, ops::one_group(g_qkv), c.dtype),
+        "sp_reducescatter_qkv_bwd");
   }
   dgrad_end("qkv_linear", s);
   const Tensor x = sv.need("attn_norm", "input", s);

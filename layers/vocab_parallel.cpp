@@ -108,8 +108,8 @@ void cross_entropy_forward(ops::At at, const TensorParallel& tp, const Tensor& l
            .shape = KernelShape::memory(MemoryOp::Elementwise)},
       [=] {
         std::vector<float> per(static_cast<std::size_t>(T));
-        kernels::shard_cross_entropy(vs.as<const float>(), vy.as<const std::int32_t>(),
-                                     per.data(), T);
+        kernels::shard_cross_entropy(vs.as<const float>(), vy.as<const std::int32_t>(), per.data(),
+                                     T);
         sum_in_order(per);
       },
       {saved.stats, labels}, at.tally);

@@ -22,7 +22,8 @@ double yarn_mscale(double scale, double mscale) {
 std::vector<double> Rotary::inverse_frequencies(std::int64_t dim) const {
   const std::int64_t half = dim / 2;
   std::vector<double> f(static_cast<std::size_t>(half));
-  for (std::int64_t i = 0; i < half; ++i) f[std::size_t(i)] = std::pow(base, -2.0 * double(i) / double(dim));
+  for (std::int64_t i = 0; i < half; ++i)
+    f[std::size_t(i)] = std::pow(base, -2.0 * double(i) / double(dim));
   if (!yarn) return f;
   // The dimension whose wavelength fits `rotations` turns in the original context.
   const double pi = 3.14159265358979323846;
@@ -61,7 +62,8 @@ void rope_apply(T* qkv, const AttentionShape& s, const Rotary& rot, bool inverse
     const double pos = double(row % s.seq);
     for (std::int64_t i = 0; i < half; ++i) {
       const double angle = pos * inv[std::size_t(i)];
-      const T c = T(m * std::cos(angle)), sn = T(m * (inverse ? -std::sin(angle) : std::sin(angle)));
+      const T c = T(m * std::cos(angle)),
+              sn = T(m * (inverse ? -std::sin(angle) : std::sin(angle)));
       for (std::int64_t h = 0; h < rotated_heads; ++h) {
         T* x = qkv + row * width + h * d + (d - r);
         const std::int64_t a = rot.interleaved ? 2 * i : i, b = rot.interleaved ? a + 1 : i + half;
@@ -148,7 +150,7 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse,
       const T* k = qkv + base + (s.heads + g) * d;
       const T* v = qkv + base + (s.heads + s.kv_heads) * d + g * dv;
       gemm<T>(true, false, L, dv, L, P.data(), L, dO, ow, T(1), dvals, w);  // dV += P^T dO
-      gemm<T>(false, true, L, L, dv, dO, ow, v, w, T(0), dP.data(), L);  // dP = dO V^T
+      gemm<T>(false, true, L, L, dv, dO, ow, v, w, T(0), dP.data(), L);     // dP = dO V^T
       for (std::int64_t i = 0; i < L; ++i) {
         T Di = 0;  // rowsum(dO * O) = rowsum(P * dP)
         for (std::int64_t j = 0; j < dv; ++j) Di += dO[i * ow + j] * O[i * ow + j];

@@ -57,9 +57,9 @@ struct Rotary {
 // DeepSeek's yarn_get_mscale: 0.1 * mscale * ln(scale) + 1 above scale 1, else 1.
 double yarn_mscale(double scale, double mscale);
 
-// RoPE (rotate-half, or interleaved pairs) on the last rotated() columns of each query and key head of qkv, in place;
-// position = index in sequence. inverse = true applies the transpose rotation (the backward of
-// the forward rotation).
+// RoPE (rotate-half, or interleaved pairs) on the last rotated() columns of each query and key head
+// of qkv, in place; position = index in sequence. inverse = true applies the transpose rotation
+// (the backward of the forward rotation).
 template <class T>
 void rope_apply(T* qkv, const AttentionShape& s, const Rotary& r, bool inverse);
 

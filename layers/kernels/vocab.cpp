@@ -108,7 +108,7 @@ void cross_entropy_backward(const T* logits, const std::int32_t* targets, T* dlo
   template void shard_logits_max<T>(const T*, T*, std::int64_t, std::int64_t);                     \
   template void shard_softmax_stats<T>(const T*, const T*, const std::int32_t*, VocabShard, T*,    \
                                        std::int64_t, std::int64_t);                                \
-  template void shard_cross_entropy<T>(const T*, const std::int32_t*, T*, std::int64_t);                                \
+  template void shard_cross_entropy<T>(const T*, const std::int32_t*, T*, std::int64_t);           \
   template void shard_cross_entropy_backward<T>(const T*, const T*, const T*, const std::int32_t*, \
                                                 VocabShard, T*, std::int64_t, std::int64_t,        \
                                                 double);                                           \

@@ -40,8 +40,7 @@ void shard_softmax_stats(const T* logits, const T* max, const std::int32_t* targ
                          VocabShard shard, T* stats, std::int64_t tokens, std::int64_t vocab);
 // loss[t] = log(sum of exps) - (target logit - max), from the reduced stats.
 template <class T>
-void shard_cross_entropy(const T* stats, const std::int32_t* targets, T* loss,
-                         std::int64_t tokens);
+void shard_cross_entropy(const T* stats, const std::int32_t* targets, T* loss, std::int64_t tokens);
 // dlogits[t] = (exp(logit - max) / sum - onehot(target)) * scale, for the shard's columns.
 template <class T>
 void shard_cross_entropy_backward(const T* logits, const T* max, const T* stats,

@@ -8,9 +8,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "emu/recipe_views.hpp"
 #include "emu/training.hpp"
 #include "emu/validate.hpp"
-#include "emu/recipe_views.hpp"
 #include "tests/emu/emu_test_support.hpp"
 
 namespace nodeemu::emu {
@@ -75,12 +75,12 @@ TEST(TensorParallelRun, EveryScheduleOffloadAndRecomputeKeepsTheBitsOfTheLayout)
 // Multi-latent attention through the recipe keys, in the TP2 layout: the combined 1F1B with
 // delayed wgrad, a VPP pipeline, recompute and offload of its modules keep the sequential bits.
 TEST(TensorParallelRun, MlaKeepsTheBitsOfTheLayout) {
-  const std::vector<std::string> mla = with(
-      kTp2, {"model.multi_latent_attention=true", "model.num_query_groups=4",
-             "model.q_lora_rank=24", "model.kv_lora_rank=16", "model.qk_head_dim=8",
-             "model.qk_pos_emb_head_dim=4", "model.v_head_dim=8", "model.qk_layernorm=true",
-             "model.rotary_scaling_factor=4", "model.mscale_all_dim=1",
-             "model.original_max_position_embeddings=32"});
+  const std::vector<std::string> mla =
+      with(kTp2,
+           {"model.multi_latent_attention=true", "model.num_query_groups=4", "model.q_lora_rank=24",
+            "model.kv_lora_rank=16", "model.qk_head_dim=8", "model.qk_pos_emb_head_dim=4",
+            "model.v_head_dim=8", "model.qk_layernorm=true", "model.rotary_scaling_factor=4",
+            "model.mscale_all_dim=1", "model.original_max_position_embeddings=32"});
   const RunReport seq = train(tiny(mla));
   ASSERT_TRUE(seq.numerics_hash);
   const RunReport gqa = train(tiny(kTp2));
@@ -125,11 +125,11 @@ TEST(TensorParallelRun, MlaKeepsTheBitsOfTheLayout) {
 // with EP overlap keep each other's bits (not PP 1's: the embedding's two gradients are added
 // in another order). The MTP loss is reported beside the LM loss.
 TEST(TensorParallelRun, MlaWithMtpKeepsTheBitsOfTheLayout) {
-  const std::vector<std::string> ds = with(
-      kTp2, {"model.multi_latent_attention=true", "model.num_query_groups=4",
-             "model.q_lora_rank=24", "model.kv_lora_rank=16", "model.qk_head_dim=8",
-             "model.qk_pos_emb_head_dim=4", "model.v_head_dim=8", "model.qk_layernorm=true",
-             "model.moe_layer_freq=[0,1,1,1]", "model.mtp_num_layers=1"});
+  const std::vector<std::string> ds =
+      with(kTp2, {"model.multi_latent_attention=true", "model.num_query_groups=4",
+                  "model.q_lora_rank=24", "model.kv_lora_rank=16", "model.qk_head_dim=8",
+                  "model.qk_pos_emb_head_dim=4", "model.v_head_dim=8", "model.qk_layernorm=true",
+                  "model.moe_layer_freq=[0,1,1,1]", "model.mtp_num_layers=1"});
   const RunReport seq = train(tiny(ds));
   ASSERT_TRUE(seq.numerics_hash);
   ASSERT_TRUE(seq.iterations[0].mtp_loss);
@@ -182,9 +182,9 @@ TEST(TensorParallelRun, TheDeepSeekV3RecipeValidatesAndRunsScaledDown) {
   std::ifstream in(trace);
   std::stringstream text;
   text << in.rdbuf();
-  for (const char* k : {"linear_q_down_proj", "linear_kv_up_proj", "sp_allgather_k_pos_emb",
-                        "mla_qkv_concat", "mtp_eh_proj", "mtp_final_layernorm", "mtp_output_layer",
-                        "embedding_grad_allreduce"})
+  for (const char* k :
+       {"linear_q_down_proj", "linear_kv_up_proj", "sp_allgather_k_pos_emb", "mla_qkv_concat",
+        "mtp_eh_proj", "mtp_final_layernorm", "mtp_output_layer", "embedding_grad_allreduce"})
     EXPECT_NE(text.str().find(k), std::string::npos) << k;
 }
 

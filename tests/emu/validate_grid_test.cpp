@@ -1,6 +1,7 @@
 // `validate` and a run agree (issue 17): over a grid of layouts on the tiny recipe (TP, CP, ETP,
-// PP, VPP, EP, dispatcher, MTP with MLA: 864 combinations; SP with TP), every recipe validate passes runs
-// one iteration to the end in meta mode, and every one it refuses names a key for each error.
+// PP, VPP, EP, dispatcher, MTP with MLA: 864 combinations; SP with TP), every recipe validate
+// passes runs one iteration to the end in meta mode, and every one it refuses names a key for each
+// error.
 #include <gtest/gtest.h>
 
 #include "devices/errors.hpp"

@@ -16,8 +16,8 @@ using testing::kSeq;
 using testing::run_distributed;
 using testing::run_reference;
 using testing::StepResult;
-using testing::tiny_moe;
 using testing::tiny_mla;
+using testing::tiny_moe;
 using testing::worst_relative;
 
 bool bit_equal(const StepResult& a, const StepResult& b) {
@@ -225,11 +225,13 @@ TEST(Model, MlaGradientsMatchFiniteDifferences) {
   cfg.router.force_load_balancing = true;
   const std::string a = "decoder.layers.", s = ".self_attention.";
   expect_gradients_match_finite_differences(
-      cfg, {a + "0" + s + "linear_q_down_proj.weight", a + "1" + s + "linear_q_up_proj.layer_norm_weight",
-            a + "2" + s + "linear_q_up_proj.weight", a + "3" + s + "linear_kv_down_proj.weight",
-            a + "0" + s + "linear_kv_up_proj.layer_norm_weight",
-            a + "1" + s + "linear_kv_up_proj.weight", a + "2" + s + "linear_proj.weight",
-            a + "3.input_layernorm.weight"},
+      cfg,
+      {a + "0" + s + "linear_q_down_proj.weight",
+       a + "1" + s + "linear_q_up_proj.layer_norm_weight", a + "2" + s + "linear_q_up_proj.weight",
+       a + "3" + s + "linear_kv_down_proj.weight",
+       a + "0" + s + "linear_kv_up_proj.layer_norm_weight",
+       a + "1" + s + "linear_kv_up_proj.weight", a + "2" + s + "linear_proj.weight",
+       a + "3.input_layernorm.weight"},
       // kv_down's last qk_pos_emb_head_dim rows make the rope key every head shares.
       {{a + "1" + s + "linear_kv_down_proj.weight", 16 * 64, 20 * 64}});
   expect_matches_reference(run_distributed(cfg, 4), run_reference(cfg, 4));
