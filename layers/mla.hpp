@@ -71,7 +71,7 @@ class MultiLatentAttention {
   // A latent through its norm (when qk_layernorm), gathered over TP: the up projection's input.
   Tensor up_input(ops::At at, const Tensor& latent, const char* norm_name, const Parameter& norm,
                   Tensor& normed, Tensor& rstd, const char* name) const;
-  // The dimensions it needs, copied: the layer's config outlives no plan, but copies are cheap.
+  // The dimensions it needs, copied from the config at construction (it keeps no reference).
   std::int64_t q_lora_ = 0, kv_lora_ = 0, pe_ = 0;
   bool norms_ = false;
   double eps_ = 0;

@@ -1,6 +1,8 @@
 // Shared by the validate tests: a recipe's findings as lines, and one rule as a pair of recipes
 // (one that keeps it and passes, one that breaks it and gets the named line).
 #pragma once
+#include <gtest/gtest.h>
+
 #include <sstream>
 #include <string>
 #include <vector>
@@ -34,5 +36,8 @@ struct Rule {
   std::vector<std::string> good, bad;
   const char* expected;  // a line of the bad recipe's output
 };
+
+// One rule per parameter: its test is in validate_test.cpp; each file instantiates its table.
+class Rules : public ::testing::TestWithParam<Rule> {};
 
 }  // namespace nodeemu::testing

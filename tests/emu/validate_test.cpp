@@ -15,9 +15,8 @@ using testing::check;
 using testing::delayed;
 using testing::overlap;
 using testing::Rule;
+using testing::Rules;
 using testing::tiny;
-
-class Rules : public ::testing::TestWithParam<Rule> {};
 
 TEST_P(Rules, PassesWhenKeptAndNamesTheKeyWhenBroken) {
   const Rule& rule = GetParam();
