@@ -33,7 +33,11 @@ int kernels_named(const std::vector<std::string>& overrides, const std::string& 
 }
 
 nlohmann::json trace_of(const std::vector<std::string>& overrides) {
-  const std::string trace = ::testing::TempDir() + "megatron_semantics_sync.json";
+  // One file per test: ctest runs the tests of this file in parallel processes, and two of them
+  // writing one path raced (one moved its trace over the other's).
+  const std::string trace = ::testing::TempDir() + "megatron_semantics_" +
+                            ::testing::UnitTest::GetInstance()->current_test_info()->name() +
+                            ".json";
   train(tiny(overrides), {.iterations = 1, .trace_path = trace});
   std::ifstream in(trace);
   return nlohmann::json::parse(in);
