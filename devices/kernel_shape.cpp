@@ -3,9 +3,9 @@
 namespace nodeemu {
 
 double KernelShape::attention_flops() const {
-  const double s = static_cast<double>(seq);
-  double f = 2.0 * static_cast<double>(batch) * q_heads * s * s * (d_qk + d_v);
-  if (causal) f *= 0.5;
+  const double s = static_cast<double>(seq), kv = kv_seq > 0 ? static_cast<double>(kv_seq) : s;
+  const double pairs = causal ? s * kv - 0.5 * s * s : s * kv;
+  const double f = 2.0 * static_cast<double>(batch) * q_heads * pairs * (d_qk + d_v);
   return backward ? 2.5 * f : f;
 }
 
@@ -58,9 +58,9 @@ std::string describe(const KernelShape& s) {
              " groups, " + n(s.m) + " rows, weight " + n(s.n) + "x" + n(s.k);
     case KernelKind::Attention:
       return std::string("attention ") + (s.backward ? "bwd " : "fwd ") +
-             attention_backend_name(s.backend) + " b" + n(s.batch) + " s" + n(s.seq) + " h" +
-             n(s.q_heads) + "/" + n(s.kv_heads) + " d" + n(s.d_qk) + "/" + n(s.d_v) +
-             (s.causal ? " causal" : "");
+             attention_backend_name(s.backend) + " b" + n(s.batch) + " s" + n(s.seq) +
+             (s.kv_seq > 0 ? " kv" + n(s.kv_seq) : "") + " h" + n(s.q_heads) + "/" + n(s.kv_heads) +
+             " d" + n(s.d_qk) + "/" + n(s.d_v) + (s.causal ? " causal" : "");
     case KernelKind::MemoryBound:
       return std::string("memory-bound ") + memory_op_name(s.op);
   }

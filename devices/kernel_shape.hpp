@@ -51,6 +51,9 @@ struct KernelShape {
   bool backward = false;
   bool causal = true;
   std::int64_t batch = 0, seq = 0;
+  // Keys per query row when they differ from seq (context parallelism's blocks: a chunk of
+  // queries against the keys before it); 0: seq. A causal block is bottom-right aligned.
+  std::int64_t kv_seq = 0;
   int q_heads = 0, kv_heads = 0, d_qk = 0, d_v = 0;
   // MemoryBound: which class; the bytes moved are Work::bytes.
   MemoryOp op = MemoryOp::Elementwise;
@@ -89,7 +92,8 @@ struct KernelShape {
     return s;
   }
   // The attention FLOPs the calibration tables count: 2 b h s^2 (d_qk + d_v), halved when
-  // causal; the backward does 2.5x the forward's (five matrix products against two).
+  // causal; the backward does 2.5x the forward's (five matrix products against two). With
+  // kv_seq: 2 b h s kv (d_qk + d_v), less the masked s^2 / 2 pairs when causal.
   double attention_flops() const;
 };
 

@@ -52,24 +52,36 @@ LayerTiming time_one(const Recipe& r, const layers::ModelConfig& cfg, int layer,
   o.cuda_device_max_connections = r.int32("emulator.cuda_device_max_connections");
   o.record_trace = true;
   Node node(o);
-  Communicator comm(node);  // the TP group's collectives run for real (in meta mode)
-  std::vector<int> tp_ranks(static_cast<std::size_t>(cfg.tp()));
-  for (int i = 0; i < cfg.tp(); ++i) tp_ranks[std::size_t(i)] = i;
+  Communicator comm(node);  // the TP and CP groups' collectives run for real (in meta mode)
+  // GPU r is TP rank r % TP of CP rank r / TP (Megatron's tp-cp order: TP varies fastest).
+  const int tp = cfg.tp(), cp = cfg.cp();
+  auto members = [&](int first, int stride, int count) {
+    std::vector<int> m;
+    for (int i = 0; i < count; ++i) m.push_back(first + i * stride);
+    return m;
+  };
   const CudaGraphs graphs = cuda_graphs(r);
   const int ep = r.int32("model.expert_model_parallel_size");
   const std::int64_t mbs = r.integer("train.micro_batch_size"), seq = r.integer("train.seq_length");
   LayerTiming t;
   t.kind = cfg.is_moe_layer(layer) ? "moe" : "dense";
   t.layer = layer;
-  t.tokens = mbs * seq / cfg.tp();  // this rank's share with sequence parallelism
+  t.tokens = mbs * seq / (tp * cp);  // this rank's share with sequence and context parallelism
   std::uint64_t forward_ops = 0;
   node.run([&](Host& host) {
     Device& dev = host.device();
     layers::TransformerLayer L(
         cfg, layer, dev, std::uint64_t(r.integer("emulator.seed")),
         cfg.is_moe_layer(layer) ? layers::TokenDispatcher::alone(cfg, ep) : nullptr,
-        cfg.tp() > 1 ? layers::TensorParallel::of(comm.group(tp_ranks, "tp"), host.rank())
-                     : layers::TensorParallel{});
+        tp > 1 ? layers::TensorParallel::of(comm.group(members(host.rank() / tp * tp, 1, tp),
+                                                       "tp" + std::to_string(host.rank() / tp)),
+                                            host.rank())
+               : layers::TensorParallel{},
+        cp > 1 ? layers::ContextParallel::of(comm.group(members(host.rank() % tp, tp, cp),
+                                                        "cp" + std::to_string(host.rank() % tp)),
+                                             comm.group(members(0, 1, tp * cp), "tp_cp"),
+                                             host.rank(), cfg.cp_comm_type, dev)
+               : layers::ContextParallel{});
     layers::ExecContext ctx{dev.default_stream(),
                             dev.create_stream(comm_stream_priority(r), "comm")};
     ctx.delay_wgrad = r.flag("comm_overlap.delay_wgrad_compute");
@@ -82,7 +94,7 @@ LayerTiming time_one(const Recipe& r, const layers::ModelConfig& cfg, int layer,
     const layers::Tensor x = layers::Tensor::empty(dev, {t.tokens, cfg.hidden_size}, cfg.dtype);
     const layers::Tensor g = layers::Tensor::empty(dev, {t.tokens, cfg.hidden_size}, cfg.dtype);
     Event event;
-    auto plan = L.plan(ctx, &event, 0, mbs, seq, 1.0);
+    auto plan = L.plan(ctx, &event, 0, mbs, seq / cp, 1.0);
     plan->connect(&x, &g);
     {
       std::optional<GraphReplay> whole;
@@ -146,12 +158,15 @@ LayerReport time_layers(const Recipe& r) {
     throw ConfigError(r.name(), "model.expert_tensor_parallel_size",
                       "nodeemu layer times experts without their expert-TP group; set it to 1 "
                       "here (nodeemu run times it)");
-  if (cfg.tp() > topo->gpus)
-    throw ConfigError(r.name(), "model.tensor_model_parallel_size",
-                      "is larger than a node's " + std::to_string(topo->gpus) + " GPUs");
-  topo->gpus = cfg.tp();
-  topo->host.gpu_numa.resize(std::size_t(cfg.tp()));
-  topo->nic.per_node = cfg.tp();
+  if (cfg.tp() * cfg.cp() > topo->gpus)
+    throw ConfigError(
+        r.name(), cfg.cp() > 1 ? "model.context_parallel_size" : "model.tensor_model_parallel_size",
+        "TP x CP = " + std::to_string(cfg.tp() * cfg.cp()) + " is larger than a node's " +
+            std::to_string(topo->gpus) +
+            " GPUs (nodeemu layer runs one TP x CP group inside a node)");
+  topo->gpus = cfg.tp() * cfg.cp();
+  topo->host.gpu_numa.resize(std::size_t(topo->gpus));
+  topo->nic.per_node = topo->gpus;
   cfg.validate();
   LayerReport rep;
   rep.recipe = r.name();
@@ -165,6 +180,8 @@ LayerReport time_layers(const Recipe& r) {
   rep.notes.push_back(
       "rank 0 of EP " + std::to_string(r.int32("model.expert_model_parallel_size")) +
       (cfg.tp() > 1 ? " and TP " + std::to_string(cfg.tp()) + " (its sequence-parallel share)"
+                    : std::string()) +
+      (cfg.cp() > 1 ? " and CP " + std::to_string(cfg.cp()) + " (its two chunks of each sequence)"
                     : std::string()) +
       ", one micro-batch of " + std::to_string(r.integer("train.micro_batch_size")) + " x " +
       std::to_string(r.integer("train.seq_length")) + " tokens");

@@ -254,6 +254,12 @@ std::vector<KeySpec> build() {
        "micro-batches run together through each virtual stage; unset = "
        "pipeline_model_parallel_size (depth-first)"},
       {"model.context_parallel_size", T::Int, "1", {}, "CP"},
+      {"model.cp_comm_type",
+       T::String,
+       "",
+       {"p2p", "all_gather", "a2a", "a2a+p2p"},
+       "CP's key/value exchange: a ring (p2p) or an all-gather (a2a ones are refused); unset = "
+       "p2p"},
       {"model.expert_model_parallel_size", T::Int, "1", {}, "EP"},
       {"model.expert_tensor_parallel_size", T::Int, "", {}, "ETP; unset = TP"},
       {"model.recompute_granularity", T::String, "", {"full", "selective"}, "activation recompute"},

@@ -150,6 +150,9 @@ layers::ModelConfig model_config(const Recipe& r, const GpuSpec& gpu) {
   c.qk_layernorm = r.flag("model.qk_layernorm");
   c.tensor_model_parallel_size = r.int32("model.tensor_model_parallel_size");
   c.sequence_parallel = r.flag("model.sequence_parallel");
+  c.context_parallel_size = r.int32("model.context_parallel_size");
+  c.cp_comm_type =
+      r.text("model.cp_comm_type") == "all_gather" ? CpCommType::AllGather : CpCommType::P2P;
   // Unset, Megatron makes expert TP equal to TP.
   c.expert_tensor_parallel_size =
       opt_int("model.expert_tensor_parallel_size", c.tensor_model_parallel_size);

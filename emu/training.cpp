@@ -130,6 +130,11 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
         pg.layout().expert_tp() > 1
             ? layers::TensorParallel::of(comm.group_of(pg, GroupKind::ETP, r), r)
             : layers::TensorParallel{};
+    const layers::ContextParallel cp =
+        pg.layout().cp > 1 ? layers::ContextParallel::of(comm.group_of(pg, GroupKind::CP, r),
+                                                         comm.group_of(pg, GroupKind::TP_CP, r), r,
+                                                         cfg.cp_comm_type, dev)
+                           : layers::ContextParallel{};
     std::vector<std::unique_ptr<layers::ModelChunk>> chunks;
     for (int v = 0; v < vpp; ++v) {
       const int vs = v * pp + p;
@@ -137,7 +142,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
       for (int s = 0; s < vs; ++s) first += stage_layers[std::size_t(s)];
       chunks.push_back(std::make_unique<layers::ModelChunk>(
           cfg, layers::ChunkSpec{first, stage_layers[std::size_t(vs)], vs == 0, vs == pp * vpp - 1},
-          dev, seed, ep, r, tp, etp));
+          dev, seed, ep, r, tp, etp, cp));
     }
     layers::ExecContext ctx{dev.default_stream(),
                             dev.create_stream(comm_stream_priority(recipe), "comm")};
@@ -158,7 +163,10 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     std::vector<layers::Parameter*> params;
     for (auto& c : chunks)
       for (auto* prm : c->parameters()) params.push_back(prm);
-    Optimizer optimizer(recipe, params, dev, ctx.compute, pg.layout().dp(), pg.layout().edp());
+    // The distributed optimizer shards over DP x CP (Megatron's dp-cp group), as the gradients
+    // of dense weights reduce over it.
+    Optimizer optimizer(recipe, params, dev, ctx.compute, pg.layout().dp() * pg.layout().cp,
+                        pg.layout().edp());
     std::unique_ptr<Schedule> schedule =
         options.schedule ? options.schedule(recipe) : make_schedule(recipe);
     if (r == 0) {
@@ -166,8 +174,11 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
       schedule_name = schedule->name();
     }
     PipelineLinks links(comm, pg, r, dev, pipeline_comm(recipe));
-    Group dp = comm.group_of(pg, GroupKind::DP, r), edp = comm.group_of(pg, GroupKind::EDP, r);
-    const bool owns_dense = d == 0, owns_experts = pg.rank_in(GroupKind::EDP, r) == 0;
+    // Dense gradients reduce over DP x CP: the CP ranks hold the same weights and different
+    // tokens (Megatron's dp-cp group).
+    Group dp = comm.group_of(pg, GroupKind::DP_CP, r), edp = comm.group_of(pg, GroupKind::EDP, r);
+    const bool owns_dense = pg.rank_in(GroupKind::DP_CP, r) == 0,
+               owns_experts = pg.rank_in(GroupKind::EDP, r) == 0;
     // An expert weight's shard: its EP rank's experts, and its ETP rank's columns of them.
     const int shard = pg.rank_in(GroupKind::EP, r) * etp.size + etp.rank;
     const bool last_stage = p == pp - 1;
@@ -194,9 +205,10 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
               // Megatron's sampler: each global micro-batch step hands DP rank d its
               // slice, so the sample does not depend on how the ranks are pipelined.
               const int index = (it * microbatches + mb) * int(dp_size) + d;
-              return layers::synthetic_microbatch(cfg, mbs, seq, seed, 0, index);
+              return layers::context_parallel_slice(
+                  layers::synthetic_microbatch(cfg, mbs, seq, seed, 0, index), cp.size, cp.rank);
             },
-            loss_scale, layers::Shape{mbs * seq / tp.size, cfg.hidden_size});
+            loss_scale, layers::Shape{mbs * seq / (tp.size * cp.size), cfg.hidden_size});
         StepContext step(*impl);
         {
           // full_iteration: the whole forward-backward of every micro-batch is one captured

@@ -209,7 +209,9 @@ void Rules::not_modelled() {
   auto refuse = [&](const std::string& key, const std::string& what) {
     error(key, what + " is not modelled by NodeEmu yet");
   };
-  if (i("model.context_parallel_size") != 1) refuse("model.context_parallel_size", "CP > 1");
+  const std::string& cp_comm = r_.text("model.cp_comm_type");
+  if (cp_comm == "a2a" || cp_comm == "a2a+p2p")
+    refuse("model.cp_comm_type", "cp_comm_type " + cp_comm + " (use p2p or all_gather)");
   if (b("comm_overlap.tp_comm_overlap")) {
     // Megatron-Bridge CommOverlapConfig._get_model_comm_overlap_cfgs: TP overlap needs TP >= 2,
     // sequence parallelism and Transformer Engine, and is switched off with a warning otherwise.

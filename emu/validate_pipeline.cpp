@@ -73,9 +73,52 @@ void Rules::layout() {
   if (b("model.bf16") && b("model.fp16")) error("model.fp16", "bf16 and fp16 are exclusive");
   // Sequence parallelism splits each sequence evenly over the TP ranks (Megatron asserts
   // seq_length % TP == 0 with sequence_parallel).
-  if (l.tp > 1 && r_.integer("train.seq_length") % l.tp)
+  const std::int64_t seq = r_.integer("train.seq_length");
+  if (l.cp > 1) {
+    context_parallel(l);
+    if (seq % (2 * l.cp) == 0 && l.tp > 1 && (seq / l.cp) % l.tp)
+      error("train.seq_length",
+            "must split over context_parallel_size x "
+            "tensor_model_parallel_size = " +
+                std::to_string(l.cp) + " x " + std::to_string(l.tp) +
+                " (sequence parallelism of each CP rank's positions)");
+  } else if (l.tp > 1 && seq % l.tp) {
     error("train.seq_length", "must split over tensor_model_parallel_size = " +
                                   std::to_string(l.tp) + " (sequence parallelism)");
+  }
+  if (l.cp == 1 && set("model.cp_comm_type"))
+    error("model.cp_comm_type", "has no effect without context_parallel_size > 1; unset it");
+}
+
+// Context parallelism (layers/context_parallel.hpp), as Megatron and Transformer Engine allow it.
+void Rules::context_parallel(const ParallelLayout& l) {
+  const std::string cp = std::to_string(l.cp);
+  // get_batch_on_this_cp_rank cuts each sequence into 2 x CP chunks.
+  if (r_.integer("train.seq_length") % (2 * l.cp))
+    error("train.seq_length", "must split into 2 x context_parallel_size = " +
+                                  std::to_string(2 * l.cp) + " chunks (CP's load-balanced split)");
+  // Megatron's local DotProductAttention asserts context_parallel_size == 1; TE's unfused
+  // backend has no CP either.
+  const std::string& ab = r_.text("model.attention_backend");
+  if (r_.text("model.transformer_impl") != "transformer_engine")
+    error("model.transformer_impl", "must be transformer_engine with context_parallel_size " + cp +
+                                        " (only TEDotProductAttention runs context parallelism)");
+  else if (ab == "unfused" || ab == "local")
+    error("model.attention_backend", "cannot be " + ab + " with context_parallel_size " + cp +
+                                         " (CP runs in TE's fused attention; use auto, flash "
+                                         "or fused)");
+  if (set("model.mtp_num_layers") && i("model.mtp_num_layers") > 0)
+    error("model.mtp_num_layers",
+          "with context_parallel_size " + cp +
+              " is not modelled by NodeEmu yet (MTP rolls its tokens across the CP ranks); "
+              "set it to 0 or context_parallel_size to 1");
+  // The sequence-level aux loss reads each sequence's counts over the TP x CP group: modelled
+  // for micro-batches of one sequence.
+  if (r_.text("model.moe_router_load_balancing_type") == "seq_aux_loss" &&
+      i("train.micro_batch_size") > 1)
+    error("model.moe_router_load_balancing_type",
+          "seq_aux_loss with context_parallel_size " + cp +
+              " is modelled with micro_batch_size 1 only; use aux_loss or micro_batch_size 1");
 }
 
 // The interleaved schedule's micro-batch groups (schedules.py

@@ -74,13 +74,29 @@ Tensor LayerPlan::qkv(Stream& s) {
   return st.re_qkv;
 }
 
+// Core attention, over the CP group when there is one (layers/context_parallel.hpp).
+void LayerPlan::core_attention_forward(ops::At at, const Tensor& qkv, Tensor& out, Tensor& lse,
+                                       Tensor& probs) {
+  if (L_.cp_.on())
+    cp_attention_forward(at, L_.cp_, qkv, st_->attn(), out, lse);
+  else
+    ops::attention_forward(at, qkv, st_->attn(), out, lse, probs);
+}
+
+Tensor LayerPlan::core_attention_backward(ops::At at, const Tensor& dout, const Tensor& qkv,
+                                          const Tensor& out, const Tensor& lse,
+                                          const Tensor& probs) {
+  if (L_.cp_.on()) return cp_attention_backward(at, L_.cp_, dout, qkv, out, lse, st_->attn());
+  return ops::attention_backward(at, dout, qkv, out, lse, probs, st_->attn());
+}
+
 // Runs the attention forward again; keeps the output and statistics forward did not keep.
 void LayerPlan::recompute_attention(Stream& s) {
   State& st = *st_;
   if (st.attn_recomputed) return;
   st.attn_recomputed = true;
   Tensor ctx, lse, probs;
-  ops::attention_forward(recompute_at(s), qkv(s), st.attn(), ctx, lse, probs);
+  core_attention_forward(recompute_at(s), qkv(s), ctx, lse, probs);
   if (ctx_.recompute.attn_out) st.re_ctx = ctx;
   if (ctx_.recompute.attn_stats) st.re_lse = lse, st.re_probs = probs;
 }

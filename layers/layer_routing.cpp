@@ -7,9 +7,10 @@
 
 namespace nodeemu::layers {
 
-// The router's top-k on this rank's tokens, into the dispatcher's inputs. With TP, the
-// load-balancing counts are summed over the TP group between the choice and the losses
-// (Megatron's router all-reduces tokens_per_expert over the TP x CP group for its aux losses).
+// The router's top-k on this rank's tokens, into the dispatcher's inputs. With TP or CP, the
+// load-balancing counts are summed over the TP x CP group between the choice and the losses
+// (Megatron's router all-reduces tokens_per_expert over the TP x CP group for its aux losses;
+// TP is the faster-varying of the two in that group).
 void LayerPlan::route_tokens(Stream& s, const Tensor& logits, std::int64_t T) {
   const ModelConfig& c = L_.cfg_;
   State& st = *st_;
@@ -25,8 +26,11 @@ void LayerPlan::route_tokens(Stream& s, const Tensor& logits, std::int64_t T) {
   auto routing = st.routing;
   auto stats = stats_;
   const RouterConfig rc = c.router;
-  const TokenSpan span{L_.tp_.rank * T, T * L_.tp_.size, st.seq};
-  const bool split = L_.tp_.on();
+  const int span_rank = L_.cp_.rank * L_.tp_.size + L_.tp_.rank;
+  // A sequence is every CP rank's positions of it (seq_aux_loss with CP needs micro-batches of
+  // one sequence, so that the group's tokens are one sequence: validate checks it).
+  const TokenSpan span{span_rank * T, T * L_.tp_.size * L_.cp_.size, st.seq * L_.cp_.size};
+  const bool split = L_.tp_.on() || L_.cp_.on();
   auto publish = [=] {
     std::copy(routing->idx.begin(), routing->idx.end(), vi.as<std::int64_t>());
     std::copy(routing->probs.begin(), routing->probs.end(), vp.as<float>());
@@ -67,7 +71,8 @@ void LayerPlan::route_tokens(Stream& s, const Tensor& logits, std::int64_t T) {
         std::copy(mine.begin(), mine.end(), vn.as<float>());
       },
       {logits, L_.expert_bias_, counts}, ctx_.tally);
-  L_.tp_.group.all_reduce(counts.buffer(), counts.buffer(), std::size_t(n), s,
+  Group counts_group = L_.cp_.on() ? L_.cp_.tp_cp : L_.tp_.group;
+  counts_group.all_reduce(counts.buffer(), counts.buffer(), std::size_t(n), s,
                           {.async = true, .name = "router_balance_counts_allreduce"});
   launch(
       s, "router_aux_loss",

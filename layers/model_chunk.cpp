@@ -30,8 +30,29 @@ MicroBatch synthetic_microbatch(const ModelConfig& cfg, std::int64_t batch, std:
   return mb;
 }
 
+MicroBatch context_parallel_slice(const MicroBatch& mb, int size, int rank) {
+  if (size == 1) return mb;
+  if (mb.seq % (2 * size) != 0)
+    throw UsageError("context parallelism: seq_length " + std::to_string(mb.seq) +
+                     " does not split into 2 x context_parallel_size chunks");
+  MicroBatch out;
+  out.batch = mb.batch;
+  out.seq = mb.seq / size;
+  const std::int64_t chunk = mb.seq / (2 * size);
+  for (std::int64_t b = 0; b < mb.batch; ++b)
+    for (std::int64_t c : {std::int64_t(rank), std::int64_t(2 * size - 1 - rank)}) {
+      const std::size_t from = std::size_t(b * mb.seq + c * chunk);
+      out.tokens.insert(out.tokens.end(), mb.tokens.begin() + std::ptrdiff_t(from),
+                        mb.tokens.begin() + std::ptrdiff_t(from + std::size_t(chunk)));
+      out.labels.insert(out.labels.end(), mb.labels.begin() + std::ptrdiff_t(from),
+                        mb.labels.begin() + std::ptrdiff_t(from + std::size_t(chunk)));
+    }
+  return out;
+}
+
 ModelChunk::ModelChunk(const ModelConfig& cfg, ChunkSpec spec, Device& device, std::uint64_t seed,
-                       Group ep, int rank, TensorParallel tp, TensorParallel etp)
+                       Group ep, int rank, TensorParallel tp, TensorParallel etp,
+                       ContextParallel cp)
     : cfg_(cfg), spec_(spec), device_(device), tp_(std::move(tp)) {
   cfg.validate();
   if (spec.first_layer < 0 || spec.num_layers < 0 ||
@@ -47,11 +68,12 @@ ModelChunk::ModelChunk(const ModelConfig& cfg, ChunkSpec spec, Device& device, s
     embedding_ = make_parameter(device, "embedding.word_embeddings.weight", {V, H}, cfg.dtype,
                                 Init::Normal, cfg.init_method_std, seed, first_row);
   for (int l = spec.first_layer; l < spec.first_layer + spec.num_layers; ++l)
-    layers_.push_back(std::make_unique<TransformerLayer>(cfg, l, device, seed, ep, rank, tp_, etp));
+    layers_.push_back(
+        std::make_unique<TransformerLayer>(cfg, l, device, seed, ep, rank, tp_, etp, cp));
   if (spec.post_process && cfg.mtp_num_layers > 0) {
     // MTP layer k is layer num_layers + k (its routing, hooks and names are its own).
-    layers_.push_back(
-        std::make_unique<TransformerLayer>(cfg, cfg.num_layers, device, seed, ep, rank, tp_, etp));
+    layers_.push_back(std::make_unique<TransformerLayer>(cfg, cfg.num_layers, device, seed, ep,
+                                                         rank, tp_, etp, cp));
     mtp_ = std::make_unique<MtpWeights>(cfg, device, seed, tp_);
     if (!spec.pre_process)
       mtp_embedding_ = make_parameter(device, "embedding.word_embeddings.weight", {V, H}, cfg.dtype,

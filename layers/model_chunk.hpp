@@ -30,15 +30,19 @@ struct MicroBatch {
 // Deterministic synthetic data: micro-batch `index` of data-parallel rank `dp_rank`.
 MicroBatch synthetic_microbatch(const ModelConfig& cfg, std::int64_t batch, std::int64_t seq,
                                 std::uint64_t seed, int dp_rank, int index);
+// The positions of a micro-batch that CP rank `rank` of `size` holds: chunks rank and
+// 2 * size - 1 - rank of each sequence cut into 2 * size (Megatron's get_batch_on_this_cp_rank;
+// kernels::AttentionShape::position). size 1: the micro-batch itself.
+MicroBatch context_parallel_slice(const MicroBatch& mb, int size, int rank);
 
 class ChunkPlan;
 
 class ModelChunk {
  public:
   // `ep` is this rank's EP group, used by MoE layers; `tp` its TP group (tensor_parallel.hpp);
-  // `etp` its expert-TP group.
+  // `etp` its expert-TP group; `cp` its CP group (context_parallel.hpp).
   ModelChunk(const ModelConfig& cfg, ChunkSpec spec, Device& device, std::uint64_t seed, Group ep,
-             int rank, TensorParallel tp = {}, TensorParallel etp = {});
+             int rank, TensorParallel tp = {}, TensorParallel etp = {}, ContextParallel cp = {});
   ~ModelChunk();
   const ChunkSpec& spec() const { return spec_; }
   const ModelConfig& config() const { return cfg_; }

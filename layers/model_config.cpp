@@ -29,8 +29,11 @@ kernels::Rotary ModelConfig::rope() const {
   return r;
 }
 
-kernels::AttentionShape ModelConfig::attention_shape(std::int64_t batch, std::int64_t seq) const {
+kernels::AttentionShape ModelConfig::attention_shape(std::int64_t batch, std::int64_t seq,
+                                                     int cp_rank) const {
   kernels::AttentionShape s{batch, seq, num_attention_heads / tp(), kv_heads() / tp(), head_dim()};
+  s.cp = cp();
+  s.cp_rank = cp_rank;
   if (multi_latent_attention) {
     s.v_head_dim = v_head_dim;
     s.rope_dim = qk_pos_emb_head_dim;

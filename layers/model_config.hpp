@@ -15,6 +15,8 @@
 namespace nodeemu::layers {
 
 enum class DispatcherType { AllToAll, AllGather, Flex };
+// Megatron's cp_comm_type (layers/context_parallel.hpp); a2a and a2a+p2p are not modelled.
+enum class CpCommType { P2P, AllGather };
 const char* dispatcher_name(DispatcherType t);
 
 struct ModelConfig {
@@ -72,6 +74,10 @@ struct ModelConfig {
   // Expert tensor parallelism: each expert's fc1 and fc2 split over this many ranks, the
   // dispatched tokens all-gathered over them (alltoall dispatcher; Megatron's ETP group).
   int expert_tensor_parallel_size = 1;
+  // Context parallelism (layers/context_parallel.hpp): each sequence split over this many ranks
+  // with Megatron's load balancing, the keys and values exchanged by cp_comm_type.
+  int context_parallel_size = 1;
+  CpCommType cp_comm_type = CpCommType::P2P;
   KernelChoices kernels;  // which kernels run (transformer_impl, attention_backend, fusions)
 
   // The query/key head dim (MLA: qk_head_dim + qk_pos_emb_head_dim) and the value one.
@@ -81,9 +87,12 @@ struct ModelConfig {
   int kv_heads() const { return multi_latent_attention ? num_attention_heads : num_query_groups; }
   // The RoPE this model applies: MLA pairs its columns interleaved.
   kernels::Rotary rope() const;
-  // One TP rank's attention: its heads over every token of a micro-batch.
-  kernels::AttentionShape attention_shape(std::int64_t batch, std::int64_t seq) const;
+  // One TP rank's attention: its heads over the tokens of a micro-batch that CP rank `cp_rank`
+  // holds (`seq` of each sequence).
+  kernels::AttentionShape attention_shape(std::int64_t batch, std::int64_t seq,
+                                          int cp_rank = 0) const;
   int tp() const { return tensor_model_parallel_size; }
+  int cp() const { return context_parallel_size; }
   int etp() const { return expert_tensor_parallel_size; }
   // Layers num_layers.. are the MTP layers (with the decoder's last layer's kind).
   bool is_moe_layer(int layer) const;

@@ -21,21 +21,24 @@ std::string prefix(const ModelConfig& c, int layer) {
   return "decoder.layers." + std::to_string(layer) + ".";
 }
 
-void check_tp(const ModelConfig& cfg, const TensorParallel& tp, int layer) {
+void check_tp(const ModelConfig& cfg, const TensorParallel& tp, int layer, int cp = 1) {
   if (tp.size != cfg.tp())
     throw UsageError("layer " + std::to_string(layer) + ": a TP group of " +
                      std::to_string(tp.size) + " for tensor_model_parallel_size " +
                      std::to_string(cfg.tp()));
+  if (cp != cfg.cp())
+    throw UsageError("layer " + std::to_string(layer) + ": a CP group of " + std::to_string(cp) +
+                     " for context_parallel_size " + std::to_string(cfg.cp()));
 }
 
 }  // namespace
 
 TransformerLayer::TransformerLayer(const ModelConfig& cfg, int layer, Device& device,
                                    std::uint64_t seed, Group ep, int rank, TensorParallel tp,
-                                   TensorParallel etp)
-    : cfg_(cfg), layer_(layer), tp_(std::move(tp)) {
+                                   TensorParallel etp, ContextParallel cp)
+    : cfg_(cfg), layer_(layer), tp_(std::move(tp)), cp_(std::move(cp)) {
   cfg.validate();
-  check_tp(cfg, tp_, layer);
+  check_tp(cfg, tp_, layer, cp_.size);
   if (cfg.is_moe_layer(layer))
     dispatcher_ = TokenDispatcher::create(cfg, ep, device.node().mode(), rank, layer, etp);
   make_parameters(device, seed, etp);
@@ -43,10 +46,14 @@ TransformerLayer::TransformerLayer(const ModelConfig& cfg, int layer, Device& de
 
 TransformerLayer::TransformerLayer(const ModelConfig& cfg, int layer, Device& device,
                                    std::uint64_t seed, std::unique_ptr<TokenDispatcher> dispatcher,
-                                   TensorParallel tp)
-    : cfg_(cfg), layer_(layer), tp_(std::move(tp)), dispatcher_(std::move(dispatcher)) {
+                                   TensorParallel tp, ContextParallel cp)
+    : cfg_(cfg),
+      layer_(layer),
+      tp_(std::move(tp)),
+      cp_(std::move(cp)),
+      dispatcher_(std::move(dispatcher)) {
   cfg.validate();
-  check_tp(cfg, tp_, layer);
+  check_tp(cfg, tp_, layer, cp_.size);
   if (cfg.is_moe_layer(layer) != static_cast<bool>(dispatcher_))
     throw UsageError("layer " + std::to_string(layer) +
                      ": a MoE layer needs a dispatcher and a dense layer none");
@@ -161,6 +168,7 @@ LayerPlan::LayerPlan(TransformerLayer& layer, ExecContext& ctx, Event* plan_even
   st_->seq = seq;
   st_->loss_scale = loss_scale;
   st_->cfg = &L_.cfg_;
+  st_->cp_rank = L_.cp_.rank;
   const ModelConfig& c = layer.config();
   const std::string n = layer.layer() >= c.num_layers
                             ? "mtp" + std::to_string(layer.layer() - c.num_layers) + "."
@@ -245,7 +253,7 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
   {
     ModuleScope m(sv, "core_attn", s);
     Tensor probs;
-    ops::attention_forward(at, qkv, st.attn(), ctx, lse, probs);
+    core_attention_forward(at, qkv, ctx, lse, probs);
     if (!re.qkv && !up_recomputed()) sv.save("core_attn", "input", qkv, s);
     if (!re.attn_stats) sv.save("core_attn", "lse", lse, s);
     // The unfused core attention keeps its softmax probabilities for backward.

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "comm/group.hpp"
+#include "layers/context_parallel.hpp"
 #include "layers/mla.hpp"
 #include "layers/model_config.hpp"
 #include "layers/ops.hpp"
@@ -44,12 +45,15 @@ class LayerPlan;
 class TransformerLayer {
  public:
   // `ep` is this rank's EP group (ignored by dense layers); `rank` its global device id; `tp` its
-  // TP group, of cfg.tensor_model_parallel_size ranks; `etp` its expert-TP group.
+  // TP group, of cfg.tensor_model_parallel_size ranks; `etp` its expert-TP group; `cp` its CP
+  // group, of cfg.context_parallel_size ranks.
   TransformerLayer(const ModelConfig& cfg, int layer, Device& device, std::uint64_t seed, Group ep,
-                   int rank, TensorParallel tp = {}, TensorParallel etp = {});
+                   int rank, TensorParallel tp = {}, TensorParallel etp = {},
+                   ContextParallel cp = {});
   // With a dispatcher of the caller's (TokenDispatcher::alone); null for a dense layer.
   TransformerLayer(const ModelConfig& cfg, int layer, Device& device, std::uint64_t seed,
-                   std::unique_ptr<TokenDispatcher> dispatcher, TensorParallel tp = {});
+                   std::unique_ptr<TokenDispatcher> dispatcher, TensorParallel tp = {},
+                   ContextParallel cp = {});
   ~TransformerLayer();
   bool is_moe() const { return dispatcher_ != nullptr; }
   TokenDispatcher* dispatcher() const { return dispatcher_.get(); }  // null for a dense layer
@@ -68,6 +72,7 @@ class TransformerLayer {
   ModelConfig cfg_;
   int layer_;
   TensorParallel tp_;
+  ContextParallel cp_;
   Parameter input_norm_, qkv_, proj_, mlp_norm_;  // no qkv_ with MLA
   Parameter q_norm_, k_norm_;                     // [head_dim] each, with qk_layernorm (not MLA)
   MultiLatentAttention mla_;                      // multi_latent_attention's projections
@@ -136,6 +141,11 @@ class LayerPlan {
   Tensor attn_lse(Stream& s);
   Tensor attn_probs(Stream& s);
   void recompute_attention(Stream& s);
+  // Core attention, context-parallel when the layer's CP group is (layer_recompute.cpp).
+  void core_attention_forward(ops::At at, const Tensor& qkv, Tensor& out, Tensor& lse,
+                              Tensor& probs);
+  Tensor core_attention_backward(ops::At at, const Tensor& dout, const Tensor& qkv,
+                                 const Tensor& out, const Tensor& lse, const Tensor& probs);
   Tensor ln2(Stream& s);
   Tensor shared_fc1_out(Stream& s);
   Tensor shared_act_out(Stream& s);

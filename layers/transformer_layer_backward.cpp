@@ -201,8 +201,8 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
                                    ops::one_group(st.g_h_all), c.dtype);
   dgrad_end("attn_proj", s);
   backward_start("core_attn", s);
-  Tensor g_qkv = ops::attention_backward(at, g_ctx, qkv(s), attn_out(s), attn_lse(s), attn_probs(s),
-                                         st.attn());
+  Tensor g_qkv =
+      core_attention_backward(at, g_ctx, qkv(s), attn_out(s), attn_lse(s), attn_probs(s));
   sv.release("core_attn", "input");
   sv.release("core_attn", "lse");
   sv.release("core_attn", "probs");

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/parallel_layout.hpp"
 #include "devices/gpu_spec.hpp"
 #include "emu/recipe.hpp"
 #include "emu/validate.hpp"
@@ -54,6 +55,7 @@ class Rules {
   void required();
   void layout();
   void microbatch_groups(std::int64_t m, int pp);
+  void context_parallel(const ParallelLayout& l);
   void pipeline_transfers();
   void ep_overlap();
   void delay_wgrad();

@@ -12,7 +12,8 @@ namespace nodeemu::layers {
 // Everything one micro-batch of one layer carries between its nodes.
 struct LayerPlan::State {
   State(ActivationHooks* hooks, int layer, int mb) : saved(hooks, layer, mb) {}
-  std::int64_t batch = 0, seq = 0;
+  std::int64_t batch = 0, seq = 0;  // seq: this CP rank's positions of each sequence
+  int cp_rank = 0;
   double loss_scale = 1;
   const Tensor* input = nullptr;
   const Tensor* grad_output = nullptr;
@@ -46,7 +47,7 @@ struct LayerPlan::State {
 };
 
 inline kernels::AttentionShape LayerPlan::State::attn() const {
-  return cfg->attention_shape(batch, seq);
+  return cfg->attention_shape(batch, seq, cp_rank);
 }
 
 }  // namespace nodeemu::layers

@@ -27,6 +27,24 @@ struct AttentionShape {
   std::int64_t qkv_width() const { return (heads + kv_heads) * head_dim + kv_heads * dv(); }
   std::int64_t out_width() const { return heads * dv(); }
   std::int64_t rows() const { return batch * seq; }
+  // The key and value columns of a qkv row: [nkv * d | nkv * dv], contiguous at its end.
+  std::int64_t kv_width() const { return kv_heads * (head_dim + dv()); }
+
+  // Context parallelism, with Megatron's load-balanced split (get_batch_on_this_cp_rank): each
+  // sequence of cp * seq positions is cut into 2 * cp chunks, and CP rank r holds chunks r and
+  // 2 * cp - 1 - r, in that order, as its `seq` rows, so that every rank gets the same share of
+  // the causal mask. cp = 1: all positions, in order.
+  std::int64_t cp = 1, cp_rank = 0;
+  std::int64_t full_seq() const { return seq * cp; }
+  std::int64_t chunk() const { return cp > 1 ? seq / 2 : seq; }
+  // Which of the 2 * cp chunks this rank's half h (0 or 1) is.
+  std::int64_t chunk_index(std::int64_t h) const { return h == 0 ? cp_rank : 2 * cp - 1 - cp_rank; }
+  // The position in the whole sequence of this rank's row t (0 <= t < seq) of a batch element.
+  std::int64_t position(std::int64_t t) const {
+    return cp > 1 ? chunk_index(t / chunk()) * chunk() + t % chunk() : t;
+  }
+  // Causal (query, key) pairs this rank's queries attend to, per batch element and head.
+  double causal_pairs() const;
 };
 
 // Rotary position embedding frequencies: plain RoPE, or YaRN (Megatron-Core's
@@ -58,8 +76,8 @@ struct Rotary {
 double yarn_mscale(double scale, double mscale);
 
 // RoPE (rotate-half, or interleaved pairs) on the last rotated() columns of each query and key head
-// of qkv, in place; position = index in sequence. inverse = true applies the transpose rotation
-// (the backward of the forward rotation).
+// of qkv, in place; a row's position is s.position(its index in its sequence). inverse = true
+// applies the transpose rotation (the backward of the forward rotation).
 template <class T>
 void rope_apply(T* qkv, const AttentionShape& s, const Rotary& r, bool inverse);
 
@@ -70,6 +88,18 @@ void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s);
 template <class T>
 void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv,
                         const AttentionShape& s);
+
+// Context-parallel attention (s.cp > 1): this rank's queries (qkv's query columns) against the
+// keys and values of the whole sequence, `kv` [batch][full_seq][kv_width()] in position order.
+// Each local chunk attends to keys 0 .. its last position (flash attention's bottom-right causal
+// mask), so the kernel runs on this rank's share of the mask only. Backward writes dqkv's query
+// columns and this rank's contributions to every position's key and value gradients into `dkv`
+// (same layout as `kv`, overwritten); their sum over the CP ranks is each key's gradient.
+template <class T>
+void attention_forward_cp(const T* qkv, const T* kv, T* out, T* lse, const AttentionShape& s);
+template <class T>
+void attention_backward_cp(const T* dout, const T* qkv, const T* kv, const T* out, const T* lse,
+                           T* dqkv, T* dkv, const AttentionShape& s);
 
 // Matmul flops of the causal kernel: QK^T and PV over the lower triangle (with its diagonal).
 double attention_forward_flops(const AttentionShape& s);

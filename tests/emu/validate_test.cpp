@@ -12,6 +12,7 @@ namespace nodeemu::emu {
 namespace {
 
 using testing::check;
+using testing::cp2;
 using testing::delayed;
 using testing::overlap;
 using testing::Rule;
@@ -295,9 +296,41 @@ const Rule kRules[] = {
      "error: model.recompute_granularity: full recompute (use selective with recompute_modules) is "
      "not modelled"},
     {"not_modelled_is_refused",
+     {"model.context_parallel_size=2", "emulator.cuda_device_max_connections=1",
+      "model.cp_comm_type=all_gather"},
+     {"model.context_parallel_size=2", "emulator.cuda_device_max_connections=1",
+      "model.cp_comm_type=a2a"},
+     "error: model.cp_comm_type: cp_comm_type a2a (use p2p or all_gather) is not modelled by "
+     "NodeEmu yet\n"},
+    // --- context parallelism (Megatron's get_batch_on_this_cp_rank, TE's CP attention) ---
+    {"cp_splits_each_sequence_into_2cp_chunks", cp2({"train.seq_length=72"}),
+     cp2({"train.seq_length=70"}),
+     "error: train.seq_length: must split into 2 x context_parallel_size = 4 chunks"},
+    {"cp_needs_transformer_engine", cp2({}), cp2({"model.transformer_impl=local"}),
+     "error: model.transformer_impl: must be transformer_engine with context_parallel_size 2"},
+    {"cp_needs_fused_attention", cp2({"model.attention_backend=flash"}),
+     cp2({"model.attention_backend=unfused"}),
+     "error: model.attention_backend: cannot be unfused with context_parallel_size 2"},
+    {"cp_with_mtp_is_refused", cp2({"model.mtp_num_layers=0"}), cp2({"model.mtp_num_layers=1"}),
+     "error: model.mtp_num_layers: with context_parallel_size 2 is not modelled"},
+    {"cp_seq_aux_loss_needs_one_sequence_per_micro_batch",
+     cp2({"model.moe_router_load_balancing_type=seq_aux_loss"}),
+     cp2({"model.moe_router_load_balancing_type=seq_aux_loss", "train.micro_batch_size=2"}),
+     "error: model.moe_router_load_balancing_type: seq_aux_loss with context_parallel_size 2 is "
+     "modelled with micro_batch_size 1 only"},
+    {"cp_comm_type_needs_cp",
      {},
-     {"model.context_parallel_size=2"},
-     "error: model.context_parallel_size: CP > 1 is not modelled by NodeEmu yet\n"},
+     {"model.cp_comm_type=p2p"},
+     "error: model.cp_comm_type: has no effect without context_parallel_size > 1; unset it\n"},
+    {"cp_and_sp_split_each_ranks_positions",
+     cp2({"model.tensor_model_parallel_size=4", "model.sequence_parallel=true",
+          "model.num_query_groups=4", "model.expert_tensor_parallel_size=1",
+          "emulator.gpus_per_node=8", "train.seq_length=72"}),
+     cp2({"model.tensor_model_parallel_size=4", "model.sequence_parallel=true",
+          "model.num_query_groups=4", "model.expert_tensor_parallel_size=1",
+          "emulator.gpus_per_node=8", "train.seq_length=68"}),
+     "error: train.seq_length: must split over context_parallel_size x tensor_model_parallel_size "
+     "= 2 x 4"},
     // --- tensor and sequence parallelism (Megatron's validate_args and TransformerConfig) ---
     {"tp_needs_sequence_parallel",
      {"model.tensor_model_parallel_size=2", "model.sequence_parallel=true",

@@ -199,20 +199,26 @@ inline StepResult run_distributed(const layers::ModelConfig& cfg, int ep, int no
   return out;
 }
 
-// The same step on `world` ranks laid out as TP x EP x DP (`tp` ranks split each micro-batch's
-// tokens and the dense weights; DP rank d holds micro-batch d; the experts fold the ranks into
-// ETP x EP x expert DP), each weight's gradient put back together from its shards.
+// The same step on `world` ranks laid out as TP x CP x EP x DP (`tp` ranks split each
+// micro-batch's tokens and the dense weights, `cp` ranks its sequence in Megatron's two chunks
+// each; DP rank d holds micro-batch d; the experts fold the ranks into ETP x EP x expert DP),
+// each weight's gradient put back together from its shards.
 inline StepResult run_tensor_parallel(const layers::ModelConfig& base, int world, int tp, int ep,
-                                      bool delay_wgrad = false, int workers = 1, int etp = 1) {
+                                      bool delay_wgrad = false, int workers = 1, int etp = 1,
+                                      int cp = 1,
+                                      layers::CpCommType cp_comm = layers::CpCommType::P2P) {
   layers::ModelConfig cfg = base;
   cfg.tensor_model_parallel_size = tp;
   cfg.sequence_parallel = tp > 1;
   cfg.expert_tensor_parallel_size = etp;
+  cfg.context_parallel_size = cp;
+  cfg.cp_comm_type = cp_comm;
   Node node(model_options(world, 1, workers));
   Communicator comm(node);
-  ProcessGroups pg({.world = world, .tp = tp, .ep = ep, .etp = etp});
+  ProcessGroups pg({.world = world, .tp = tp, .cp = cp, .ep = ep, .etp = etp});
   const int dp = pg.layout().dp();
-  std::vector<double> losses(static_cast<size_t>(dp));
+  // Each CP rank's share of its DP rank's loss, summed in CP order afterwards.
+  std::vector<double> shares(static_cast<size_t>(dp * cp));
   std::map<std::string, std::vector<float>> whole;
   std::mutex mu;
   node.run([&](Host& host) {
@@ -224,14 +230,23 @@ inline StepResult run_tensor_parallel(const layers::ModelConfig& base, int world
     const layers::TensorParallel etpg =
         etp > 1 ? layers::TensorParallel::of(comm.group_of(pg, GroupKind::ETP, r), r)
                 : layers::TensorParallel{};
+    const layers::ContextParallel cpg =
+        cp > 1
+            ? layers::ContextParallel::of(comm.group_of(pg, GroupKind::CP, r),
+                                          comm.group_of(pg, GroupKind::TP_CP, r), r, cp_comm, dev)
+            : layers::ContextParallel{};
     layers::ModelChunk chunk(cfg, {0, cfg.num_layers, true, true}, dev, kSeed,
-                             comm.group_of(pg, GroupKind::EP, r), r, tpg, etpg);
+                             comm.group_of(pg, GroupKind::EP, r), r, tpg, etpg, cpg);
     layers::ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
     ctx.delay_wgrad = delay_wgrad;
     chunk.zero_grad(ctx.compute);
     const int d = pg.rank_in(GroupKind::DP, r);
     const double scale = 1.0 / double(dp * kSeq);
-    auto plan = chunk.plan(ctx, 0, layers::synthetic_microbatch(cfg, 1, kSeq, kSeed, d, 0), scale);
+    auto plan =
+        chunk.plan(ctx, 0,
+                   layers::context_parallel_slice(
+                       layers::synthetic_microbatch(cfg, 1, kSeq, kSeed, d, 0), cpg.size, cpg.rank),
+                   scale);
     plan->forward_all();
     plan->backward_all();
     if (delay_wgrad) {
@@ -242,11 +257,12 @@ inline StepResult run_tensor_parallel(const layers::ModelConfig& base, int world
       }
       plan->embedding.backward_dw();
     }
-    layers::reduce_gradients(chunk, comm.group_of(pg, GroupKind::DP, r),
+    layers::reduce_gradients(chunk, comm.group_of(pg, GroupKind::DP_CP, r),
                              comm.group_of(pg, GroupKind::EDP, r), ctx.compute, tpg);
     dev.synchronize();
     std::lock_guard<std::mutex> lock(mu);
-    if (tpg.rank == 0) losses[size_t(d)] = plan->loss_sum() * scale + plan->mtp_loss_term();
+    if (tpg.rank == 0)
+      shares[size_t(d * cp + cpg.rank)] = plan->loss_sum() * scale + plan->mtp_loss_term();
     // Every replica holds the same bits after the reductions: any may fill its place.
     for (auto* p : chunk.parameters()) {
       const std::vector<float> g = p->main_grad.to_f32();
@@ -259,7 +275,11 @@ inline StepResult run_tensor_parallel(const layers::ModelConfig& base, int world
     }
   });
   StepResult out;
-  out.losses = losses;
+  for (int d = 0; d < dp; ++d) {
+    double loss = 0;
+    for (int c = 0; c < cp; ++c) loss += shares[size_t(d * cp + c)];
+    out.losses.push_back(loss);
+  }
   out.grads = whole;
   return out;
 }
