@@ -154,9 +154,14 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
     if (b) uses.push_back(b.state()->shared_from_this());
   const GpuSpec& spec = s.device().spec();
   const std::string name = o.name.empty() ? c.kind.substr(0, c.kind.find('(')) : o.name;
+  // What the trace says this party sends: its blocks for the other members, every phase.
+  double payload = 0;
+  for (const PartyPhase& p : oc.exchange->plan(c.party))
+    for (int d = 0; d < parties; ++d)
+      if (d != c.party) payload += static_cast<double>(p.send_bytes[size_t(d)]);
   e.join_rendezvous(oc.rv, *s.state(), name, o.num_sms > 0 ? o.num_sms : c.sms,
                     spec.kernel_launch_host_s, spec.launch_latency_s, alpha, std::move(loads),
-                    std::move(bodies), std::move(uses));
+                    std::move(bodies), std::move(uses), payload);
   if (last) open.erase(it);
 
   Event done;

@@ -199,6 +199,7 @@ OpId Engine::issue(StreamState& s, Issue in) {
   Op& op = ops_[id];
   op.sms = in.sms;
   op.cls = in.cls;
+  op.bytes = in.bytes;
   op.remaining = static_cast<double>(seconds_to_vtime(in.duration_s));
   op.duration_s = in.duration_s;
   op.ready_at = a.clock + seconds_to_vtime(in.latency_s);
@@ -343,7 +344,7 @@ void Engine::finish(OpId id) {
       id,      op.device, op.track,
       op.kind, &op.name,  op.start,
       op.end,  op.host,   op.waits_for == kNoOp ? -1 : static_cast<std::int64_t>(op.waits_for),
-      op.cls};
+      op.cls,  op.bytes};
   hasher_.add(rec);
   for (auto* o : observers_) o->on_op(rec);
   for (OpId n : op.on_complete) satisfy(n);

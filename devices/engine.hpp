@@ -93,6 +93,7 @@ struct Op {
   int host;
   int sms;  // > 0: a communication kernel holding this many SMs
   OpClass cls = OpClass::Other;
+  double bytes = 0;  // OpRecord::bytes
   bool memory_bound() const {
     // Bound by HBM traffic: shares bandwidth, not SMs, with a GEMM.
     return cls == OpClass::Elementwise || cls == OpClass::Permute || cls == OpClass::Memcpy;
@@ -271,10 +272,11 @@ class Engine {
   // party's kernel holds from its start to the end of the transfer (0 for copy-engine or
   // NIC-driven transfers). `alpha_s` and `loads` add to the transfer's latency (the largest
   // wins) and to its link loads. phase_bodies[k] runs on the party's pool in phase k.
+  // `payload_bytes`: what this party sends to the others, for the trace (OpRecord::bytes).
   OpId join_rendezvous(RendezvousId rv, StreamState& s, std::string name, int sms,
                        double host_cost_s, double latency_s, double alpha_s,
                        std::vector<LinkLoad> loads, std::vector<std::function<void()>> phase_bodies,
-                       std::vector<std::shared_ptr<BufferState>> uses);
+                       std::vector<std::shared_ptr<BufferState>> uses, double payload_bytes = 0);
   const Rendezvous& rendezvous(RendezvousId rv) const { return rvs_[rv]; }
   // Wall-clock limit for a rendezvous that some party never joins while the others keep the
   // process busy (a host spinning on a query). On expiry the report goes to stderr and the
@@ -333,6 +335,7 @@ class Engine {
     RendezvousId rendezvous = kNoRendezvous;
     std::vector<std::function<void()>> phase_bodies;  // a rendezvous party's functional work
     OpClass cls = OpClass::Other;
+    double bytes = 0;  // OpRecord::bytes
   };
   OpId issue(StreamState& s, Issue in);
   OpId new_op(StreamState& s, OpKind kind, std::string name, ResourceKind res);

@@ -37,7 +37,7 @@ OpId Engine::join_rendezvous(RendezvousId rv, StreamState& s, std::string name, 
                              double host_cost_s, double latency_s, double alpha_s,
                              std::vector<LinkLoad> loads,
                              std::vector<std::function<void()>> phase_bodies,
-                             std::vector<std::shared_ptr<BufferState>> uses) {
+                             std::vector<std::shared_ptr<BufferState>> uses, double payload_bytes) {
   Rendezvous& r = rvs_[rv];
   NE_CHECK(r.joined < r.parties, "more parties joined a rendezvous than it has");
   NE_CHECK(static_cast<int>(phase_bodies.size()) == r.phases || mode_ == Mode::Meta,
@@ -59,6 +59,7 @@ OpId Engine::join_rendezvous(RendezvousId rv, StreamState& s, std::string name, 
   in.rendezvous = rv;
   in.phase_bodies = std::move(phase_bodies);
   in.cls = OpClass::Comm;
+  in.bytes = payload_bytes;
   OpId id = issue(s, std::move(in));
   r.members.push_back(id);
   ++r.joined;

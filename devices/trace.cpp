@@ -42,8 +42,8 @@ const char* to_string(OpClass c) {
 }
 
 void TraceRecorder::on_op(const OpRecord& r) {
-  ops_.push_back(
-      {r.id, r.device, r.track, r.kind, *r.name, r.start, r.end, r.host, r.waits_for, r.cls});
+  ops_.push_back({r.id, r.device, r.track, r.kind, *r.name, r.start, r.end, r.host, r.waits_for,
+                  r.cls, r.bytes});
 }
 
 void TraceRecorder::on_host(const HostRecord& r) {
@@ -143,7 +143,9 @@ void TraceRecorder::write_chrome_json(std::ostream& os, const TimelineLayout& la
     os << ",\"dur\":";
     us(os, o.end - o.start);
     os << ",\"args\":{\"op\":" << o.id << ",\"host\":" << o.host << ",\"class\":\""
-       << to_string(o.cls) << "\"}}";
+       << to_string(o.cls) << "\"";
+    if (o.bytes > 0) os << ",\"bytes\":" << static_cast<std::uint64_t>(o.bytes);
+    os << "}}";
     if (o.kind == OpKind::Wait && o.waits_for >= 0) {
       auto it = by_id.find(static_cast<std::uint64_t>(o.waits_for));
       if (it != by_id.end()) {

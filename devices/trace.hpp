@@ -33,6 +33,9 @@ struct OpRecord {
   int host;                     // the host actor that issued it
   std::int64_t waits_for = -1;  // Wait ops: id of the op the event marked (a flow arrow)
   OpClass cls = OpClass::Other;
+  // Comm ops: the bytes this party sends to the other members (all phases; not in the timeline
+  // hash, which predates it).
+  double bytes = 0;
 };
 
 struct HostRecord {
@@ -78,6 +81,7 @@ class TraceRecorder : public TimelineObserver {
     int host;
     std::int64_t waits_for;
     OpClass cls;
+    double bytes;  // OpRecord::bytes
   };
   struct Host {
     int host;

@@ -187,8 +187,10 @@ TEST(ContextParallel, ALayoutKeepsItsBitsUnderDelayedWgradAndThreads) {
 // --- one layer's collectives --------------------------------------------------------------
 
 // One micro-batch through one MoE layer on a CP group of `cp` ranks (TP 1, a one-rank EP group
-// each): rank 0's collectives, by name, less the dispatcher's own.
-std::map<std::string, int> one_layer_collectives(int cp, CpCommType t) {
+// each): rank 0's collectives, by name, less the dispatcher's own; `bytes` gets what each sent
+// to the other ranks, by name.
+std::map<std::string, int> one_layer_collectives(int cp, CpCommType t,
+                                                 std::map<std::string, double>* bytes = nullptr) {
   ModelConfig cfg = tiny_moe();
   cfg.num_layers = 1;
   cfg.context_parallel_size = cp;
@@ -219,7 +221,10 @@ std::map<std::string, int> one_layer_collectives(int cp, CpCommType t) {
   });
   std::map<std::string, int> count;
   for (const auto& op : node.trace().ops())
-    if (op.device == 0 && op.kind == OpKind::Comm) ++count[op.name];
+    if (op.device == 0 && op.kind == OpKind::Comm) {
+      ++count[op.name];
+      if (bytes) (*bytes)[op.name] += op.bytes;
+    }
   for (const char* ep :
        {"gather counts", "moe_dispatch_a2a", "moe_dispatch_probs_a2a", "moe_combine_a2a",
         "moe_combine_bwd_a2a", "moe_dispatch_bwd_a2a", "moe_dispatch_probs_bwd_a2a"})
@@ -236,7 +241,16 @@ TEST(ContextParallel, OneLayerIssuesTheAllGatherExchange) {
                                          {"cp_dkv_reducescatter", 1},
                                          {"router_balance_counts_allreduce", 1}};
   EXPECT_EQ(one_layer_collectives(2, CpCommType::AllGather), te);
-  EXPECT_EQ(one_layer_collectives(4, CpCommType::AllGather), te);
+  std::map<std::string, double> bytes;
+  EXPECT_EQ(one_layer_collectives(4, CpCommType::AllGather, &bytes), te);
+  // Sizes: each rank's keys and values are [seq / CP][kv heads x (d + dv)] (fp32); the
+  // all-gather sends them to the CP - 1 others, and the reduce-scatter each other rank's part of
+  // the gradients.
+  const ModelConfig cfg = tiny_moe();
+  const double block = double(testing::kSeq / 4) * cfg.kv_heads() * 2 * cfg.head_dim() * 4;
+  EXPECT_EQ(bytes["cp_kv_fwd_allgather"], 3 * block);
+  EXPECT_EQ(bytes["cp_kv_bwd_allgather"], 3 * block);
+  EXPECT_EQ(bytes["cp_dkv_reducescatter"], 3 * block);
 }
 
 // p2p (AttnFuncWithCPAndKVP2P): CP - 1 ring steps of the keys and values each way, and CP - 1
@@ -246,7 +260,14 @@ TEST(ContextParallel, OneLayerIssuesTheRing) {
   for (int i = 1; i < 4; ++i)
     for (const char* n : {"cp_kv_fwd_ring", "cp_kv_bwd_ring", "cp_dkv_ring"})
       ring[n + std::to_string(i)] = 1;
-  EXPECT_EQ(one_layer_collectives(4, CpCommType::P2P), ring);
+  std::map<std::string, double> bytes;
+  EXPECT_EQ(one_layer_collectives(4, CpCommType::P2P, &bytes), ring);
+  // Each step sends one rank's keys and values, or their gradients' partial sum, to the next.
+  const ModelConfig cfg = tiny_moe();
+  const double block = double(testing::kSeq / 4) * cfg.kv_heads() * 2 * cfg.head_dim() * 4;
+  for (int i = 1; i < 4; ++i)
+    for (const char* n : {"cp_kv_fwd_ring", "cp_kv_bwd_ring", "cp_dkv_ring"})
+      EXPECT_EQ(bytes[n + std::to_string(i)], block) << n << i;
   EXPECT_EQ(one_layer_collectives(2, CpCommType::P2P),
             (std::map<std::string, int>{{"cp_kv_fwd_ring1", 1},
                                         {"cp_kv_bwd_ring1", 1},

@@ -165,8 +165,9 @@ TEST(TensorParallel, TokenGatherAndScatterMatchASerialReference) {
 
 // One micro-batch through one MoE layer (no embedding or loss) on two ranks that form the TP
 // group (`tp`) or the expert-TP group (otherwise), each with an EP group of its own: rank 0's
-// collectives, by name.
-std::map<std::string, int> one_layer_collectives(bool tp, bool mla = false) {
+// collectives, by name; `bytes` gets what rank 0 sent to its peer, by name.
+std::map<std::string, int> one_layer_collectives(bool tp, bool mla = false,
+                                                 std::map<std::string, double>* bytes = nullptr) {
   ModelConfig cfg = mla ? tiny_mla() : tiny_moe();
   cfg.num_layers = 1;
   (tp ? cfg.tensor_model_parallel_size : cfg.expert_tensor_parallel_size) = 2;
@@ -192,7 +193,10 @@ std::map<std::string, int> one_layer_collectives(bool tp, bool mla = false) {
   });
   std::map<std::string, int> count;
   for (const auto& op : node.trace().ops())
-    if (op.device == 0 && op.kind == OpKind::Comm) ++count[op.name];
+    if (op.device == 0 && op.kind == OpKind::Comm) {
+      ++count[op.name];
+      if (bytes) (*bytes)[op.name] += op.bytes;
+    }
   // The alltoall dispatcher's own, on the one-rank EP group: the counts' gather and the
   // all-to-alls of the rows and probabilities, forward and backward.
   for (const char* ep :
@@ -221,7 +225,19 @@ TEST(TensorParallel, OneLayerIssuesMegatronsCollectives) {
       {"sp_reducescatter_shared_fc1_bwd", 1},
       {"sp_allgather_mlp_bwd", 1},
   };
-  EXPECT_EQ(one_layer_collectives(true), megatron);
+  std::map<std::string, double> bytes;
+  EXPECT_EQ(one_layer_collectives(true, false, &bytes), megatron);
+  // Sizes (fp32): every sequence-parallel all-gather sends this rank's [T / 2][H] tokens to the
+  // other rank, every reduce-scatter the other rank's half of a [T][H] partial sum; the balance
+  // counts are one fp32 per expert, all-reduced.
+  const ModelConfig cfg = tiny_moe();
+  const double half = double(testing::kSeq / 2) * cfg.hidden_size * 4;
+  for (const auto& [name, n] : megatron)
+    if (name.starts_with("sp_")) {
+      EXPECT_EQ(bytes[name], half) << name;
+    }
+  EXPECT_GT(bytes["router_balance_counts_allreduce"], 0);
+  EXPECT_LE(bytes["router_balance_counts_allreduce"], 2.0 * cfg.num_moe_experts * 4);
 }
 
 // MLA at TP 2 (MLASelfAttention with TE): no collective for the duplicated down projections;
@@ -260,7 +276,21 @@ TEST(TensorParallel, OneExpertTpLayerIssuesMegatronsCollectives) {
       {"moe_etp_reducescatter_bwd", 1},   {"moe_etp_allgather_tokens_bwd", 1},
       {"moe_etp_allgather_probs_bwd", 1},
   };
-  EXPECT_EQ(one_layer_collectives(false), megatron);
+  std::map<std::string, double> bytes;
+  EXPECT_EQ(one_layer_collectives(false, false, &bytes), megatron);
+  // Sizes (fp32): with EP 1 every token reaches top-k local experts, so each rank's dispatched
+  // rows are T x top-k of [H]; the all-gathers send them (and one probability each) to the peer,
+  // the reduce-scatters the peer's rows of the partial outputs; the counts are one int64 per
+  // local expert.
+  const ModelConfig cfg = tiny_moe();
+  const double rows = double(testing::kSeq * cfg.router.topk);
+  EXPECT_EQ(bytes["moe_etp_allgather_tokens"], rows * cfg.hidden_size * 4);
+  EXPECT_EQ(bytes["moe_etp_allgather_tokens_bwd"], rows * cfg.hidden_size * 4);
+  EXPECT_EQ(bytes["moe_etp_reducescatter"], rows * cfg.hidden_size * 4);
+  EXPECT_EQ(bytes["moe_etp_reducescatter_bwd"], rows * cfg.hidden_size * 4);
+  EXPECT_EQ(bytes["moe_etp_allgather_probs"], rows * 4);
+  EXPECT_EQ(bytes["moe_etp_allgather_probs_bwd"], rows * 4);
+  EXPECT_EQ(bytes["moe_etp_counts_allgather"], double(cfg.num_moe_experts) * 8);
 }
 
 }  // namespace
