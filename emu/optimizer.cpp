@@ -54,8 +54,10 @@ void Optimizer::step(Stream& s) {
               eps = float(eps_), bc1 = float(c1), bc2 = float(c2);
   const bool adam = adam_;
   for (auto& st : state_) {
+    // SGD keeps no moments: their tensors are empty, and have no view.
     const View w = layers::view(st.param->value), g = layers::view(st.param->main_grad),
-               master = layers::view(st.master), m = layers::view(st.m), v = layers::view(st.v);
+               master = layers::view(st.master), m = adam ? layers::view(st.m) : View{},
+               v = adam ? layers::view(st.v) : View{};
     const double n = double(st.master.numel());
     layers::launch(
         s, adam ? "adam_step" : "sgd_step",

@@ -3,7 +3,7 @@
 // rounded result back into each parameter. Elementwise, so its bits do not depend on threads.
 //
 // With ddp.use_distributed_optimizer, Megatron shards the fp32 masters and Adam moments over the
-// gradient-reduction group (DP for dense weights, EDP for experts). Meta mode accounts exactly
+// gradient-reduction group (DP x CP for dense weights, EDP for experts). Meta mode accounts exactly
 // that: each state tensor is 1/shards of the weight. Functional mode keeps the full state on every
 // rank and updates all of it (the reduce-scatter / all-gather pair is not emulated yet): the
 // numbers are what the sharded optimizer computes, the memory figure is the unsharded one.
@@ -20,7 +20,7 @@ class Optimizer {
  public:
   // Allocates the state on `device` and copies the parameters into the fp32 masters (a kernel on
   // `s`).
-  // `dense_shards` / `expert_shards`: the DP and EDP sizes.
+  // `dense_shards` / `expert_shards`: the DP x CP and EDP sizes.
   Optimizer(const Recipe& recipe, std::vector<layers::Parameter*> params, Device& device, Stream& s,
             int dense_shards, int expert_shards);
   // One update from each parameter's main_grad, as kernels on `s`.
