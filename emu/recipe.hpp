@@ -35,6 +35,9 @@ struct KeySpec {
 // The schema, in section order.
 const std::vector<KeySpec>& recipe_schema();
 const KeySpec* find_key(const std::string& key);
+// The keys that never change the emulated run, by design: the recipe's text and the host's
+// resources. A run's summary names those a recipe sets.
+const std::vector<std::string>& keys_without_effect();
 // The schema key nearest to `key` (edit distance over the full dotted name and over the last
 // part, so a key in the wrong section is found too); "" when nothing is close.
 std::string nearest_key(const std::string& key);

@@ -429,6 +429,16 @@ const std::vector<KeySpec>& recipe_schema() {
   return schema;
 }
 
+const std::vector<std::string>& keys_without_effect() {
+  // Text, and how NodeEmu uses this machine (worker threads, the watchdog): the determinism
+  // contract keeps them out of every result. Every other key changes the run or is refused
+  // (tests/emu/schema_walk_test.cpp).
+  static const std::vector<std::string> keys = {"description", "emulator.workers_per_device",
+                                                "emulator.thread_budget",
+                                                "emulator.collective_timeout_s"};
+  return keys;
+}
+
 const KeySpec* find_key(const std::string& key) {
   for (const auto& k : recipe_schema())
     if (k.key == key) return &k;

@@ -165,6 +165,11 @@ void print_summary(const RunReport& r, std::ostream& os) {
     os << "warning: kernel " << k
        << " has no table in the GPU profile; priced by the roofline over its best measured "
           "rates\n";
+  if (!r.keys_without_effect.empty()) {
+    os << "no effect on the emulated run (text, or how NodeEmu uses this machine):";
+    for (const auto& k : r.keys_without_effect) os << " " << k;
+    os << "\n";
+  }
   os << "numerics hash " << (r.numerics_hash ? hex(*r.numerics_hash) : "- (meta mode)")
      << ", timeline hash " << hex(r.timeline_hash) << "\n";
   os << "wall time " << std::fixed << std::setprecision(2) << r.wall_time_s << " s for "

@@ -194,6 +194,16 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
       embedding_group = comm.group({pipeline.front(), pipeline.back()}, "embedding");
     }
 
+    // The expert bias's counts are summed over the stage's TP x CP x DP ranks (Megatron's
+    // tensor-and-data-parallel group with CP): every rank of this pipeline stage.
+    Group stage;
+    if (cfg.router.enable_expert_bias) {
+      std::vector<int> members;
+      for (int q = 0; q < world; ++q)
+        if (pg.rank_in(GroupKind::PP, q) == p) members.push_back(q);
+      stage = comm.group(members, "stage" + std::to_string(p));
+    }
+
     for (int it = 0; it < iterations; ++it) {
       std::optional<StepContext::Impl> impl;
       auto forward_backward = [&] {
@@ -233,6 +243,9 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
       for (auto& c : chunks)
         layers::reduce_gradients(*c, dp, edp, ctx.compute, tp,
                                  embedding_group ? &*embedding_group : nullptr);
+      // finalize_model_grads' _update_router_expert_bias, after the gradients' reduction.
+      if (cfg.router.enable_expert_bias)
+        for (auto& c : chunks) c->update_expert_bias(stage, ctx.compute);
       if (functional) {
         dev.synchronize();
         for (auto* prm : params) {
@@ -289,6 +302,13 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
   rep.offload = recipe.flag("model.fine_grained_activation_offloading");
   rep.recompute = recompute_set(recipe).any();
   rep.bindpcie = node.options().bindpcie;
+  {
+    const std::map<std::string, std::string> values = recipe.flattened();
+    // The recipe's own description is its text, not a setting: not worth a line.
+    for (const std::string& k : keys_without_effect())
+      if (recipe.value(k).origin != "default" && k != "description")
+        rep.keys_without_effect.push_back(k + "=" + values.at(k));
+  }
   if (cfg.moe_expert_rank_capacity_factor > 0) rep.over_budget_reruns = results.front().reruns;
   // Iteration ends are the slowest rank's.
   std::vector<double> ends(static_cast<std::size_t>(iterations), 0.0);

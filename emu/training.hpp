@@ -79,6 +79,8 @@ struct RunReport {
   std::uint64_t device_ops = 0;  // operations the engine laid out
   double wall_time_s = 0;
   std::vector<std::string> warnings;
+  // "key=value" for each key of keys_without_effect() the recipe sets (the summary says so).
+  std::vector<std::string> keys_without_effect;
   // Where the clock's prices come from: the GPU profile's one-line provenance ("measured on ..."
   // or "derived, not measured"), and every kernel no table of it priced ("name (what it is)").
   std::string gpu_profile;

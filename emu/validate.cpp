@@ -32,6 +32,13 @@ void Rules::required() {
     if (set(k) && r_.integer(k) < 1) error(k, "must be at least 1 (or unset)");
 }
 
+bool Rules::changed(const std::string& key) const {
+  static const Recipe defaults = Recipe::parse("", "defaults", {});
+  const Value &a = r_.value(key), &d = defaults.value(key);
+  return a.null != d.null || a.b != d.b || a.i != d.i || a.f != d.f || a.s != d.s ||
+         a.list != d.list;
+}
+
 // Keys that choose kernels (layers/kernel_choices.hpp): what the local spec cannot honour is
 // refused rather than silently dropped.
 void Rules::kernels() {
@@ -148,9 +155,35 @@ void Rules::offload() {
     error("model.min_offloaded_tensor_size", "must be 0 or more elements");
   if (r_.integer("model.delta_offload_bytes_across_pp_ranks") < 0)
     error("model.delta_offload_bytes_across_pp_ranks", "must be 0 or more bytes");
+  // No silent key (issue 18): the offload engine's settings change nothing without it.
+  if (!fine)
+    for (const char* k :
+         {"model.offload_modules", "model.offload_tensors", "model.min_offloaded_tensor_size",
+          "model.activation_offload_fraction", "model.max_inflight_offloads",
+          "model.delta_offload_bytes_across_pp_ranks"})
+      if (changed(k))
+        error(k,
+              "has no effect without model.fine_grained_activation_offloading: true; set "
+              "that or unset this");
+  if (fine && changed("model.delta_offload_bytes_across_pp_ranks") &&
+      i("model.pipeline_model_parallel_size") == 1)
+    error("model.delta_offload_bytes_across_pp_ranks",
+          "has no effect with pipeline_model_parallel_size 1 (it offloads less on later "
+          "stages); unset it");
 }
 
 void Rules::recompute() {
+  // No silent key: Megatron reads recompute_modules under selective recompute only, and
+  // recompute_method / recompute_num_layers under full recompute only (TransformerConfig).
+  const std::string& granularity = r_.text("model.recompute_granularity");
+  if (set("model.recompute_modules") && granularity != "selective")
+    error("model.recompute_modules",
+          "has no effect without recompute_granularity: selective; set that or unset this");
+  for (const char* k : {"model.recompute_method", "model.recompute_num_layers"})
+    if (set(k) && granularity != "full")
+      error(k,
+            "applies to recompute_granularity: full only (Megatron's TransformerConfig); "
+            "unset it");
   if (recompute_has("moe_act") && !b("model.moe_grouped_gemm"))
     error("model.recompute_modules", "moe_act recompute needs moe_grouped_gemm=true");
   if (recompute_has("shared_experts") && b("model.moe_shared_expert_overlap"))
@@ -243,6 +276,12 @@ void Rules::not_modelled() {
                                                    : "ddp.overlap_grad_reduce",
            "overlapping the gradient reduction with the backward (NodeEmu reduces after the "
            "step)");
+  if (b("ddp.overlap_param_gather"))
+    refuse("ddp.overlap_param_gather",
+           "overlapping the parameter all-gather with the forward (set it false)");
+  if (!b("ddp.grad_reduce_in_fp32"))
+    refuse("ddp.grad_reduce_in_fp32",
+           "false: a bf16 gradient reduction (NodeEmu reduces in fp32; set it true)");
   if (b("model.cpu_offloading"))
     refuse("model.cpu_offloading",
            "whole-layer cpu_offloading (use fine_grained_activation_offloading)");

@@ -22,7 +22,8 @@ void LayerPlan::route_tokens(Stream& s, const Tensor& logits, std::int64_t T) {
   io.tokens_per_expert = at.empty({E}, DType::I64);
   st.routing = std::make_shared<Routing<float>>();
   View vl = view(logits), vb = L_.expert_bias_ ? view(L_.expert_bias_) : View{},
-       vi = view(io.topk_idx), vp = view(io.topk_probs), vc = view(io.tokens_per_expert);
+       vi = view(io.topk_idx), vp = view(io.topk_probs), vc = view(io.tokens_per_expert),
+       vt = L_.local_tokens_per_expert_ ? view(L_.local_tokens_per_expert_) : View{};
   auto routing = st.routing;
   auto stats = stats_;
   const RouterConfig rc = c.router;
@@ -36,6 +37,10 @@ void LayerPlan::route_tokens(Stream& s, const Tensor& logits, std::int64_t T) {
     std::copy(routing->probs.begin(), routing->probs.end(), vp.as<float>());
     std::copy(routing->tokens_per_expert.begin(), routing->tokens_per_expert.end(),
               vc.as<std::int64_t>());
+    // The expert bias's step counts (Megatron's _apply_expert_bias adds each routing map).
+    if (vt.data)
+      for (std::size_t e = 0; e < routing->tokens_per_expert.size(); ++e)
+        vt.as<float>()[e] += float(routing->tokens_per_expert[e]);
     stats->aux_loss = routing->aux_loss;
     stats->seq_aux_loss = routing->seq_aux_loss;
     stats->z_loss = routing->z_loss;
@@ -56,7 +61,9 @@ void LayerPlan::route_tokens(Stream& s, const Tensor& logits, std::int64_t T) {
           if (split) add_balance_losses(rc, vl.as<const float>(), *routing, span, {});
           publish();
         },
-        {logits, L_.expert_bias_, io.topk_idx, io.topk_probs, io.tokens_per_expert}, ctx_.tally);
+        {logits, L_.expert_bias_, io.topk_idx, io.topk_probs, io.tokens_per_expert,
+         L_.local_tokens_per_expert_},
+        ctx_.tally);
     return;
   }
   const std::int64_t n =
@@ -86,7 +93,31 @@ void LayerPlan::route_tokens(Stream& s, const Tensor& logits, std::int64_t T) {
                            std::vector<std::int64_t>(summed, summed + n));
         publish();
       },
-      {logits, counts, io.topk_idx, io.topk_probs, io.tokens_per_expert}, ctx_.tally);
+      {logits, counts, io.topk_idx, io.topk_probs, io.tokens_per_expert,
+       L_.local_tokens_per_expert_},
+      ctx_.tally);
+}
+
+void TransformerLayer::update_expert_bias(Group group, Stream& s, WorkTally* tally) {
+  if (!local_tokens_per_expert_) return;
+  const std::int64_t E = cfg_.num_moe_experts;
+  if (group.size() > 1)
+    group.all_reduce(local_tokens_per_expert_.buffer(), local_tokens_per_expert_.buffer(),
+                     std::size_t(E), s, {.async = true, .name = "router_expert_bias_allreduce"});
+  const View vb = view(expert_bias_), vt = view(local_tokens_per_expert_);
+  const double rate = cfg_.router.bias_update_rate;
+  launch(
+      s, "router_expert_bias_update",
+      Work{.flops = 4.0 * double(E),
+           .bytes = 3.0 * double(expert_bias_.bytes()),
+           .precision = Precision::FP32,
+           .shape = KernelShape::memory(MemoryOp::Elementwise)},
+      [=] {
+        float* counts = vt.as<float>();
+        const std::vector<std::int64_t> step(counts, counts + E);
+        layers::update_expert_bias(vb.as<float>(), step, rate);
+      },
+      {expert_bias_, local_tokens_per_expert_}, tally);
 }
 
 }  // namespace nodeemu::layers

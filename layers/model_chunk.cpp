@@ -113,14 +113,22 @@ Parameter* ModelChunk::word_embedding() {
 }
 
 void ModelChunk::zero_grad(Stream& s, WorkTally* tally) {
-  for (auto* p : parameters()) {
-    View v = view(p->main_grad);
-    const std::size_t bytes = p->main_grad.bytes();
+  std::vector<Tensor> zeroed;
+  for (auto* p : parameters()) zeroed.push_back(p->main_grad);
+  for (auto& l : layers_)
+    if (l->local_tokens_per_expert()) zeroed.push_back(l->local_tokens_per_expert());
+  for (const Tensor& t : zeroed) {
+    View v = view(t);
+    const std::size_t bytes = t.bytes();
     launch(
         s, "zero_grad",
         Work{.bytes = double(bytes), .shape = KernelShape::memory(MemoryOp::Elementwise)},
-        [=] { std::memset(v.data, 0, bytes); }, {p->main_grad}, tally);
+        [=] { std::memset(v.data, 0, bytes); }, {t}, tally);
   }
+}
+
+void ModelChunk::update_expert_bias(Group stage, Stream& s, WorkTally* tally) {
+  for (auto& l : layers_) l->update_expert_bias(stage, s, tally);
 }
 
 std::unique_ptr<ChunkPlan> ModelChunk::plan(ExecContext& ctx, int microbatch,

@@ -53,8 +53,11 @@ class ModelChunk {
   // The word embedding this chunk holds: the first stage's, or the last stage's copy for MTP
   // (null if neither); its gradient is all-reduced over the embedding group.
   Parameter* word_embedding();
-  // Zeroes every main_grad, as a device operation on `s`.
+  // Zeroes every main_grad and the expert bias's step counts, as device operations on `s`.
   void zero_grad(Stream& s, WorkTally* tally = nullptr);
+  // Each MoE layer's expert-bias update (TransformerLayer::update_expert_bias) over `stage`,
+  // this pipeline stage's TP x CP x DP ranks.
+  void update_expert_bias(Group stage, Stream& s, WorkTally* tally = nullptr);
   // `loss_scale` multiplies the loss's (and the router losses') gradient: 1 / (tokens of the
   // global batch) for a token-mean loss.
   std::unique_ptr<ChunkPlan> plan(ExecContext& ctx, int microbatch, const MicroBatch& data,

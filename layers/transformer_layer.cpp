@@ -110,7 +110,10 @@ void TransformerLayer::make_parameters(Device& device, std::uint64_t seed,
   const std::int64_t local = dispatcher_->local_experts(), first = dispatcher_->first_expert();
   // Megatron's router weight carries the sequence_parallel attribute (router.py).
   router_ = replicated(p + "mlp.router.weight", {E, H}, DType::F32, Init::Normal, sd);
-  if (cfg.router.enable_expert_bias) expert_bias_ = Tensor::empty(device, {E}, DType::F32);
+  if (cfg.router.enable_expert_bias) {
+    expert_bias_ = Tensor::empty(device, {E}, DType::F32);
+    local_tokens_per_expert_ = Tensor::empty(device, {E}, DType::F32);
+  }
   // Expert e's weights are drawn at offset e * per-expert elements of one stream per name, so
   // they do not depend on how the experts are sharded; with expert TP each expert's fc1 is
   // column-parallel ([gate | up] split) and its fc2 row-parallel.

@@ -60,6 +60,15 @@ class TransformerLayer {
   int layer() const { return layer_; }
   std::vector<Parameter*> parameters();
   const ModelConfig& config() const { return cfg_; }
+  // The expert bias and its step counts (empty without moe_router_enable_expert_bias).
+  const Tensor& expert_bias() const { return expert_bias_; }
+  const Tensor& local_tokens_per_expert() const { return local_tokens_per_expert_; }
+  // Aux-loss-free balancing, once per step after the backward (Megatron's finalize_model_grads
+  // _update_router_expert_bias): the step's tokens per expert summed over `group` (the stage's
+  // TP x CP x DP ranks), and each expert's bias moved by rate x sign(mean - its count). The
+  // counts are zeroed with the gradients (ModelChunk::zero_grad), so that a step run again
+  // counts once. Nothing without moe_router_enable_expert_bias.
+  void update_expert_bias(Group group, Stream& s, WorkTally* tally = nullptr);
 
   // The plan of one micro-batch; connect() it before running it. `loss_scale` multiplies the
   // router losses' gradients.
@@ -78,6 +87,9 @@ class TransformerLayer {
   MultiLatentAttention mla_;                      // multi_latent_attention's projections
   Parameter router_;                              // fp32 [experts][hidden]
   Tensor expert_bias_;                            // fp32 [experts] (moe_router_enable_expert_bias)
+  // With the expert bias: this rank's tokens per expert, summed over the step's micro-batches
+  // (Megatron's router local_tokens_per_expert; fp32 sums of integers, exact below 2^24).
+  Tensor local_tokens_per_expert_;
   Parameter fc1_, fc2_;                // experts: [local][2f][h], [local][h][f]; dense: 2-D
   Parameter shared_fc1_, shared_fc2_;  // optional
   std::unique_ptr<TokenDispatcher> dispatcher_;

@@ -45,6 +45,9 @@ class Rules {
   int i(const std::string& key) const { return r_.int32(key); }
   bool b(const std::string& key) const { return r_.flag(key); }
   bool set(const std::string& key) const { return r_.is_set(key); }
+  // Set to something other than the schema's default (a recipe that writes a default out
+  // changes nothing by it).
+  bool changed(const std::string& key) const;
   bool recompute_has(const std::string& m) const {
     return set("model.recompute_modules") && r_.list_has("model.recompute_modules", m);
   }
