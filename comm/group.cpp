@@ -161,6 +161,15 @@ std::optional<Event> Group::all_gather_v(const Buffer& send, std::size_t send_by
                      std::to_string(recv_bytes[size_t(me)]));
   check_buffer(send, send_bytes, stream, op, "send");
   check_buffer(recv, sum(recv_bytes), stream, op, "receive");
+  const auto ro = detail::offsets_of(recv_bytes);
+  // In place, as the distributed optimizer gathers its parameters (all_gather_into_tensor from
+  // its own shard of the bucket): send is exactly this member's part of recv, already there.
+  const bool in_place = send && recv && send.state() == recv.state();
+  if (in_place && send.offset() != recv.offset() + ro[size_t(me)])
+    throw UsageError(op +
+                     ": send and receive share memory but send is not this member's part "
+                     "of receive; use different buffers, or send in place from part " +
+                     std::to_string(me));
   Call c;
   c.kind = "all_gather_v";
   c.text = "all_gather_v(send " + std::to_string(send_bytes) + " B, receive " +
@@ -172,11 +181,11 @@ std::optional<Event> Group::all_gather_v(const Buffer& send, std::size_t send_by
   PartyPhase p(static_cast<size_t>(n));
   p.send_bytes.assign(size_t(n), send_bytes);
   p.recv_bytes = recv_bytes;
+  if (in_place) p.send_bytes[size_t(me)] = p.recv_bytes[size_t(me)] = 0;  // nothing to move
   if (functional(stream)) {
-    auto ro = detail::offsets_of(recv_bytes);
     for (int d = 0; d < n; ++d) {
-      if (send_bytes) p.send[size_t(d)] = {{cptr(send, 0), send_bytes}};
-      if (recv_bytes[size_t(d)])
+      if (p.send_bytes[size_t(d)]) p.send[size_t(d)] = {{cptr(send, 0), send_bytes}};
+      if (p.recv_bytes[size_t(d)])
         p.recv[size_t(d)] = {{ptr(recv, ro[size_t(d)]), recv_bytes[size_t(d)]}};
     }
   }
@@ -204,8 +213,15 @@ std::optional<Event> Group::reduce_scatter(const Buffer& send, const Buffer& rec
   for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * how.bytes;
   check_buffer(send, sum(bytes), stream, op, "send");
   check_buffer(recv, bytes[size_t(me)], stream, op, "receive");
-  if (send && recv && send.state() == recv.state())  // the same buffer (meta ones have no data)
-    throw UsageError(op + ": send and receive must be different buffers");
+  const auto so = detail::offsets_of(bytes);
+  // In place, as Megatron's distributed optimizer calls it (reduce_scatter_tensor into its own
+  // shard of the bucket): recv is exactly this member's part of send.
+  const bool in_place = send && recv && send.state() == recv.state();
+  if (in_place && recv.offset() != send.offset() + so[size_t(me)])
+    throw UsageError(op +
+                     ": send and receive share memory but receive is not this member's part "
+                     "of send; use different buffers, or receive in place into part " +
+                     std::to_string(me));
   Call c;
   c.kind = std::string("reduce_scatter(") + how.name + ")";
   c.text =
@@ -222,13 +238,31 @@ std::optional<Event> Group::reduce_scatter(const Buffer& send, const Buffer& rec
   p.consume.assign(size_t(n), how.consume);
   p.consume[0] = Consume::Copy;
   if (functional(stream)) {
-    auto so = detail::offsets_of(bytes);
     for (int d = 0; d < n; ++d) {
       if (bytes[size_t(d)]) p.send[size_t(d)] = {{cptr(send, so[size_t(d)]), bytes[size_t(d)]}};
       if (bytes[size_t(me)]) p.recv[size_t(d)] = {{ptr(recv, 0), bytes[size_t(me)]}};
     }
   }
   c.plan.push_back(std::move(p));
+  // In place, the sum goes to scratch (NCCL's internal buffer) while this member's own part is
+  // still being sent, then a second phase copies it home: a copy to itself, which the fabric does
+  // not price, so the timing is the out-of-place call's. Every member has the phase (members may
+  // differ in placement), empty when not in place.
+  PartyPhase home(static_cast<size_t>(n));
+  if (in_place) {
+    home.send_bytes[size_t(me)] = home.recv_bytes[size_t(me)] = bytes[size_t(me)];
+    if (functional(stream) && bytes[size_t(me)]) {
+      const std::size_t mine = bytes[size_t(me)];
+      auto scratch =
+          std::make_shared<std::vector<float>>((mine + sizeof(float) - 1) / sizeof(float));
+      auto* sc = reinterpret_cast<std::byte*>(scratch->data());
+      for (int d = 0; d < n; ++d) c.plan[0].recv[size_t(d)] = {{sc, mine}};
+      home.send[size_t(me)] = {{sc, mine}};
+      home.recv[size_t(me)] = {{ptr(recv, 0), mine}};
+      c.keep = std::move(scratch);
+    }
+  }
+  c.plan.push_back(std::move(home));
   c.uses = {send, recv};
   return comm_->issue(*g_, std::move(c), stream, o);
 }

@@ -61,14 +61,16 @@ class Group {
   std::optional<Event> all_to_all(const Buffer& send, const Buffer& recv,
                                   std::size_t bytes_per_peer, Stream& stream,
                                   const CollOptions& o = {});
-  // recv gets every member's block, member order; recv_bytes[i] is member i's block size.
+  // recv gets every member's block, member order; recv_bytes[i] is member i's block size. send
+  // may be this member's block of recv itself (in place, a Buffer::slice).
   std::optional<Event> all_gather_v(const Buffer& send, std::size_t send_bytes, const Buffer& recv,
                                     const std::vector<std::size_t>& recv_bytes, Stream& stream,
                                     const CollOptions& o = {});
   std::optional<Event> all_gather(const Buffer& send, const Buffer& recv, std::size_t bytes,
                                   Stream& stream, const CollOptions& o = {});
   // recv (counts[me] elements) = the reduction over members, in member order, of each member's
-  // part `me` of send (sum(counts) elements).
+  // part `me` of send (sum(counts) elements). recv may be that part of send itself (in place, a
+  // Buffer::slice); other overlaps are refused.
   std::optional<Event> reduce_scatter(const Buffer& send, const Buffer& recv,
                                       const std::vector<std::size_t>& counts, Stream& stream,
                                       const CollOptions& o = {}, Reduction op = Reduction::SumF32);

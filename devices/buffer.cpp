@@ -30,8 +30,22 @@ const detail::BufferState& st(const std::shared_ptr<detail::BufferGuard>& g) {
 }
 }  // namespace
 
+Buffer Buffer::slice(std::size_t offset, std::size_t bytes) const {
+  const std::size_t have = this->bytes();
+  if (offset > have || bytes > have - offset)
+    throw UsageError("buffer: slice of " + std::to_string(bytes) + " bytes at " +
+                     std::to_string(offset) + " past the end of a " + std::to_string(have) +
+                     "-byte buffer");
+  Buffer view = *this;
+  view.offset_ = offset_ + offset;
+  view.length_ = bytes;
+  return view;
+}
+std::size_t Buffer::offset() const {
+  return offset_;
+}
 std::size_t Buffer::bytes() const {
-  return st(guard_).bytes;
+  return length_ == kWhole ? st(guard_).bytes : length_;
 }
 MemoryKind Buffer::kind() const {
   return st(guard_).kind;
@@ -55,7 +69,7 @@ void* Buffer::data() const {
   const auto& s = st(guard_);
   if (s.meta)
     throw UsageError("buffer: data() on a meta buffer; meta mode has shapes only, no data");
-  return s.placement.ptr;
+  return static_cast<char*>(s.placement.ptr) + offset_;
 }
 detail::BufferState* Buffer::state() const {
   return guard_ ? guard_->state().get() : nullptr;

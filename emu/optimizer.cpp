@@ -11,30 +11,25 @@ using layers::F32Scope;
 using layers::Tensor;
 using layers::View;
 
-Optimizer::Optimizer(const Recipe& r, std::vector<layers::Parameter*> params, Device& device,
-                     Stream& s, int dense_shards, int expert_shards)
+Optimizer::Optimizer(const Recipe& r, std::vector<layers::OptimizerTarget> targets, Device& device,
+                     Stream& s)
     : adam_(r.text("optimizer.optimizer") == "adam"),
       lr_(r.real("optimizer.lr")),
       weight_decay_(r.real("optimizer.weight_decay")),
       beta1_(r.real("optimizer.adam_beta1")),
       beta2_(r.real("optimizer.adam_beta2")),
       eps_(r.real("optimizer.adam_eps")) {
-  const bool sharded = r.flag("ddp.use_distributed_optimizer") && r.text("emulator.mode") == "meta";
-  for (auto* p : params) {
-    layers::Shape shape = p->value.shape();
-    if (sharded) {
-      const std::int64_t shards = p->expert ? expert_shards : dense_shards;
-      shape = {(p->value.numel() + shards - 1) / shards};
-    }
-    State st{p, Tensor::empty(device, shape, DType::F32), {}, {}};
+  for (auto& t : targets) {
+    const layers::Shape shape{t.value.numel()};
+    State st{t, Tensor::empty(device, shape, DType::F32), {}, {}};
     if (adam_) {
       st.m = Tensor::empty(device, shape, DType::F32);
       st.v = Tensor::empty(device, shape, DType::F32);
     }
-    const View from = layers::view(p->value), to = layers::view(st.master);
+    const View from = layers::view(t.value), to = layers::view(st.master);
     layers::launch(
         s, "optimizer_init_master",
-        Work{.bytes = double(p->value.bytes() + st.master.bytes()),
+        Work{.bytes = double(t.value.bytes() + st.master.bytes()),
              .precision = Precision::FP32,
              .shape = KernelShape::memory(MemoryOp::Elementwise)},
         [from, to] {
@@ -42,9 +37,15 @@ Optimizer::Optimizer(const Recipe& r, std::vector<layers::Parameter*> params, De
           const float* w = sc.in(from);
           std::copy(w, w + from.numel, to.as<float>());
         },
-        {p->value, st.master}, nullptr);
+        {t.value, st.master}, nullptr);
     state_.push_back(std::move(st));
   }
+}
+
+std::uint64_t Optimizer::state_bytes() const {
+  std::uint64_t n = 0;
+  for (const auto& st : state_) n += st.master.bytes() + (adam_ ? st.m.bytes() + st.v.bytes() : 0);
+  return n;
 }
 
 void Optimizer::step(Stream& s) {
@@ -55,7 +56,7 @@ void Optimizer::step(Stream& s) {
   const bool adam = adam_;
   for (auto& st : state_) {
     // SGD keeps no moments: their tensors are empty, and have no view.
-    const View w = layers::view(st.param->value), g = layers::view(st.param->main_grad),
+    const View w = layers::view(st.target.value), g = layers::view(st.target.grad),
                master = layers::view(st.master), m = adam ? layers::view(st.m) : View{},
                v = adam ? layers::view(st.v) : View{};
     const double n = double(st.master.numel());
@@ -83,8 +84,8 @@ void Optimizer::step(Stream& s) {
             out[i] = mw[i];
           }
         },
-        adam ? std::vector<Tensor>{st.param->value, st.param->main_grad, st.master, st.m, st.v}
-             : std::vector<Tensor>{st.param->value, st.param->main_grad, st.master},
+        adam ? std::vector<Tensor>{st.target.value, st.target.grad, st.master, st.m, st.v}
+             : std::vector<Tensor>{st.target.value, st.target.grad, st.master},
         nullptr);
   }
 }

@@ -1,34 +1,34 @@
 // The optimizer step of the run loop: AdamW (Megatron's default, decoupled weight decay) or SGD
 // over fp32 master weights, as Megatron's mixed-precision optimizer keeps them, writing the
-// rounded result back into each parameter. Elementwise, so its bits do not depend on threads.
+// rounded result back into the parameters. Elementwise, so its bits depend neither on threads
+// nor on how the elements are cut up.
 //
-// With ddp.use_distributed_optimizer, Megatron shards the fp32 masters and Adam moments over the
-// gradient-reduction group (DP x CP for dense weights, EDP for experts). Meta mode accounts exactly
-// that: each state tensor is 1/shards of the weight. Functional mode keeps the full state on every
-// rank and updates all of it (the reduce-scatter / all-gather pair is not emulated yet): the
-// numbers are what the sharded optimizer computes, the memory figure is the unsharded one.
+// It updates what DistributedDataParallel::optimizer_targets hands it: every parameter, or with
+// ddp.use_distributed_optimizer this rank's shard of each bucket (Megatron's DistributedOptimizer:
+// fp32 masters and Adam moments for the shard only, in both modes), whose gradients the
+// reduce-scatter left there and whose parameters the all-gather then brings to the other ranks.
 #pragma once
 #include <vector>
 
 #include "devices/stream.hpp"
 #include "emu/recipe.hpp"
-#include "layers/parameter.hpp"
+#include "layers/distributed_data_parallel.hpp"
 
 namespace nodeemu::emu {
 
 class Optimizer {
  public:
-  // Allocates the state on `device` and copies the parameters into the fp32 masters (a kernel on
-  // `s`).
-  // `dense_shards` / `expert_shards`: the DP x CP and EDP sizes.
-  Optimizer(const Recipe& recipe, std::vector<layers::Parameter*> params, Device& device, Stream& s,
-            int dense_shards, int expert_shards);
-  // One update from each parameter's main_grad, as kernels on `s`.
+  // Allocates the state on `device` and copies the targets' values into the fp32 masters (a
+  // kernel on `s`).
+  Optimizer(const Recipe& recipe, std::vector<layers::OptimizerTarget> targets, Device& device,
+            Stream& s);
+  // One update of each target from its gradient, as kernels on `s`.
   void step(Stream& s);
+  std::uint64_t state_bytes() const;  // the fp32 masters and moments
 
  private:
   struct State {
-    layers::Parameter* param;
+    layers::OptimizerTarget target;
     layers::Tensor master, m, v;  // fp32; m and v only for Adam
   };
   bool adam_;

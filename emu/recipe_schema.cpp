@@ -353,7 +353,11 @@ std::vector<KeySpec> build() {
       // --- ddp ---
       {"ddp.overlap_grad_reduce", T::Bool, "false", {}, "overlap the gradient all-reduce"},
       {"ddp.overlap_param_gather", T::Bool, "false", {}, "overlap the parameter all-gather"},
-      {"ddp.use_distributed_optimizer", T::Bool, "false", {}, "shard optimizer state"},
+      {"ddp.use_distributed_optimizer",
+       T::Bool,
+       "false",
+       {},
+       "reduce-scatter gradients, step this rank's shard, all-gather parameters"},
       {"ddp.grad_reduce_in_fp32", T::Bool, "true", {}, "reduce gradients in fp32"},
       // --- optimizer ---
       {"optimizer.optimizer", T::String, "adam", {"adam", "sgd"}, "AdamW (decoupled decay) or SGD"},

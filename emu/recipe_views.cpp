@@ -319,4 +319,8 @@ std::shared_ptr<const layers::MetaRouting> meta_routing(const Recipe& r,
   return nullptr;
 }
 
+layers::DdpConfig ddp_config(const Recipe& r) {
+  return {.use_distributed_optimizer = r.flag("ddp.use_distributed_optimizer")};
+}
+
 }  // namespace nodeemu::emu

@@ -8,6 +8,7 @@
 #include "comm/parallel_layout.hpp"
 #include "devices/node.hpp"
 #include "emu/recipe.hpp"
+#include "layers/distributed_data_parallel.hpp"
 #include "layers/model_config.hpp"
 #include "layers/recompute.hpp"
 #include "layers/schedule_node.hpp"
@@ -23,6 +24,8 @@ NodeOptions node_options(const Recipe& r);
 // The model, with the kernels Megatron's keys choose resolved for `gpu` (attention_backend auto:
 // cuDNN on compute capability >= 9, else flash).
 layers::ModelConfig model_config(const Recipe& r, const GpuSpec& gpu);
+// The ddp.* keys Megatron's DistributedDataParallelConfig holds and NodeEmu models.
+layers::DdpConfig ddp_config(const Recipe& r);
 // What the recipe's CUDA graphs capture (cuda_graph_impl, cuda_graph_scope): per-layer scopes for
 // the layers, and whether the whole forward-backward is one graph (full_iteration).
 struct CudaGraphs {

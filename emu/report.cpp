@@ -133,14 +133,14 @@ void print_summary(const RunReport& r, std::ostream& os) {
     os << "sync-free budget: " << r.over_budget_reruns << " of " << r.iterations.size()
        << " steps dropped pairs and ran again dropless"
        << (r.over_budget_reruns ? " (raise moe_expert_rank_capacity_factor)" : "") << "\n";
-  os << "\n  GPU    compute ms       comm ms    exposed ms  peak mem GiB";
+  os << "\n  GPU    compute ms       comm ms    exposed ms  peak mem GiB  optim st GiB";
   const bool savers = r.offload || r.recompute;
   if (savers) os << "  w/o offl+rec  offload MiB  offl exp ms  recompute ms";
   os << "\n";
   for (const auto& d : r.devices) {
     os << "  " << std::setw(3) << d.id << std::setw(14) << ms(d.compute_busy_s) << std::setw(14)
        << ms(d.comm_busy_s) << std::setw(14) << ms(d.exposed_comm_s) << std::setw(14)
-       << gib(d.peak_mem_bytes);
+       << gib(d.peak_mem_bytes) << std::setw(14) << gib(d.optimizer_state_bytes);
     if (savers)
       os << std::setw(14)
          << (d.peak_mem_without_savers_bytes ? gib(*d.peak_mem_without_savers_bytes) : "-")
@@ -209,7 +209,8 @@ void write_summary_json(const RunReport& r, const Recipe& recipe, std::ostream& 
   for (std::size_t i = 0; i < r.devices.size(); ++i) {
     const auto& d = r.devices[i];
     os << (i ? ",\n    " : "\n    ") << "{\"id\": " << d.id
-       << ", \"peak_mem_bytes\": " << d.peak_mem_bytes
+       << ", \"peak_mem_bytes\": " << d.peak_mem_bytes << ", \"parameters\": " << d.parameters
+       << ", \"optimizer_state_bytes\": " << d.optimizer_state_bytes
        << ", \"compute_busy_s\": " << num(d.compute_busy_s)
        << ", \"comm_busy_s\": " << num(d.comm_busy_s)
        << ", \"exposed_comm_s\": " << num(d.exposed_comm_s)

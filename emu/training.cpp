@@ -22,6 +22,7 @@
 #include "emu/recipe_views.hpp"
 #include "emu/step_context_impl.hpp"
 #include "emu/timeline_stats.hpp"
+#include "layers/distributed_data_parallel.hpp"
 #include "layers/gemm.hpp"
 #include "offload/offload_engine.hpp"
 
@@ -45,11 +46,27 @@ struct Fnv {
 // One parameter's gradient after the data-parallel reduction, as its canonical owner saw it:
 // dense weights from data-parallel rank 0, expert weights from expert-data-parallel rank 0 (one
 // digest per EP shard). Layouts that differ only in pipelining give the same set.
+// A gradient's checksum: the sum (mod 2^64) of a bijective mix of each element's index and bits,
+// so that it does not depend on how the elements are cut up: the distributed optimizer's ranks
+// each add their shard's part, and any one changed element changes the sum.
+std::uint64_t element_checksum(const float* g, std::int64_t begin, std::int64_t end) {
+  std::uint64_t sum = 0;
+  for (std::int64_t i = begin; i < end; ++i) {
+    std::uint32_t bits;
+    std::memcpy(&bits, g + i, sizeof bits);
+    std::uint64_t z = (std::uint64_t(i) << 32) | bits;  // splitmix64's finaliser
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    sum += z ^ (z >> 31);
+  }
+  return sum;
+}
+
 struct GradDigest {
   int iter;
   std::string name;
   int shard;
-  std::uint64_t hash;
+  std::uint64_t hash;  // a partial element_checksum: the records of one key add up
   bool operator<(const GradDigest& o) const {
     return std::tie(iter, name, shard) < std::tie(o.iter, o.name, o.shard);
   }
@@ -60,7 +77,7 @@ struct RankResult {
   std::vector<double> loss;      // this rank's share of each iteration's loss (last stage only)
   std::vector<double> mtp_loss;  // the same for the MTP loss
   std::vector<GradDigest> digests;
-  std::uint64_t peak_mem = 0;
+  std::uint64_t peak_mem = 0, parameters = 0, optimizer_state = 0;
   int reruns = 0;  // steps run twice: the sync-free budget dropped pairs on some rank
   std::vector<std::uint64_t> offload_bytes;  // per iteration
   int host_real_numa = -1;
@@ -88,6 +105,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
   }();
   cfg.validate();
   const CudaGraphs graphs = cuda_graphs(recipe);
+  const layers::DdpConfig ddp_cfg = ddp_config(recipe);
   const ProcessGroups pg(parallel_layout(recipe, world));
   const int pp = pipeline_size(recipe), vpp = virtual_chunks(recipe);
   const std::vector<int> stage_layers = layers_per_virtual_stage(recipe);
@@ -160,13 +178,6 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
       ctx.shared_expert_overlap = true;
       ctx.shared_experts = dev.create_stream(Priority::Normal, "shared_experts");
     }
-    std::vector<layers::Parameter*> params;
-    for (auto& c : chunks)
-      for (auto* prm : c->parameters()) params.push_back(prm);
-    // The distributed optimizer shards over DP x CP (Megatron's dp-cp group), as the gradients
-    // of dense weights reduce over it.
-    Optimizer optimizer(recipe, params, dev, ctx.compute, pg.layout().dp() * pg.layout().cp,
-                        pg.layout().edp());
     std::unique_ptr<Schedule> schedule =
         options.schedule ? options.schedule(recipe) : make_schedule(recipe);
     if (r == 0) {
@@ -177,8 +188,6 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     // Dense gradients reduce over DP x CP: the CP ranks hold the same weights and different
     // tokens (Megatron's dp-cp group).
     Group dp = comm.group_of(pg, GroupKind::DP_CP, r), edp = comm.group_of(pg, GroupKind::EDP, r);
-    const bool owns_dense = pg.rank_in(GroupKind::DP_CP, r) == 0,
-               owns_experts = pg.rank_in(GroupKind::EDP, r) == 0;
     // An expert weight's shard: its EP rank's experts, and its ETP rank's columns of them.
     const int shard = pg.rank_in(GroupKind::EP, r) * etp.size + etp.rank;
     const bool last_stage = p == pp - 1;
@@ -193,6 +202,21 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
       const std::vector<int>& pipeline = pg.group_of(GroupKind::PP, r);
       embedding_group = comm.group({pipeline.front(), pipeline.back()}, "embedding");
     }
+
+    // Megatron wraps each chunk in its DistributedDataParallel; the optimizer then updates what
+    // they hand it (every weight, or this rank's shards with the distributed optimizer).
+    std::vector<std::unique_ptr<layers::DistributedDataParallel>> ddp;
+    std::vector<layers::OptimizerTarget> targets;
+    for (auto& c : chunks) {
+      const layers::Parameter* shared = embedding_group ? c->word_embedding() : nullptr;
+      ddp.push_back(
+          std::make_unique<layers::DistributedDataParallel>(*c, dp, edp, ddp_cfg, shared));
+      for (auto& t : ddp.back()->optimizer_targets()) targets.push_back(t);
+    }
+    Optimizer optimizer(recipe, std::move(targets), dev, ctx.compute);
+    out.optimizer_state = optimizer.state_bytes();
+    for (auto& c : chunks)
+      for (const auto* prm : c->parameters()) out.parameters += std::uint64_t(prm->value.numel());
 
     // The expert bias's counts are summed over the stage's TP x CP x DP ranks (Megatron's
     // tensor-and-data-parallel group with CP): every rank of this pipeline stage.
@@ -240,24 +264,30 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
         forward_backward();
         restore_budget(chunks);
       }
-      for (auto& c : chunks)
-        layers::reduce_gradients(*c, dp, edp, ctx.compute, tp,
-                                 embedding_group ? &*embedding_group : nullptr);
+      for (std::size_t v = 0; v < chunks.size(); ++v)
+        layers::finalize_gradients(*chunks[v], *ddp[v], ctx.compute, tp,
+                                   embedding_group ? &*embedding_group : nullptr);
       // finalize_model_grads' _update_router_expert_bias, after the gradients' reduction.
       if (cfg.router.enable_expert_bias)
         for (auto& c : chunks) c->update_expert_bias(stage, ctx.compute);
       if (functional) {
         dev.synchronize();
-        for (auto* prm : params) {
-          if (prm->expert ? !owns_experts : !owns_dense) continue;
-          // A weight every TP rank holds whole is digested once; a TP shard by its TP rank.
-          if (prm->sequence_parallel && tp.rank != 0) continue;
-          Fnv h;
-          h.add(prm->main_grad.data<float>(), prm->main_grad.bytes());
-          out.digests.push_back({it, prm->name, prm->expert ? shard : tp.rank, h.h});
-        }
+        // Each reduced piece by the rank that holds it: whole weights without the distributed
+        // optimizer, this rank's shards with it; the pieces' checksums add up to the same.
+        for (const auto& wrapped : ddp)
+          for (const layers::GradPiece& piece : wrapped->digest_pieces()) {
+            const layers::Parameter& prm = *piece.param;
+            // A weight every TP rank holds whole is digested once; a TP shard by its TP rank.
+            if (prm.sequence_parallel && tp.rank != 0) continue;
+            out.digests.push_back(
+                {it, prm.name, prm.expert ? shard : tp.rank,
+                 element_checksum(prm.main_grad.data<float>(), piece.begin, piece.end)});
+          }
       }
       optimizer.step(ctx.compute);
+      // The distributed optimizer's all-gather of the updated shards, after the step as
+      // Megatron's without overlap_param_gather (DistributedOptimizer.step).
+      for (auto& wrapped : ddp) wrapped->gather_parameters(ctx.compute);
       dev.synchronize();
       if (offloader) {
         offloader->end_iteration();
@@ -346,6 +376,8 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     DeviceReport dr;
     dr.id = dev;
     dr.peak_mem_bytes = results[std::size_t(dev)].peak_mem;
+    dr.parameters = results[std::size_t(dev)].parameters;
+    dr.optimizer_state_bytes = results[std::size_t(dev)].optimizer_state;
     dr.compute_busy_s = b.compute_s / steady;
     dr.comm_busy_s = b.comm_s / steady;
     dr.exposed_comm_s = b.exposed_comm_s / steady;
@@ -374,9 +406,16 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     std::vector<GradDigest> all;
     for (const auto& res : results) all.insert(all.end(), res.digests.begin(), res.digests.end());
     std::sort(all.begin(), all.end());
+    // The pieces of one weight add up.
+    std::vector<GradDigest> merged;
+    for (const auto& g : all)
+      if (!merged.empty() && !(merged.back() < g))
+        merged.back().hash += g.hash;
+      else
+        merged.push_back(g);
     Fnv h;
     for (const auto& ir : rep.iterations) h.add(*ir.loss);
-    for (const auto& g : all) {
+    for (const auto& g : merged) {
       h.add(g.iter);
       h.add(g.name.data(), g.name.size());
       h.add(g.shard);

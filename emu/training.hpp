@@ -36,6 +36,10 @@ struct IterationReport {
 struct DeviceReport {
   int id = 0;
   std::uint64_t peak_mem_bytes = 0;
+  // The weights this rank holds (elements) and its optimizer's fp32 state (masters and Adam
+  // moments: the rank's shards with the distributed optimizer).
+  std::uint64_t parameters = 0;
+  std::uint64_t optimizer_state_bytes = 0;
   double compute_busy_s = 0;  // per steady step: time some kernel or copy runs
   double comm_busy_s = 0;     // per steady step: time some collective runs
   double exposed_comm_s = 0;  // per steady step: collective time with no kernel running

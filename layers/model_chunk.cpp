@@ -276,22 +276,4 @@ void ChunkPlan::backward_all() {
   embedding.backward();
 }
 
-void reduce_gradients(ModelChunk& chunk, Group dp, Group edp, Stream& s, const TensorParallel& tp,
-                      Group* embedding) {
-  auto all_reduce = [&](Group& g, Parameter& p, const char* name) {
-    g.all_reduce(p.main_grad.buffer(), p.main_grad.buffer(),
-                 static_cast<std::size_t>(p.main_grad.numel()), s, {.async = true, .name = name});
-  };
-  for (auto* p : chunk.parameters()) {
-    Group& g = p->expert ? edp : dp;
-    if (g.size() > 1) all_reduce(g, *p, "grad_allreduce");
-  }
-  if (embedding && chunk.word_embedding())
-    all_reduce(*embedding, *chunk.word_embedding(), "embedding_grad_allreduce");
-  if (!tp.on()) return;
-  Group tp_group = tp.group;
-  for (auto* p : chunk.parameters())
-    if (p->sequence_parallel) all_reduce(tp_group, *p, "sp_grad_allreduce");
-}
-
 }  // namespace nodeemu::layers

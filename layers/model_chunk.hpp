@@ -53,6 +53,7 @@ class ModelChunk {
   // The word embedding this chunk holds: the first stage's, or the last stage's copy for MTP
   // (null if neither); its gradient is all-reduced over the embedding group.
   Parameter* word_embedding();
+  Device& device() const { return device_; }
   // Zeroes every main_grad and the expert bias's step counts, as device operations on `s`.
   void zero_grad(Stream& s, WorkTally* tally = nullptr);
   // Each MoE layer's expert-bias update (TransformerLayer::update_expert_bias) over `stage`,
@@ -121,13 +122,5 @@ class ChunkPlan {
   std::shared_ptr<double> loss_sum_ = std::make_shared<double>(0);
   std::unique_ptr<MtpPlan> mtp_;
 };
-
-// All-reduces gradients over data parallelism: dense weights over `dp`, expert weights over
-// `edp` (either may be a one-member group); then the word embedding over `embedding` (the first
-// and last pipeline stages with MTP; empty otherwise); then, with TP, the weights every TP rank
-// holds whole over `tp` (Megatron's finalize_model_grads: the data-parallel sync,
-// _allreduce_word_embedding_grads, _allreduce_layernorm_grads). fp32 sums in member order.
-void reduce_gradients(ModelChunk& chunk, Group dp, Group edp, Stream& s,
-                      const TensorParallel& tp = {}, Group* embedding = nullptr);
 
 }  // namespace nodeemu::layers

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "devices/errors.hpp"
 #include "tests/comm/comm_test_support.hpp"
 
 namespace nodeemu {
@@ -95,26 +96,35 @@ TEST_P(Collectives, AllToAllOfLargeEqualPartsCrossesManyRingSlots) {
   for (int r = 0; r < n; ++r) EXPECT_TRUE(ok[size_t(r)]) << "rank " << r;
 }
 
-TEST_P(Collectives, AllGatherVMatchesSerialReference) {
+// Out of place, and in place as the distributed optimizer gathers its parameters (send is the
+// member's own block of recv).
+TEST_P(Collectives, AllGatherVMatchesSerialReferenceInPlaceOrNot) {
   auto block = [](int r) { return static_cast<std::size_t>((r % 3) * 101); };  // zeros included
-  std::vector<std::vector<std::uint8_t>> got(static_cast<size_t>(n));
-  node.run([&](Host& host) {
-    Group g = comm.group(all(), "dp");
-    const int me = host.rank();
-    std::vector<std::size_t> rb(static_cast<size_t>(n));
-    std::size_t total = 0;
-    for (int r = 0; r < n; ++r) total += rb[size_t(r)] = block(r);
-    Buffer send = host.device().allocate(std::max<std::size_t>(1, block(me)));
-    Buffer recv = host.device().allocate(std::max<std::size_t>(1, total));
-    for (std::size_t i = 0; i < block(me); ++i) send.as<std::uint8_t>()[i] = payload(me, -1, i);
-    Stream s = host.device().default_stream();
-    finish(s, g.all_gather_v(send, block(me), recv, rb, s, {.async = async}));
-    got[size_t(me)].assign(recv.as<std::uint8_t>(), recv.as<std::uint8_t>() + total);
-  });
-  std::vector<std::uint8_t> want;
-  for (int r = 0; r < n; ++r)
-    for (std::size_t i = 0; i < block(r); ++i) want.push_back(payload(r, -1, i));
-  for (int r = 0; r < n; ++r) EXPECT_EQ(got[size_t(r)], want) << "rank " << r;
+  for (bool in_place : {false, true}) {
+    SCOPED_TRACE(in_place ? "in place" : "out of place");
+    std::vector<std::vector<std::uint8_t>> got(static_cast<size_t>(n));
+    node.run([&](Host& host) {
+      Group g = comm.group(all(), "dp");
+      const int me = host.rank();
+      std::vector<std::size_t> rb(static_cast<size_t>(n));
+      std::size_t total = 0, mine_at = 0;
+      for (int r = 0; r < n; ++r) {
+        if (r < me) mine_at += block(r);
+        total += rb[size_t(r)] = block(r);
+      }
+      Buffer recv = host.device().allocate(std::max<std::size_t>(1, total));
+      Buffer send = in_place ? recv.slice(mine_at, block(me))
+                             : host.device().allocate(std::max<std::size_t>(1, block(me)));
+      for (std::size_t i = 0; i < block(me); ++i) send.as<std::uint8_t>()[i] = payload(me, -1, i);
+      Stream s = host.device().default_stream();
+      finish(s, g.all_gather_v(send, block(me), recv, rb, s, {.async = async}));
+      got[size_t(me)].assign(recv.as<std::uint8_t>(), recv.as<std::uint8_t>() + total);
+    });
+    std::vector<std::uint8_t> want;
+    for (int r = 0; r < n; ++r)
+      for (std::size_t i = 0; i < block(r); ++i) want.push_back(payload(r, -1, i));
+    for (int r = 0; r < n; ++r) EXPECT_EQ(got[size_t(r)], want) << "rank " << r;
+  }
 }
 
 // Values whose sum depends on the order of addition, so a reduction in the wrong order shows.
@@ -127,37 +137,59 @@ float value(int rank, std::size_t i) {
   return std::ldexp(unit, static_cast<int>((h >> 24) % 40) - 20);
 }
 
-TEST_P(Collectives, ReduceScatterSumsInMemberOrder) {
+// Out of place, and in place as the distributed optimizer calls it (recv is the member's own part
+// of send, which it also sends from).
+TEST_P(Collectives, ReduceScatterSumsInMemberOrderInPlaceOrNot) {
   auto count = [](int r) { return static_cast<std::size_t>(r == 1 ? 0 : 1000 + 17 * r); };
-  std::vector<std::vector<float>> got(static_cast<size_t>(n));
-  node.run([&](Host& host) {
-    Group g = comm.group(all(), "tp");
-    const int me = host.rank();
-    std::vector<std::size_t> counts(static_cast<size_t>(n));
-    std::size_t total = 0;
-    for (int r = 0; r < n; ++r) total += counts[size_t(r)] = count(r);
-    Buffer send = host.device().allocate(total * 4),
-           recv = host.device().allocate(4 + count(me) * 4);
-    for (std::size_t i = 0; i < total; ++i) send.as<float>()[i] = value(me, i);
-    Stream s = host.device().default_stream();
-    finish(s, g.reduce_scatter(send, recv, counts, s, {.async = async}));
-    got[size_t(me)].assign(recv.as<float>(), recv.as<float>() + count(me));
-  });
-  std::size_t at = 0;
-  for (int r = 0; r < n; ++r) {
-    std::vector<float> want(count(r));
-    for (std::size_t i = 0; i < count(r); ++i) {
-      float acc = value(0, at + i);
-      for (int s = 1; s < n; ++s) acc += value(s, at + i);
-      want[i] = acc;
-    }
-    at += count(r);
-    ASSERT_EQ(got[size_t(r)].size(), want.size());
-    if (!want.empty()) {  // memcmp must not see the null data() of an empty vector
-      EXPECT_EQ(0, std::memcmp(got[size_t(r)].data(), want.data(), want.size() * 4))
-          << "rank " << r;
+  for (bool in_place : {false, true}) {
+    SCOPED_TRACE(in_place ? "in place" : "out of place");
+    std::vector<std::vector<float>> got(static_cast<size_t>(n));
+    node.run([&](Host& host) {
+      Group g = comm.group(all(), "tp");
+      const int me = host.rank();
+      std::vector<std::size_t> counts(static_cast<size_t>(n));
+      std::size_t total = 0, mine_at = 0;
+      for (int r = 0; r < n; ++r) {
+        if (r < me) mine_at += count(r);
+        total += counts[size_t(r)] = count(r);
+      }
+      Buffer send = host.device().allocate(total * 4);
+      Buffer recv = in_place ? send.slice(mine_at * 4, count(me) * 4)
+                             : host.device().allocate(4 + count(me) * 4);
+      for (std::size_t i = 0; i < total; ++i) send.as<float>()[i] = value(me, i);
+      Stream s = host.device().default_stream();
+      finish(s, g.reduce_scatter(send, recv, counts, s, {.async = async}));
+      got[size_t(me)].assign(recv.as<float>(), recv.as<float>() + count(me));
+    });
+    std::size_t at = 0;
+    for (int r = 0; r < n; ++r) {
+      std::vector<float> want(count(r));
+      for (std::size_t i = 0; i < count(r); ++i) {
+        float acc = value(0, at + i);
+        for (int s = 1; s < n; ++s) acc += value(s, at + i);
+        want[i] = acc;
+      }
+      at += count(r);
+      ASSERT_EQ(got[size_t(r)].size(), want.size());
+      if (!want.empty()) {  // memcmp must not see the null data() of an empty vector
+        EXPECT_EQ(0, std::memcmp(got[size_t(r)].data(), want.data(), want.size() * 4))
+            << "rank " << r;
+      }
     }
   }
+}
+
+TEST(ReduceScatterInPlace, AnOverlapThatIsNotTheMembersOwnPartIsRefused) {
+  Node node{comm_options(2)};
+  Communicator comm{node};
+  EXPECT_THROW(node.run([&](Host& host) {
+    Group g = comm.group({0, 1}, "dp");
+    Buffer send = host.device().allocate(64);
+    Stream s = host.device().default_stream();
+    // Part 0 for member 1, part 1 for member 0: the wrong halves.
+    g.reduce_scatter(send, send.slice(host.rank() == 0 ? 32 : 0, 32), {8, 8}, s);
+  }),
+               UsageError);
 }
 
 TEST_P(Collectives, AllReduceGivesEveryRankTheSameBitsInPlaceOrNot) {

@@ -147,9 +147,10 @@ std::optional<std::string> generic_flip(const KeySpec& k, const Recipe& r) {
 
 struct Outcome {
   std::uint64_t timeline = 0, numerics = 0, peak = 0;
-  // The summaries' steady steps (warm-up iterations change only them; functional steps differ
-  // with the routing, meta steps of a balanced router do not).
+  // The summaries' steady steps (functional steps may differ with the routing, meta steps of a
+  // balanced router do not).
   double step = 0, functional_step = 0;
+  int warmup = 0;  // the iterations the steady mean leaves out
   bool operator==(const Outcome&) const = default;
 };
 
@@ -160,6 +161,7 @@ Outcome run(const std::vector<std::string>& overrides, bool meta_only) {
                                            "model.moe_router_force_load_balancing=true"}));
   o.timeline = m.timeline_hash;
   o.step = m.step_time_s;
+  o.warmup = m.warmup_iterations;
   for (const auto& d : m.devices) o.peak = std::max<std::uint64_t>(o.peak, d.peak_mem_bytes);
   if (!meta_only) {
     const RunReport f = train(testing::tiny(overrides));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "layers/distributed_data_parallel.hpp"
 #include "layers/model_chunk.hpp"
 #include "tests/comm/comm_test_support.hpp"
 
@@ -178,13 +179,14 @@ inline StepResult run_distributed(const layers::ModelConfig& cfg, int ep, int no
     layers::ModelChunk chunk(cfg, {0, cfg.num_layers, true, true}, dev, kSeed,
                              comm.group_of(pg, GroupKind::EP, r), r);
     layers::ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
+    layers::DistributedDataParallel ddp(chunk, comm.group_of(pg, GroupKind::DP, r),
+                                        comm.group_of(pg, GroupKind::EDP, r), {}, nullptr);
     chunk.zero_grad(ctx.compute);
     const double scale = 1.0 / double(ep * kSeq);
     auto plan = chunk.plan(ctx, 0, layers::synthetic_microbatch(cfg, 1, kSeq, kSeed, r, 0), scale);
     plan->forward_all();
     plan->backward_all();
-    layers::reduce_gradients(chunk, comm.group_of(pg, GroupKind::DP, r),
-                             comm.group_of(pg, GroupKind::EDP, r), ctx.compute);
+    layers::finalize_gradients(chunk, ddp, ctx.compute);
     dev.synchronize();
     losses[size_t(r)] = plan->loss_sum() * scale + plan->mtp_loss_term();
     for (auto* p : chunk.parameters()) grads[size_t(r)][p->name] = p->main_grad.to_f32();
@@ -239,6 +241,8 @@ inline StepResult run_tensor_parallel(const layers::ModelConfig& base, int world
                              comm.group_of(pg, GroupKind::EP, r), r, tpg, etpg, cpg);
     layers::ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
     ctx.delay_wgrad = delay_wgrad;
+    layers::DistributedDataParallel ddp(chunk, comm.group_of(pg, GroupKind::DP_CP, r),
+                                        comm.group_of(pg, GroupKind::EDP, r), {}, nullptr);
     chunk.zero_grad(ctx.compute);
     const int d = pg.rank_in(GroupKind::DP, r);
     const double scale = 1.0 / double(dp * kSeq);
@@ -257,8 +261,7 @@ inline StepResult run_tensor_parallel(const layers::ModelConfig& base, int world
       }
       plan->embedding.backward_dw();
     }
-    layers::reduce_gradients(chunk, comm.group_of(pg, GroupKind::DP_CP, r),
-                             comm.group_of(pg, GroupKind::EDP, r), ctx.compute, tpg);
+    layers::finalize_gradients(chunk, ddp, ctx.compute, tpg);
     dev.synchronize();
     std::lock_guard<std::mutex> lock(mu);
     if (tpg.rank == 0)

@@ -1,0 +1,104 @@
+#include "layers/distributed_data_parallel.hpp"
+
+#include <algorithm>
+
+#include "devices/device.hpp"
+#include "layers/model_chunk.hpp"
+
+namespace nodeemu::layers {
+
+DistributedDataParallel::DistributedDataParallel(ModelChunk& chunk, Group dp, Group edp,
+                                                 const DdpConfig& c,
+                                                 const Parameter* shared_embedding)
+    : c_(c) {
+  // Megatron's buffers are keyed by (param dtype, grad dtype), the dense ones first, then the
+  // experts' (DistributedDataParallel.__init__, _allocate_buffers_for_parameters).
+  for (const bool expert : {false, true}) {
+    std::vector<std::pair<DType, std::vector<Parameter*>>> by_type;
+    for (Parameter* p : chunk.parameters()) {
+      if (p->expert != expert) continue;
+      auto it = std::find_if(by_type.begin(), by_type.end(),
+                             [&](const auto& t) { return t.first == p->value.dtype(); });
+      if (it == by_type.end()) it = by_type.insert(by_type.end(), {p->value.dtype(), {}});
+      it->second.push_back(p);
+    }
+    Group& g = expert ? edp : dp;
+    for (auto& [dtype, params] : by_type) {
+      const BucketOptions o{.dp = g.size(),
+                            .distributed_optimizer = c.use_distributed_optimizer,
+                            .bucket_size = std::nullopt};
+      Part part;
+      part.group = g;
+      part.rank = g.index_of(chunk.device().id());
+      part.buffer =
+          std::make_unique<ParamAndGradBuffer>(chunk.device(), params, shared_embedding, o);
+      parts_.push_back(std::move(part));
+    }
+  }
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+void DistributedDataParallel::reduce_gradients(Stream& s) {
+  for (Part& p : parts_)
+    if (p.group.size() > 1) p.buffer->reduce_gradients(p.group, s);
+}
+
+void DistributedDataParallel::gather_parameters(Stream& s) {
+  if (!c_.use_distributed_optimizer) return;
+  for (Part& p : parts_)
+    if (p.group.size() > 1) p.buffer->gather_parameters(p.group, s);
+}
+
+std::vector<OptimizerTarget> DistributedDataParallel::optimizer_targets() const {
+  std::vector<OptimizerTarget> out;
+  for (const Part& p : parts_) {
+    if (!c_.use_distributed_optimizer) {
+      for (Parameter* prm : p.buffer->params()) out.push_back({prm->value, prm->main_grad});
+      continue;
+    }
+    for (const auto& b : p.buffer->layout().buckets)
+      out.push_back(
+          {p.buffer->param_shard(b.bucket, p.rank), p.buffer->grad_shard(b.bucket, p.rank)});
+  }
+  return out;
+}
+
+std::vector<GradPiece> DistributedDataParallel::digest_pieces() const {
+  std::vector<GradPiece> out;
+  for (const Part& p : parts_) {
+    const auto& params = p.buffer->params();
+    if (!c_.use_distributed_optimizer) {
+      if (p.rank == 0)
+        for (Parameter* prm : params) out.push_back({prm, 0, prm->main_grad.numel()});
+      continue;
+    }
+    const BucketLayout& l = p.buffer->layout();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const auto& r = l.params[i];
+      const std::int64_t shard = l.shard_numel(r.bucket);
+      const std::int64_t mine = l.buckets[std::size_t(r.bucket)].start + p.rank * shard;
+      const std::int64_t lo = std::max(r.start, mine), hi = std::min(r.end, mine + shard);
+      if (lo < hi) out.push_back({params[i], lo - r.start, hi - r.start});
+    }
+  }
+  return out;
+}
+
+void finalize_gradients(ModelChunk& chunk, DistributedDataParallel& ddp, Stream& s,
+                        const TensorParallel& tp, Group* embedding) {
+  auto all_reduce = [&](Group& g, Parameter& p, const char* name) {
+    g.all_reduce(p.main_grad.buffer(), p.main_grad.buffer(),
+                 static_cast<std::size_t>(p.main_grad.numel()), s, {.async = true, .name = name});
+  };
+  ddp.reduce_gradients(s);
+  if (tp.on()) {
+    Group tp_group = tp.group;
+    for (auto* p : chunk.parameters())
+      if (p->sequence_parallel) all_reduce(tp_group, *p, "sp_grad_allreduce");
+  }
+  if (embedding && chunk.word_embedding())
+    all_reduce(*embedding, *chunk.word_embedding(), "embedding_grad_allreduce");
+}
+
+}  // namespace nodeemu::layers
