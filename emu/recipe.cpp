@@ -11,6 +11,7 @@
 
 #include "devices/check.hpp"
 #include "devices/errors.hpp"
+#include "emu/megatron_flags.hpp"
 
 namespace nodeemu::emu {
 
@@ -222,7 +223,21 @@ Recipe Recipe::parse(const std::string& yaml_text, const std::string& name,
       ++i;
     }
   }
+  r.apply_megatron_defaults();
   return r;
+}
+
+void Recipe::apply_megatron_defaults() {
+  // Megatron-LM's validate_args turns --sequence-parallel off at TP 1 with a warning, so a
+  // pasted launch script runs there; set as a recipe key it stays an error, as Megatron-Bridge
+  // has it.
+  const Value& sp = values_["model.sequence_parallel"];
+  if (sp.b && sp.origin.rfind("--", 0) == 0 && integer("model.tensor_model_parallel_size") == 1) {
+    values_["model.sequence_parallel"].b = false;
+    flag_warnings_.push_back({sp.origin,
+                              "turned off at tensor_model_parallel_size 1, as "
+                              "Megatron-LM does (nothing to shard the sequence over)"});
+  }
 }
 
 Recipe Recipe::load(const std::string& path, const std::vector<std::string>& overrides) {
@@ -285,6 +300,8 @@ std::size_t Recipe::set_flag(const std::vector<std::string>& args, std::size_t i
     if (!negate) spec = nullptr;
   }
   if (!spec) {
+    if (const MegatronFlag* m = find_megatron_flag(flag))
+      return take_megatron_flag(*m, args, i, has_inline ? &inline_value : nullptr);
     std::string underscored = flag;
     std::replace(underscored.begin(), underscored.end(), '-', '_');
     const std::string near = nearest_key(underscored);
@@ -310,8 +327,54 @@ std::size_t Recipe::set_flag(const std::vector<std::string>& args, std::size_t i
     set(spec->key, "[" + items + "]", "--" + flag);
     return j - i;
   }
+  if (args[i + 1].rfind("$", 0) == 0)
+    throw ConfigError("command line", "--" + flag,
+                      "has the shell variable " + args[i + 1] + " for a value; write the value");
   set(spec->key, args[i + 1], "--" + flag);
   return 2;
+}
+
+std::size_t Recipe::take_megatron_flag(const MegatronFlag& m, const std::vector<std::string>& args,
+                                       std::size_t i, const std::string* inline_value) {
+  std::vector<std::string> values;
+  std::size_t used = 1;
+  if (inline_value) {
+    values.push_back(*inline_value);
+  } else {
+    const std::size_t most = m.values < 0 ? args.size() : i + 1 + std::size_t(m.values);
+    for (std::size_t j = i + 1; j < args.size() && j < most && args[j].rfind("--", 0) != 0; ++j)
+      values.push_back(args[j]), ++used;
+  }
+  const std::string flag = "--" + m.name;
+  if (m.values > 0 && values.size() != std::size_t(m.values))
+    throw ConfigError("command line", flag, "needs a value");
+  std::string said = flag;
+  for (const auto& v : values) said += " " + v;
+  switch (m.kind) {
+    case MegatronFlag::Kind::Io:
+      flags_without_effect_.push_back(said);
+      break;
+    case MegatronFlag::Kind::Refused:
+      refused_flags_.push_back({flag, m.why});
+      break;
+    case MegatronFlag::Kind::Model: {
+      const std::string given = values.empty() ? "" : values.front();
+      auto same = [](const std::string& a, const std::string& b) {
+        char* end_a = nullptr;
+        char* end_b = nullptr;
+        const double x = std::strtod(a.c_str(), &end_a), y = std::strtod(b.c_str(), &end_b);
+        if (!a.empty() && !b.empty() && *end_a == 0 && *end_b == 0) return x == y;
+        return a == b;
+      };
+      if (!m.models.empty() && !same(given, m.models))
+        refused_flags_.push_back(
+            {flag, "is " + given + "; NodeEmu models " + m.why + ": set " + flag + " " + m.models});
+      else if (!m.key.empty())
+        set(m.key, m.key_value, flag);
+      break;
+    }
+  }
+  return used;
 }
 
 std::string Recipe::resolve(const std::string& relative) const {

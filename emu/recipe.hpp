@@ -20,6 +20,8 @@
 
 namespace nodeemu::emu {
 
+struct MegatronFlag;
+
 // LayerPattern: Megatron's moe_layer_freq, an integer N (every Nth layer) or one 0/1 per layer,
 // as a list or as Megatron's Python expression ("([0]*3+[1]*58)"); stored as integers.
 enum class ValueType { Bool, Int, Float, String, StringList, IntList, LayerPattern };
@@ -65,8 +67,19 @@ class Recipe {
   void set(const std::string& assignment);
   // A key's value from YAML text (as an override would give it).
   void set(const std::string& key, const std::string& yaml_value, const std::string& origin);
-  // Megatron launch flags, starting at args[i]; returns how many arguments were used.
+  // Megatron launch flags, starting at args[i]; returns how many arguments were used. A flag
+  // that names no key is taken by its MegatronFlag entry (emu/megatron_flags.hpp).
   std::size_t set_flag(const std::vector<std::string>& args, std::size_t i);
+  // Launch flags about data, checkpoints and logging, as given ("--data-path /x"): accepted,
+  // and named in the run summary as without effect.
+  const std::vector<std::string>& flags_without_effect() const { return flags_without_effect_; }
+  // Launch flags NodeEmu refuses, and why (validate reports each), and what it changed to be
+  // Megatron-LM's own reading of the flags (validate warns).
+  struct FlagNote {
+    std::string flag, message;
+  };
+  const std::vector<FlagNote>& refused_flags() const { return refused_flags_; }
+  const std::vector<FlagNote>& flag_warnings() const { return flag_warnings_; }
 
   const std::string& name() const { return name_; }  // file stem, e.g. "tiny_moe"
   const std::string& path() const { return path_; }  // the file it came from ("" if parsed)
@@ -89,8 +102,14 @@ class Recipe {
  private:
   Recipe();
   const Value& checked(const std::string& key, ValueType want) const;
+  std::size_t take_megatron_flag(const MegatronFlag& m, const std::vector<std::string>& args,
+                                 std::size_t i, const std::string* inline_value);
+  void apply_megatron_defaults();
+
   std::string name_, path_, dir_;
   std::map<std::string, Value> values_;
+  std::vector<std::string> flags_without_effect_;
+  std::vector<FlagNote> refused_flags_, flag_warnings_;
 };
 
 // The YAML text of a value ("null", "true", "4", "[a, b]").

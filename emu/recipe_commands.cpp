@@ -4,6 +4,7 @@
 #include "devices/errors.hpp"
 #include "emu/cli.hpp"
 #include "emu/layer_timing.hpp"
+#include "emu/megatron_flags.hpp"
 #include "emu/recipe_views.hpp"
 #include "emu/report.hpp"
 #include "emu/training.hpp"
@@ -41,6 +42,16 @@ RecipeArgs parse(const std::string& command, const std::vector<std::string>& arg
         value = key.substr(eq + 1);
         key = key.substr(0, eq);
         inline_value = true;
+      }
+      if (key == "megatron-args") {
+        // A launch script's flags, as if typed here.
+        if (!inline_value) {
+          if (i + 1 >= args.size())
+            throw ConfigError("nodeemu " + command, "--megatron-args", "needs a file");
+          value = args[++i];
+        }
+        for (auto& w : read_megatron_args(value)) overrides().push_back(std::move(w));
+        continue;
       }
       const bool own = key == "case" ||
                        std::find(own_options.begin(), own_options.end(), key) != own_options.end();

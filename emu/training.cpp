@@ -338,6 +338,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     for (const std::string& k : keys_without_effect())
       if (recipe.value(k).origin != "default" && k != "description")
         rep.keys_without_effect.push_back(k + "=" + values.at(k));
+    for (const std::string& f : recipe.flags_without_effect()) rep.keys_without_effect.push_back(f);
   }
   if (cfg.moe_expert_rank_capacity_factor > 0) rep.over_budget_reruns = results.front().reruns;
   // Iteration ends are the slowest rank's.

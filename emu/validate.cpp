@@ -353,7 +353,18 @@ bool version_at_least(const std::string& version, const std::string& minimum) {
 }
 
 std::vector<Finding> validate(const Recipe& recipe, const GpuSpec& gpu, int gpus_per_node) {
-  return Rules(recipe, gpu, gpus_per_node).run();
+  std::vector<Finding> out;
+  for (const auto& w : recipe.flag_warnings())
+    out.push_back({Finding::Level::Warning, w.flag, w.message});
+  for (const auto& f : recipe.refused_flags())
+    out.push_back({Finding::Level::Error, f.flag, f.message});
+  for (Finding f : Rules(recipe, gpu, gpus_per_node).run()) {
+    // A key set by a launch flag: name the flag the user wrote too.
+    if (find_key(f.key) && recipe.value(f.key).origin.rfind("--", 0) == 0)
+      f.message += " (set by " + recipe.value(f.key).origin + ")";
+    out.push_back(std::move(f));
+  }
+  return out;
 }
 
 std::vector<Finding> apply_flex_dispatcher_backend(Recipe& recipe, const GpuSpec& gpu) {

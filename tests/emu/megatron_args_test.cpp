@@ -1,0 +1,192 @@
+// Megatron launch flags (issue 18): a launch script's pretrain_gpt.py flags pasted into a file
+// and given with --megatron-args. Flags that state what NodeEmu models are accepted when true
+// and refused naming what NodeEmu models otherwise; data, checkpoint and logging flags are
+// accepted and named in the summary as without effect; the rest is refused with what to do.
+#include <gtest/gtest.h>
+
+#include "tests/emu/cli_runner.hpp"
+
+namespace nodeemu::testing {
+namespace {
+
+const std::string kBase = std::string(NODEEMU_SOURCE_DIR) + "/configs/recipes/megatron_launch.yaml";
+
+// The argument arrays of Megatron-LM's examples/mixtral/train_mixtral_8x7b_distributed.sh
+// (NVIDIA/Megatron-LM, the version at commit 0a40979e), written here by hand from the public
+// script, comments and line continuations included. It runs on GPUS_PER_NODE=2 and takes the
+// vocabulary from Llama-2's tokenizer (32000).
+const std::string kMixtralExample = R"(MODEL_ARGS=(
+    --use-mcore-models
+    --disable-bias-linear
+    --seq-length 256
+    --max-position-embeddings 2048
+    --num-layers 2
+    --hidden-size 256
+    --ffn-hidden-size 896
+    --num-attention-heads 2
+    --init-method-std 0.01
+    --attention-dropout 0.0
+    --hidden-dropout 0.0
+    --normalization RMSNorm
+    --position-embedding-type rope
+    --swiglu
+    --untie-embeddings-and-output-weights
+    --group-query-attention
+    --num-query-groups 2
+    --no-masked-softmax-fusion
+    --no-position-embedding
+    --rotary-base 1000000
+)
+
+MOE_ARGS=(
+    --num-experts 2
+    --moe-router-topk 2
+    --moe-router-load-balancing-type aux_loss
+    --moe-aux-loss-coeff 1e-2
+#    --moe-grouped-gemm
+    --moe-token-dispatcher-type alltoall
+    --overlap-param-gather
+    --overlap-grad-reduce
+)
+
+DATA_ARGS=(
+    --tokenizer-type Llama2Tokenizer
+    --tokenizer-model ${TOKENIZER_MODEL}
+    --mock-data
+    #--data-path $DATA_PATH
+    --split 99990,8,2
+)
+
+TRAINING_ARGS=(
+    --micro-batch-size 1
+    --global-batch-size 4
+    --lr 1e-4
+    --train-iters 7
+    # --lr-decay-iters 320000
+    # --lr-decay-style cosine
+    --min-lr 1.0e-5
+    --weight-decay 0.1
+    # --lr-warmup-iters 500
+    --clip-grad 1.0
+    # --bf16
+)
+
+MODEL_PARALLEL_ARGS=(
+    --tensor-model-parallel-size 1
+    --pipeline-model-parallel-size 1
+    --expert-model-parallel-size 2
+    --use-distributed-optimizer
+    --sequence-parallel
+)
+
+LOGGING_ARGS=(
+  #  --log-interval 1 \
+   # --save-interval 10000 \
+    #--eval-interval 1000 \
+    --eval-iters 10 \
+    #--save $CHECKPOINT_PATH \
+    #--load $CHECKPOINT_PATH \
+    #--tensorboard-dir "${CHECKPOINT_PATH}/tensorboard" \
+    --no-load-optim \
+    --no-load-rng
+)
+)";
+
+const std::string kNode = " model.vocab_size=32000 emulator.gpus_per_node=2";
+
+std::string without_lines(std::string text, const std::vector<std::string>& flags) {
+  for (const auto& f : flags) {
+    const auto at = text.find("    " + f);
+    EXPECT_NE(at, std::string::npos) << f;
+    text.erase(at, text.find('\n', at) - at + 1);
+  }
+  return text;
+}
+
+TEST(MegatronArgs, TheMixtralExampleIsRefusedOnlyForWhatNodeEmuDoesNotModel) {
+  const std::string file = write_temp_file("mixtral_args.sh", kMixtralExample);
+  const CliResult r = run_cli("validate " + kBase + " --megatron-args " + file + kNode);
+  EXPECT_EQ(r.code, 2) << r.err;
+  // One line per refusal, each naming the flag as the script wrote it.
+  for (const char* line : {
+           "error: --min-lr: the learning-rate schedule is not modelled",
+           "error: --clip-grad: is 1.0; NodeEmu models no gradient clipping",
+           "(set by --overlap-grad-reduce)",
+           "(set by --overlap-param-gather)",
+           // Megatron-LM's own reading of the script: no sequence parallelism at TP 1.
+           "warning: --sequence-parallel: turned off at tensor_model_parallel_size 1",
+       })
+    EXPECT_NE(r.err.find(line), std::string::npos) << line << "\n" << r.err;
+  std::size_t errors = 0;
+  for (std::size_t at = r.err.find("error:"); at != std::string::npos;
+       at = r.err.find("error:", at + 1))
+    ++errors;
+  EXPECT_EQ(errors, 4u) << r.err;
+}
+
+TEST(MegatronArgs, TheMixtralExampleRunsInMetaModeWithoutItsRefusedFlags) {
+  const std::string file = write_temp_file(
+      "mixtral_ok.sh",
+      without_lines(kMixtralExample, {"--min-lr", "--clip-grad", "--overlap-param-gather",
+                                      "--overlap-grad-reduce"}));
+  const CliResult r =
+      run_cli("run " + kBase + " --megatron-args " + file + kNode + " --iterations 2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("recipe megatron_launch (meta), 2 GPUs of dgx_h100"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("steady mean step"), std::string::npos);
+  // The data, checkpoint and evaluation flags are named as without effect, values and all.
+  EXPECT_NE(r.out.find("--tokenizer-type Llama2Tokenizer --tokenizer-model ${TOKENIZER_MODEL} "
+                       "--mock-data --split 99990,8,2 --eval-iters 10 --no-load-optim "
+                       "--no-load-rng"),
+            std::string::npos)
+      << r.out;
+}
+
+TEST(MegatronArgs, ModelFlagsAreAcceptedWhenTrueAndRefusedNamingWhatIsModelled) {
+  const std::string tiny = std::string(NODEEMU_SOURCE_DIR) + "/configs/recipes/tiny_moe.yaml";
+  const CliResult ok = run_cli("validate " + tiny +
+                               " --swiglu --normalization RMSNorm --disable-bias-linear "
+                               "--group-query-attention --num-query-groups 2 "
+                               "--untie-embeddings-and-output-weights --position-embedding-type "
+                               "rope --use-distributed-optimizer --clip-grad 0 --data-path 1.0 "
+                               "/data/a 0.5 /data/b --log-interval 10");
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  const CliResult bad = run_cli("validate " + tiny +
+                                " --normalization LayerNorm --position-embedding-type "
+                                "learned_absolute --attention-dropout 0.1");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("error: --normalization: is LayerNorm; NodeEmu models RMSNorm: set "
+                         "--normalization RMSNorm"),
+            std::string::npos)
+      << bad.err;
+  EXPECT_NE(bad.err.find("error: --position-embedding-type: is learned_absolute"),
+            std::string::npos);
+  EXPECT_NE(bad.err.find("error: --attention-dropout: is 0.1; NodeEmu models no dropout"),
+            std::string::npos);
+}
+
+TEST(MegatronArgs, BadFilesAndUnknownFlagsAreOneLine) {
+  const std::string tiny = std::string(NODEEMU_SOURCE_DIR) + "/configs/recipes/tiny_moe.yaml";
+  const CliResult unknown = run_cli("validate " + tiny + " --num-layerz 4");
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_NE(unknown.err.find("--num-layerz"), std::string::npos);
+  const std::string command = write_temp_file("command.sh",
+                                              "torchrun --nproc_per_node 8 \\\n"
+                                              "  pretrain_gpt.py --num-layers 4\n");
+  const CliResult cmd = run_cli("validate " + tiny + " --megatron-args " + command);
+  EXPECT_EQ(cmd.code, 2);
+  EXPECT_NE(cmd.err.find("command.sh:1: torchrun: the file holds launch flags"), std::string::npos)
+      << cmd.err;
+  const std::string shell = write_temp_file("shell.sh", "--num-layers $LAYERS\n");
+  const CliResult var = run_cli("validate " + tiny + " --megatron-args " + shell);
+  EXPECT_EQ(var.code, 2);
+  EXPECT_NE(var.err.find("--num-layers: has the shell variable $LAYERS"), std::string::npos)
+      << var.err;
+  const CliResult missing = run_cli("validate " + tiny + " --megatron-args /nonexistent/args.sh");
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_NE(missing.err.find("/nonexistent/args.sh"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace nodeemu::testing
