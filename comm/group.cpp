@@ -49,6 +49,19 @@ std::vector<int> all_members(int n) {
   return v;
 }
 
+// Whether `part` is `whole`'s block at byte `at`: a collective in place (Megatron's distributed
+// optimizer reduce-scatters into, and all-gathers from, its own shard of a bucket). Buffers that
+// share memory any other way are a UsageError.
+bool in_place(const Buffer& whole, const Buffer& part, std::size_t at, int me,
+              const std::string& op, const char* whole_name, const char* part_name) {
+  if (!whole || !part || whole.state() != part.state()) return false;
+  if (part.offset() != whole.offset() + at)
+    throw UsageError(op + ": " + whole_name + " and " + part_name + " share memory, but " +
+                     part_name + " is not member " + std::to_string(me) + "'s block of " +
+                     whole_name + "; use different buffers, or that block (in place)");
+  return true;
+}
+
 std::size_t sum(const std::vector<std::size_t>& v) {
   std::size_t s = 0;
   for (auto x : v) s += x;
@@ -162,14 +175,8 @@ std::optional<Event> Group::all_gather_v(const Buffer& send, std::size_t send_by
   check_buffer(send, send_bytes, stream, op, "send");
   check_buffer(recv, sum(recv_bytes), stream, op, "receive");
   const auto ro = detail::offsets_of(recv_bytes);
-  // In place, as the distributed optimizer gathers its parameters (all_gather_into_tensor from
-  // its own shard of the bucket): send is exactly this member's part of recv, already there.
-  const bool in_place = send && recv && send.state() == recv.state();
-  if (in_place && send.offset() != recv.offset() + ro[size_t(me)])
-    throw UsageError(op +
-                     ": send and receive share memory but send is not this member's part "
-                     "of receive; use different buffers, or send in place from part " +
-                     std::to_string(me));
+  // In place, send is already where it goes.
+  const bool inplace = in_place(recv, send, ro[size_t(me)], me, op, "receive", "send");
   Call c;
   c.kind = "all_gather_v";
   c.text = "all_gather_v(send " + std::to_string(send_bytes) + " B, receive " +
@@ -181,7 +188,7 @@ std::optional<Event> Group::all_gather_v(const Buffer& send, std::size_t send_by
   PartyPhase p(static_cast<size_t>(n));
   p.send_bytes.assign(size_t(n), send_bytes);
   p.recv_bytes = recv_bytes;
-  if (in_place) p.send_bytes[size_t(me)] = p.recv_bytes[size_t(me)] = 0;  // nothing to move
+  if (inplace) p.send_bytes[size_t(me)] = p.recv_bytes[size_t(me)] = 0;  // nothing to move
   if (functional(stream)) {
     for (int d = 0; d < n; ++d) {
       if (p.send_bytes[size_t(d)]) p.send[size_t(d)] = {{cptr(send, 0), send_bytes}};
@@ -214,14 +221,7 @@ std::optional<Event> Group::reduce_scatter(const Buffer& send, const Buffer& rec
   check_buffer(send, sum(bytes), stream, op, "send");
   check_buffer(recv, bytes[size_t(me)], stream, op, "receive");
   const auto so = detail::offsets_of(bytes);
-  // In place, as Megatron's distributed optimizer calls it (reduce_scatter_tensor into its own
-  // shard of the bucket): recv is exactly this member's part of send.
-  const bool in_place = send && recv && send.state() == recv.state();
-  if (in_place && recv.offset() != send.offset() + so[size_t(me)])
-    throw UsageError(op +
-                     ": send and receive share memory but receive is not this member's part "
-                     "of send; use different buffers, or receive in place into part " +
-                     std::to_string(me));
+  const bool inplace = in_place(send, recv, so[size_t(me)], me, op, "send", "receive");
   Call c;
   c.kind = std::string("reduce_scatter(") + how.name + ")";
   c.text =
@@ -249,7 +249,7 @@ std::optional<Event> Group::reduce_scatter(const Buffer& send, const Buffer& rec
   // not price, so the timing is the out-of-place call's. Every member has the phase (members may
   // differ in placement), empty when not in place.
   PartyPhase home(static_cast<size_t>(n));
-  if (in_place) {
+  if (inplace) {
     home.send_bytes[size_t(me)] = home.recv_bytes[size_t(me)] = bytes[size_t(me)];
     if (functional(stream) && bytes[size_t(me)]) {
       const std::size_t mine = bytes[size_t(me)];

@@ -43,9 +43,6 @@ struct Fnv {
   }
 };
 
-// One parameter's gradient after the data-parallel reduction, as its canonical owner saw it:
-// dense weights from data-parallel rank 0, expert weights from expert-data-parallel rank 0 (one
-// digest per EP shard). Layouts that differ only in pipelining give the same set.
 // A gradient's checksum: the sum (mod 2^64) of a bijective mix of each element's index and bits,
 // so that it does not depend on how the elements are cut up: the distributed optimizer's ranks
 // each add their shard's part, and any one changed element changes the sum.
@@ -62,6 +59,10 @@ std::uint64_t element_checksum(const float* g, std::int64_t begin, std::int64_t 
   return sum;
 }
 
+// One parameter's gradient after the data-parallel reduction: dense weights from the DP x CP
+// ranks that hold it reduced (rank 0, or each its shard with the distributed optimizer), expert
+// weights likewise over expert DP (one digest per EP shard). Layouts that differ only in
+// pipelining or in the optimizer give the same set.
 struct GradDigest {
   int iter;
   std::string name;
