@@ -23,42 +23,55 @@ RunReport run(std::vector<std::string> overrides, const TrainOptions& o = {.iter
   return train(tiny(overrides), o);
 }
 
-TEST(DistributedOptimizer, EveryScheduleAndLayoutGivesThePlainOptimizersBits) {
-  const std::vector<std::vector<std::string>> layouts = {
-      {},  // sequential, DP 4 for the dense weights
-      {"comm_overlap.overlap_moe_expert_parallel_comm=true",
-       "comm_overlap.delay_wgrad_compute=true"},  // the combined 1F1B, wgrad delayed
-      {"emulator.gpus_per_node=8", "model.pipeline_model_parallel_size=2"},  // 1F1B
-      {"emulator.gpus_per_node=8", "model.pipeline_model_parallel_size=2",
-       "model.virtual_pipeline_model_parallel_size=2"},  // interleaved
-      // MTP on a pipeline: the shared word embedding in a bucket of its own, all-reduced over
-      // the first and last stages after the reduce-scatter.
-      {"emulator.gpus_per_node=8", "model.pipeline_model_parallel_size=2",
-       "model.mtp_num_layers=1"},
-      // Expert DP 2 beside dense DP 4; CP: dense weights over DP x CP.
-      {"emulator.gpus_per_node=8", "model.expert_model_parallel_size=4"},
-      {"emulator.gpus_per_node=8", "model.context_parallel_size=2",
-       "emulator.cuda_device_max_connections=1"},
-      {"emulator.gpus_per_node=8", "model.tensor_model_parallel_size=2",
-       "model.sequence_parallel=true", "emulator.cuda_device_max_connections=1"},
-  };
-  for (const auto& layout : layouts) {
-    std::string name;
-    for (const auto& k : layout) name += k + " ";
-    SCOPED_TRACE(name);
-    const RunReport plain = run(layout);
-    auto with = layout;
-    with.push_back(kDistributed);
-    const RunReport dist = run(with);
-    ASSERT_TRUE(plain.numerics_hash);
-    EXPECT_EQ(dist.numerics_hash, plain.numerics_hash);
-    for (std::size_t i = 0; i < plain.iterations.size(); ++i)
-      EXPECT_EQ(dist.iterations[i].loss, plain.iterations[i].loss);  // exact doubles
-    EXPECT_NE(dist.timeline_hash, plain.timeline_hash);              // other collectives
-    EXPECT_LT(dist.devices.front().optimizer_state_bytes,
-              plain.devices.front().optimizer_state_bytes);
-  }
+// One case per schedule and layout, so that each stays well inside the test timeout under
+// ASan + UBSan.
+struct Layout {
+  std::string name;
+  std::vector<std::string> overrides;
+};
+
+class EveryLayout : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(EveryLayout, GivesThePlainOptimizersBits) {
+  const auto& layout = GetParam().overrides;
+  const RunReport plain = run(layout);
+  auto with = layout;
+  with.push_back(kDistributed);
+  const RunReport dist = run(with);
+  ASSERT_TRUE(plain.numerics_hash);
+  EXPECT_EQ(dist.numerics_hash, plain.numerics_hash);
+  for (std::size_t i = 0; i < plain.iterations.size(); ++i)
+    EXPECT_EQ(dist.iterations[i].loss, plain.iterations[i].loss);  // exact doubles
+  EXPECT_NE(dist.timeline_hash, plain.timeline_hash);              // other collectives
+  EXPECT_LT(dist.devices.front().optimizer_state_bytes,
+            plain.devices.front().optimizer_state_bytes);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    DistributedOptimizer, EveryLayout,
+    ::testing::Values(
+        Layout{"sequential_dp4", {}},
+        Layout{"combined_1f1b_delayed_wgrad",
+               {"comm_overlap.overlap_moe_expert_parallel_comm=true",
+                "comm_overlap.delay_wgrad_compute=true"}},
+        Layout{"pp2_1f1b", {"emulator.gpus_per_node=8", "model.pipeline_model_parallel_size=2"}},
+        Layout{"pp2_vpp2_interleaved",
+               {"emulator.gpus_per_node=8", "model.pipeline_model_parallel_size=2",
+                "model.virtual_pipeline_model_parallel_size=2"}},
+        // MTP on a pipeline: the shared word embedding in a bucket of its own, all-reduced over
+        // the first and last stages after the reduce-scatter.
+        Layout{"pp2_mtp_shared_embedding",
+               {"emulator.gpus_per_node=8", "model.pipeline_model_parallel_size=2",
+                "model.mtp_num_layers=1"}},
+        // Expert DP 2 beside dense DP 8; CP: dense weights over DP x CP; TP with SP.
+        Layout{"expert_dp2", {"emulator.gpus_per_node=8", "model.expert_model_parallel_size=4"}},
+        Layout{"cp2",
+               {"emulator.gpus_per_node=8", "model.context_parallel_size=2",
+                "emulator.cuda_device_max_connections=1"}},
+        Layout{"tp2_sp",
+               {"emulator.gpus_per_node=8", "model.tensor_model_parallel_size=2",
+                "model.sequence_parallel=true", "emulator.cuda_device_max_connections=1"}}),
+    [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name; });
 
 TEST(DistributedOptimizer, ReduceScattersAndAllGathersOneBucketPerBuffer) {
   const std::string trace = ::testing::TempDir() + "/dist_opt_trace.json";
