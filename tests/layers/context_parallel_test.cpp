@@ -219,17 +219,7 @@ std::map<std::string, int> one_layer_collectives(int cp, CpCommType t,
     plan->backward_all();
     dev.synchronize();
   });
-  std::map<std::string, int> count;
-  for (const auto& op : node.trace().ops())
-    if (op.device == 0 && op.kind == OpKind::Comm) {
-      ++count[op.name];
-      if (bytes) (*bytes)[op.name] += op.bytes;
-    }
-  for (const char* ep :
-       {"gather counts", "moe_dispatch_a2a", "moe_dispatch_probs_a2a", "moe_combine_a2a",
-        "moe_combine_bwd_a2a", "moe_dispatch_bwd_a2a", "moe_dispatch_probs_bwd_a2a"})
-    if (count[ep] == 1) count.erase(ep);
-  return count;
+  return testing::device0_collectives(node, bytes);
 }
 
 // all_gather (AttnFuncWithCPAndKVAllGather): one all-gather of the keys and values forward, one

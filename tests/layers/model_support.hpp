@@ -287,4 +287,23 @@ inline StepResult run_tensor_parallel(const layers::ModelConfig& base, int world
   return out;
 }
 
+// Device 0's collectives in a traced node's run, by trace name (and the bytes each sends, when
+// asked), leaving out the alltoall dispatcher's own on a one-rank EP group (the counts' gather
+// and the all-to-alls of rows and probabilities, once each per pass): what a one-layer test of
+// a split layout checks against Megatron's list.
+inline std::map<std::string, int> device0_collectives(const Node& node,
+                                                      std::map<std::string, double>* bytes) {
+  std::map<std::string, int> count;
+  for (const auto& op : node.trace().ops())
+    if (op.device == 0 && op.kind == OpKind::Comm) {
+      ++count[op.name];
+      if (bytes) (*bytes)[op.name] += op.bytes;
+    }
+  for (const char* ep :
+       {"gather counts", "moe_dispatch_a2a", "moe_dispatch_probs_a2a", "moe_combine_a2a",
+        "moe_combine_bwd_a2a", "moe_dispatch_bwd_a2a", "moe_dispatch_probs_bwd_a2a"})
+    if (count[ep] == 1) count.erase(ep);
+  return count;
+}
+
 }  // namespace nodeemu::testing

@@ -191,19 +191,7 @@ std::map<std::string, int> one_layer_collectives(bool tp, bool mla = false,
     plan->backward_all();
     dev.synchronize();
   });
-  std::map<std::string, int> count;
-  for (const auto& op : node.trace().ops())
-    if (op.device == 0 && op.kind == OpKind::Comm) {
-      ++count[op.name];
-      if (bytes) (*bytes)[op.name] += op.bytes;
-    }
-  // The alltoall dispatcher's own, on the one-rank EP group: the counts' gather and the
-  // all-to-alls of the rows and probabilities, forward and backward.
-  for (const char* ep :
-       {"gather counts", "moe_dispatch_a2a", "moe_dispatch_probs_a2a", "moe_combine_a2a",
-        "moe_combine_bwd_a2a", "moe_dispatch_bwd_a2a", "moe_dispatch_probs_bwd_a2a"})
-    if (count[ep] == 1) count.erase(ep);
-  return count;
+  return testing::device0_collectives(node, bytes);
 }
 
 // With shared experts at TP 2, against Megatron's sequence-parallel layout
