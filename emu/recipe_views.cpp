@@ -319,8 +319,21 @@ std::shared_ptr<const layers::MetaRouting> meta_routing(const Recipe& r,
   return nullptr;
 }
 
-layers::DdpConfig ddp_config(const Recipe& r) {
-  return {.use_distributed_optimizer = r.flag("ddp.use_distributed_optimizer")};
+bool overlap_grad_reduce(const Recipe& r) {
+  // Megatron-Bridge's comm_overlap value, when set, overrides the ddp one.
+  return r.is_set("comm_overlap.overlap_grad_reduce") ? r.flag("comm_overlap.overlap_grad_reduce")
+                                                      : r.flag("ddp.overlap_grad_reduce");
+}
+
+layers::DdpConfig ddp_config(const Recipe& r, int dp) {
+  layers::DdpConfig c{.use_distributed_optimizer = r.flag("ddp.use_distributed_optimizer"),
+                      .overlap_grad_reduce = overlap_grad_reduce(r)};
+  // DistributedDataParallel.__init__: max(40M, 1M x DP) elements unless set.
+  if (c.overlap_grad_reduce)
+    c.bucket_size = r.is_set("ddp.bucket_size")
+                        ? r.integer("ddp.bucket_size")
+                        : std::max<std::int64_t>(40'000'000, 1'000'000 * std::int64_t(dp));
+  return c;
 }
 
 }  // namespace nodeemu::emu

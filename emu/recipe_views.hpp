@@ -24,8 +24,10 @@ NodeOptions node_options(const Recipe& r);
 // The model, with the kernels Megatron's keys choose resolved for `gpu` (attention_backend auto:
 // cuDNN on compute capability >= 9, else flash).
 layers::ModelConfig model_config(const Recipe& r, const GpuSpec& gpu);
-// The ddp.* keys Megatron's DistributedDataParallelConfig holds and NodeEmu models.
-layers::DdpConfig ddp_config(const Recipe& r);
+// The ddp.* keys Megatron's DistributedDataParallelConfig holds and NodeEmu models; `dp`: the
+// data-parallel size (the default bucket size grows with it).
+layers::DdpConfig ddp_config(const Recipe& r, int dp);
+bool overlap_grad_reduce(const Recipe& r);
 // What the recipe's CUDA graphs capture (cuda_graph_impl, cuda_graph_scope): per-layer scopes for
 // the layers, and whether the whole forward-backward is one graph (full_iteration).
 struct CudaGraphs {

@@ -106,8 +106,8 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
   }();
   cfg.validate();
   const CudaGraphs graphs = cuda_graphs(recipe);
-  const layers::DdpConfig ddp_cfg = ddp_config(recipe);
   const ProcessGroups pg(parallel_layout(recipe, world));
+  const layers::DdpConfig ddp_cfg = ddp_config(recipe, pg.layout().dp());
   const int pp = pipeline_size(recipe), vpp = virtual_chunks(recipe);
   const std::vector<int> stage_layers = layers_per_virtual_stage(recipe);
   if (stage_layers.empty())
@@ -208,11 +208,21 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     // they hand it (every weight, or this rank's shards with the distributed optimizer).
     std::vector<std::unique_ptr<layers::DistributedDataParallel>> ddp;
     std::vector<layers::OptimizerTarget> targets;
+    // overlap_grad_reduce: the buckets' reductions run on a stream of their own (NCCL's stream
+    // of the data-parallel communicator), started from the last micro-batch's backward.
+    const Stream grad_stream =
+        ddp_cfg.overlap_grad_reduce ? dev.create_stream(Priority::Normal, "dp_grad") : Stream();
     for (auto& c : chunks) {
       const layers::Parameter* shared = embedding_group ? c->word_embedding() : nullptr;
-      ddp.push_back(
-          std::make_unique<layers::DistributedDataParallel>(*c, dp, edp, ddp_cfg, shared));
+      ddp.push_back(std::make_unique<layers::DistributedDataParallel>(*c, dp, edp, ddp_cfg, shared,
+                                                                      grad_stream));
       for (auto& t : ddp.back()->optimizer_targets()) targets.push_back(t);
+    }
+    if (ddp_cfg.overlap_grad_reduce) {
+      ctx.microbatches = microbatches;
+      ctx.weights_ready = [&ddp](const std::vector<layers::Parameter*>& params, Stream& s) {
+        for (auto& wrapped : ddp) wrapped->weights_ready(params, s);
+      };
     }
     Optimizer optimizer(recipe, std::move(targets), dev, ctx.compute);
     out.optimizer_state = optimizer.state_bytes();
@@ -232,6 +242,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     for (int it = 0; it < iterations; ++it) {
       std::optional<StepContext::Impl> impl;
       auto forward_backward = [&] {
+        for (auto& wrapped : ddp) wrapped->start_step(ctx.compute);
         for (auto& c : chunks) c->zero_grad(ctx.compute);
         impl.reset();
         impl.emplace(

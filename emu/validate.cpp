@@ -271,11 +271,12 @@ void Rules::not_modelled() {
           "mla_up_proj needs q_lora_rank > 0 (without query compression there is no query up "
           "projection to recompute); remove it");
   attention_keys();
-  if (overlap_grad_reduce())
-    refuse(set("comm_overlap.overlap_grad_reduce") ? "comm_overlap.overlap_grad_reduce"
-                                                   : "ddp.overlap_grad_reduce",
-           "overlapping the gradient reduction with the backward (NodeEmu reduces after the "
-           "step)");
+  if (set("ddp.bucket_size") && !overlap_grad_reduce())
+    error("ddp.bucket_size",
+          "only means something with overlap_grad_reduce (Megatron makes one bucket without "
+          "it); remove it or set ddp.overlap_grad_reduce: true");
+  if (set("ddp.bucket_size") && i("ddp.bucket_size") < 1)
+    error("ddp.bucket_size", "must be at least 1 element");
   if (b("ddp.overlap_param_gather"))
     refuse("ddp.overlap_param_gather",
            "overlapping the parameter all-gather with the forward (set it false)");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "devices/check.hpp"
 #include "devices/device.hpp"
 #include "layers/model_chunk.hpp"
 
@@ -9,8 +10,11 @@ namespace nodeemu::layers {
 
 DistributedDataParallel::DistributedDataParallel(ModelChunk& chunk, Group dp, Group edp,
                                                  const DdpConfig& c,
-                                                 const Parameter* shared_embedding)
-    : c_(c) {
+                                                 const Parameter* shared_embedding,
+                                                 Stream grad_stream)
+    : c_(c), grad_stream_(std::move(grad_stream)) {
+  NE_CHECK(!c.overlap_grad_reduce || (grad_stream_.state() && c.bucket_size > 0),
+           "DistributedDataParallel: overlap_grad_reduce without its stream or bucket size");
   // Megatron's buffers are keyed by (param dtype, grad dtype), the dense ones first, then the
   // experts' (DistributedDataParallel.__init__, _allocate_buffers_for_parameters).
   for (const bool expert : {false, true}) {
@@ -26,12 +30,17 @@ DistributedDataParallel::DistributedDataParallel(ModelChunk& chunk, Group dp, Gr
     for (auto& [dtype, params] : by_type) {
       const BucketOptions o{.dp = g.size(),
                             .distributed_optimizer = c.use_distributed_optimizer,
-                            .bucket_size = std::nullopt};
+                            .bucket_size = c.overlap_grad_reduce
+                                               ? std::optional<std::int64_t>(c.bucket_size)
+                                               : std::nullopt};
       Part part;
       part.group = g;
       part.rank = g.index_of(chunk.device().id());
       part.buffer =
           std::make_unique<ParamAndGradBuffer>(chunk.device(), params, shared_embedding, o);
+      const BucketLayout& l = part.buffer->layout();
+      for (std::size_t i = 0; i < params.size(); ++i)
+        where_[params[i]] = {parts_.size(), l.params[i].bucket};
       parts_.push_back(std::move(part));
     }
   }
@@ -39,9 +48,53 @@ DistributedDataParallel::DistributedDataParallel(ModelChunk& chunk, Group dp, Gr
 
 DistributedDataParallel::~DistributedDataParallel() = default;
 
-void DistributedDataParallel::reduce_gradients(Stream& s) {
+void DistributedDataParallel::start_step(Stream& s) {
+  // A step run again (the sync-free rerun) zeroes the gradients on `s`: not under a reduction of
+  // the first run's.
   for (Part& p : parts_)
-    if (p.group.size() > 1) p.buffer->reduce_gradients(p.group, s);
+    for (auto& e : p.done)
+      if (e) s.wait(*e);
+  armed_ = true;
+  for (Part& p : parts_) {
+    const BucketLayout& l = p.buffer->layout();
+    p.pending.assign(l.buckets.size(), 0);
+    for (const auto& r : l.params) ++p.pending[std::size_t(r.bucket)];
+    p.done.assign(l.buckets.size(), std::nullopt);
+  }
+}
+
+void DistributedDataParallel::start_bucket(Part& p, int bucket, Stream& s) {
+  auto& done = p.done[std::size_t(bucket)];
+  if (done || p.group.size() == 1) return;
+  if (!c_.overlap_grad_reduce) {
+    done = p.buffer->reduce_bucket(bucket, p.group, s);
+    return;
+  }
+  // The gradient stream takes over once the stream that produced the gradients is there.
+  Event produced;
+  s.record(produced);
+  done = p.buffer->reduce_bucket(bucket, p.group, grad_stream_, {.previous = produced});
+}
+
+void DistributedDataParallel::weights_ready(const std::vector<Parameter*>& params, Stream& s) {
+  if (!armed_) return;
+  for (const Parameter* prm : params) {
+    auto it = where_.find(prm);
+    if (it == where_.end()) continue;
+    Part& p = parts_[it->second.first];
+    if (--p.pending[std::size_t(it->second.second)] == 0) start_bucket(p, it->second.second, s);
+  }
+}
+
+void DistributedDataParallel::reduce_gradients(Stream& s) {
+  if (!armed_) start_step(s);  // a caller that runs no schedule
+  for (Part& p : parts_)
+    for (std::size_t b = 0; b < p.done.size(); ++b) start_bucket(p, int(b), s);
+  for (Part& p : parts_)
+    for (auto& e : p.done)
+      if (e && c_.overlap_grad_reduce) s.wait(*e);
+  for (Part& p : parts_) p.done.assign(p.done.size(), std::nullopt);  // all behind `s` now
+  armed_ = false;
 }
 
 void DistributedDataParallel::gather_parameters(Stream& s) {

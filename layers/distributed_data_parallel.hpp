@@ -6,10 +6,13 @@
 // and an all-gather brings back.
 //
 // Without overlap_grad_reduce Megatron makes one bucket per buffer and reduces after the
-// schedule (finish_grad_sync), which is what this does; overlapping is not modelled yet and
-// validate refuses it.
+// schedule (finish_grad_sync). With it, buckets of bucket_size elements, each reduced on the
+// gradient stream as soon as its weights' gradients are complete (weights_ready, from the
+// schedule nodes of the last micro-batch), and finish_grad_sync only waits for them.
 #pragma once
+#include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "comm/group.hpp"
@@ -22,6 +25,10 @@ class ModelChunk;
 
 struct DdpConfig {
   bool use_distributed_optimizer = false;
+  // Each bucket's reduction starts on its own stream once the last micro-batch's backward has
+  // produced all its gradients, and the optimizer waits for every bucket.
+  bool overlap_grad_reduce = false;
+  std::int64_t bucket_size = 0;  // elements per bucket with overlap_grad_reduce
 };
 
 // What the optimizer updates elementwise: a parameter and its gradient, or with the distributed
@@ -40,11 +47,18 @@ class DistributedDataParallel {
  public:
   // Re-homes the chunk's gradients (and, distributed, its parameters) into the buffers.
   // `shared_embedding`: the word embedding when the first and last stages share it, else null.
+  // `grad_stream`: where overlapped reductions run (overlap_grad_reduce only).
   DistributedDataParallel(ModelChunk& chunk, Group dp, Group edp, const DdpConfig& c,
-                          const Parameter* shared_embedding);
+                          const Parameter* shared_embedding, Stream grad_stream = {});
   ~DistributedDataParallel();
 
-  // finish_grad_sync: every buffer's buckets, dense first, on `s`.
+  // Before each forward-backward (`s`: where it zeroes the gradients): no bucket's gradients
+  // are complete yet.
+  void start_step(Stream& s);
+  // overlap_grad_reduce: these weights' gradients are complete on `s`; starts the reduction of
+  // every bucket of this chunk that is now complete. Weights of other chunks are ignored.
+  void weights_ready(const std::vector<Parameter*>& params, Stream& s);
+  // finish_grad_sync: the buckets not started yet, dense first, then `s` waits for them all.
   void reduce_gradients(Stream& s);
   // The distributed optimizer's parameter all-gather, every bucket, on `s` (no-op otherwise).
   void gather_parameters(Stream& s);
@@ -57,10 +71,17 @@ class DistributedDataParallel {
   struct Part {
     std::unique_ptr<ParamAndGradBuffer> buffer;
     Group group;
-    int rank;  // in `group`
+    int rank;                                // in `group`
+    std::vector<int> pending;                // per bucket: weights whose gradients are not ready
+    std::vector<std::optional<Event>> done;  // per bucket: its reduction, once started
   };
+  void start_bucket(Part& p, int bucket, Stream& s);
+
   DdpConfig c_;
+  Stream grad_stream_;
+  bool armed_ = false;  // between start_step and reduce_gradients
   std::vector<Part> parts_;
+  std::map<const Parameter*, std::pair<std::size_t, int>> where_;  // (part, bucket)
 };
 
 // Megatron's finalize_model_grads after the backward: the data-parallel reduction, then the

@@ -239,6 +239,25 @@ ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const 
           g_logits_ = g_lnf_ = lnf_ = lnf_all_ = hidden_ = rstd_ = Tensor();
         });
   }
+  if (ctx.weights_ready && microbatch == ctx.microbatches - 1) announce_weight_gradients(decoder);
+}
+
+void ChunkPlan::announce_weight_gradients(std::size_t decoder) {
+  // Each decoder layer's weights are its own nodes' alone; the loss node's (the final norm and
+  // the output layer) too, unless MTP shares them. The rest (the word embedding, MTP's) are
+  // left for the reduction after the schedule, at most a node later than Megatron's hooks.
+  auto announce = [this](std::vector<ScheduleNode*> nodes, std::vector<Parameter*> params) {
+    auto g = std::make_shared<GradReady>();
+    g->done = [fn = ctx_.weights_ready, params = std::move(params)](Stream& s) { fn(params, s); };
+    for (ScheduleNode* n : nodes)
+      if (n->has_weights()) {
+        ++g->pending;
+        n->completes(g);
+      }
+  };
+  for (std::size_t i = 0; i < decoder; ++i)
+    announce({&layers[i]->pre_dispatch, &layers[i]->mlp}, chunk_.layers_[i]->parameters());
+  if (chunk_.spec_.post_process && !mtp_) announce({&loss}, {&chunk_.final_norm_, &chunk_.output_});
 }
 
 ChunkPlan::~ChunkPlan() = default;

@@ -112,6 +112,10 @@ class ChunkPlan {
   void backward_all();
 
  private:
+  // overlap_grad_reduce, on the step's last micro-batch: tell ctx.weights_ready when each
+  // layer's weight gradients are complete.
+  void announce_weight_gradients(std::size_t decoder);
+
   ModelChunk& chunk_;
   ExecContext& ctx_;
   MicroBatch data_;

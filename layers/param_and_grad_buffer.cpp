@@ -85,21 +85,23 @@ ParamAndGradBuffer::ParamAndGradBuffer(Device& device, std::vector<Parameter*> p
   }
 }
 
-void ParamAndGradBuffer::reduce_gradients(Group& g, Stream& s) const {
+Event ParamAndGradBuffer::reduce_bucket(int bucket, Group& g, Stream& s,
+                                        const CollOptions& o) const {
   NE_CHECK(g.size() == o_.dp, "ParamAndGradBuffer: reduced over a group of another size");
-  for (const auto& b : layout_.buckets) {
-    const std::size_t n = std::size_t(b.end - b.start);
-    const Buffer bucket = grads_.buffer().slice(std::size_t(b.start) * 4, n * 4);
-    if (o_.distributed_optimizer) {
-      const std::size_t shard = std::size_t(layout_.shard_numel(b.bucket));
-      const int me = g.index_of(s.device().id());
-      g.reduce_scatter(bucket, bucket.slice(std::size_t(me) * shard * 4, shard * 4),
-                       std::vector<std::size_t>(std::size_t(o_.dp), shard), s,
-                       {.async = true, .name = "grad_reduce_scatter"});
-    } else {
-      g.all_reduce(bucket, bucket, n, s, {.async = true, .name = "grad_allreduce"});
-    }
+  const auto& b = layout_.buckets.at(std::size_t(bucket));
+  const std::size_t n = std::size_t(b.end - b.start);
+  const Buffer data = grads_.buffer().slice(std::size_t(b.start) * 4, n * 4);
+  CollOptions async = o;
+  async.async = true;
+  if (o_.distributed_optimizer) {
+    const std::size_t shard = std::size_t(layout_.shard_numel(b.bucket));
+    const int me = g.index_of(s.device().id());
+    async.name = "grad_reduce_scatter";
+    return *g.reduce_scatter(data, data.slice(std::size_t(me) * shard * 4, shard * 4),
+                             std::vector<std::size_t>(std::size_t(o_.dp), shard), s, async);
   }
+  async.name = "grad_allreduce";
+  return *g.all_reduce(data, data, n, s, async);
 }
 
 void ParamAndGradBuffer::gather_parameters(Group& g, Stream& s) const {

@@ -59,10 +59,10 @@ class ParamAndGradBuffer {
   const BucketLayout& layout() const { return layout_; }
   const std::vector<Parameter*>& params() const { return params_; }
 
-  // Megatron's start_grad_sync, every bucket in order on `s`: an all-reduce, or with the
-  // distributed optimizer a reduce-scatter in place into this rank's shard. fp32 sums in member
-  // order, so a shard holds the same bits the all-reduce gives.
-  void reduce_gradients(Group& g, Stream& s) const;
+  // Megatron's start_grad_sync for bucket b on `s`: an all-reduce, or with the distributed
+  // optimizer a reduce-scatter in place into this rank's shard. fp32 sums in member order, so a
+  // shard holds the same bits the all-reduce gives. Returns the collective's completion.
+  Event reduce_bucket(int bucket, Group& g, Stream& s, const CollOptions& o = {}) const;
   // The distributed optimizer's start_param_sync: every bucket's parameter shards all-gathered.
   void gather_parameters(Group& g, Stream& s) const;
 

@@ -34,6 +34,7 @@ void ScheduleNode::backward() {
   const bool fused = backward_dw_ && !ctx_->delay_wgrad;
   run(backward_, fused ? backward_dw_ : Body{}, true);
   dw_pending_ = backward_dw_ && ctx_->delay_wgrad;
+  if (!dw_pending_) weights_done(ctx_->stream(kind_));
 }
 
 void ScheduleNode::backward_dw() {
@@ -42,6 +43,14 @@ void ScheduleNode::backward_dw() {
     throw UsageError("schedule node '" + name_ + "': backward_dw before its backward");
   dw_pending_ = false;
   run(backward_dw_, {}, false);
+  weights_done(ctx_->stream(kind_));
+}
+
+void ScheduleNode::weights_done(Stream& s) {
+  if (!grad_ready_) return;
+  // Once per node: a sync-free rerun builds new plans.
+  auto g = std::move(grad_ready_);
+  if (--g->pending == 0) g->done(s);
 }
 
 }  // namespace nodeemu::layers

@@ -8,7 +8,9 @@
 // backward_dw() neither waits nor records: only its stream's order places it (REFERENCE §1).
 #pragma once
 #include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "devices/event.hpp"
 #include "devices/stream.hpp"
@@ -18,6 +20,17 @@
 namespace nodeemu::layers {
 
 class ActivationHooks;
+struct Parameter;
+
+// Weights whose gradients some nodes of the step's last micro-batch complete (a decoder layer's:
+// its attention and MLP nodes): after the last of those nodes has produced them (its backward,
+// or its backward_dw with delay_wgrad), `done` runs with the stream they were produced on. How
+// overlap_grad_reduce learns that a bucket's gradients are ready (Megatron's
+// register_grad_ready, called from each parameter's gradient hook on the last micro-batch).
+struct GradReady {
+  int pending = 0;
+  std::function<void(Stream&)> done;
+};
 
 enum class StreamKind { Compute, Comm };
 
@@ -48,6 +61,10 @@ struct ExecContext {
   bool shared_expert_overlap = false;
   Stream shared_experts;
   GraphScopes graphs;
+  // overlap_grad_reduce: told when the weights' gradients of the last of `microbatches`
+  // micro-batches are complete (DistributedDataParallel::weights_ready).
+  std::function<void(const std::vector<Parameter*>&, Stream&)> weights_ready;
+  int microbatches = 0;
   Stream& stream(StreamKind k) { return k == StreamKind::Compute ? compute : comm; }
 };
 
@@ -66,6 +83,8 @@ class ScheduleNode {
   void forward();
   void backward();  // dgrad; also the wgrad (before the event) unless the context delays it
   void backward_dw();
+  // This node is one of those that complete `g`'s weight gradients.
+  void completes(std::shared_ptr<GradReady> g) { grad_ready_ = std::move(g); }
 
  private:
   void run(const Body& body, const Body& then, bool chained);
@@ -73,8 +92,10 @@ class ScheduleNode {
   StreamKind kind_ = StreamKind::Compute;
   ExecContext* ctx_ = nullptr;
   Event* event_ = nullptr;
+  void weights_done(Stream& s);
   Body forward_, backward_, backward_dw_;
   bool dw_pending_ = false;
+  std::shared_ptr<GradReady> grad_ready_;
 };
 
 }  // namespace nodeemu::layers

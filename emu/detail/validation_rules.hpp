@@ -8,6 +8,7 @@
 #include "comm/parallel_layout.hpp"
 #include "devices/gpu_spec.hpp"
 #include "emu/recipe.hpp"
+#include "emu/recipe_views.hpp"
 #include "emu/validate.hpp"
 
 namespace nodeemu::emu::detail {
@@ -65,10 +66,7 @@ class Rules {
 
   // ddp.overlap_grad_reduce, or Megatron-Bridge's comm_overlap.overlap_grad_reduce, which
   // overrides it (CommOverlapConfig._override_user_cfgs).
-  bool overlap_grad_reduce() const {
-    return set("comm_overlap.overlap_grad_reduce") ? b("comm_overlap.overlap_grad_reduce")
-                                                   : b("ddp.overlap_grad_reduce");
-  }
+  bool overlap_grad_reduce() const { return emu::overlap_grad_reduce(r_); }
 
   void kernels();
   void cuda_graphs();

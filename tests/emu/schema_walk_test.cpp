@@ -97,6 +97,7 @@ const std::map<std::string, Flip>& chosen_flips() {
        {"1048576", offload + std::vector<std::string>{"model.pipeline_model_parallel_size=2",
                                                       "emulator.gpus_per_node=8"}}},
       {"comm_overlap.delay_wgrad_compute", {"true", ep_overlap}},
+      {"ddp.bucket_size", {"20000", {"ddp.overlap_grad_reduce=true"}}},
       {"comm_overlap.tp_comm_overlap",
        {"true",
         {"model.tensor_model_parallel_size=2", "model.sequence_parallel=true",

@@ -118,11 +118,13 @@ const Rule kRules[] = {
      {"model.ep_overlap_early_attn_memory_release=true"},
      "error: model.ep_overlap_early_attn_memory_release: needs "
      "comm_overlap.overlap_moe_expert_parallel_comm=true"},
-    {"overlap_grad_reduce_is_not_modelled",
-     {"ddp.overlap_grad_reduce=false"},
-     {"comm_overlap.overlap_grad_reduce=true"},
-     "error: comm_overlap.overlap_grad_reduce: overlapping the gradient reduction with the "
-     "backward (NodeEmu reduces after the step) is not modelled by NodeEmu yet\n"},
+    // Bridge's comm_overlap value overrides the ddp one: off there, no buckets to size.
+    {"bucket_size_needs_overlap_grad_reduce",
+     {"ddp.overlap_grad_reduce=true", "ddp.bucket_size=20000"},
+     {"ddp.overlap_grad_reduce=true", "ddp.bucket_size=20000",
+      "comm_overlap.overlap_grad_reduce=false"},
+     "error: ddp.bucket_size: only means something with overlap_grad_reduce (Megatron makes one "
+     "bucket without it); remove it or set ddp.overlap_grad_reduce: true\n"},
     {"max_inflight_offloads_zero_waits_for_each",
      {"model.fine_grained_activation_offloading=true", "model.offload_modules=[expert_fc1]",
       "model.max_inflight_offloads=0"},
