@@ -34,7 +34,7 @@ void ScheduleNode::backward() {
   const bool fused = backward_dw_ && !ctx_->delay_wgrad;
   run(backward_, fused ? backward_dw_ : Body{}, true);
   dw_pending_ = backward_dw_ && ctx_->delay_wgrad;
-  if (!dw_pending_) weights_done(ctx_->stream(kind_));
+  if (!dw_pending_) weights_done();
 }
 
 void ScheduleNode::backward_dw() {
@@ -43,14 +43,15 @@ void ScheduleNode::backward_dw() {
     throw UsageError("schedule node '" + name_ + "': backward_dw before its backward");
   dw_pending_ = false;
   run(backward_dw_, {}, false);
-  weights_done(ctx_->stream(kind_));
+  weights_done();
 }
 
-void ScheduleNode::weights_done(Stream& s) {
+void ScheduleNode::weights_done() {
+  // Only nodes with weights are told of a GradReady (a no-op node has no context at all).
   if (!grad_ready_) return;
   // Once per node: a sync-free rerun builds new plans.
   auto g = std::move(grad_ready_);
-  if (--g->pending == 0) g->done(s);
+  if (--g->pending == 0) g->done(ctx_->stream(kind_));
 }
 
 }  // namespace nodeemu::layers

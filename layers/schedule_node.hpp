@@ -92,7 +92,7 @@ class ScheduleNode {
   StreamKind kind_ = StreamKind::Compute;
   ExecContext* ctx_ = nullptr;
   Event* event_ = nullptr;
-  void weights_done(Stream& s);
+  void weights_done();
   Body forward_, backward_, backward_dw_;
   bool dw_pending_ = false;
   std::shared_ptr<GradReady> grad_ready_;
