@@ -325,9 +325,16 @@ bool overlap_grad_reduce(const Recipe& r) {
                                                       : r.flag("ddp.overlap_grad_reduce");
 }
 
+bool overlap_param_gather(const Recipe& r) {
+  // As overlap_grad_reduce: Megatron-Bridge's comm_overlap value, when set, overrides.
+  return r.is_set("comm_overlap.overlap_param_gather") ? r.flag("comm_overlap.overlap_param_gather")
+                                                       : r.flag("ddp.overlap_param_gather");
+}
+
 layers::DdpConfig ddp_config(const Recipe& r, int dp) {
   layers::DdpConfig c{.use_distributed_optimizer = r.flag("ddp.use_distributed_optimizer"),
-                      .overlap_grad_reduce = overlap_grad_reduce(r)};
+                      .overlap_grad_reduce = overlap_grad_reduce(r),
+                      .overlap_param_gather = overlap_param_gather(r)};
   // DistributedDataParallel.__init__: max(40M, 1M x DP) elements unless set.
   if (c.overlap_grad_reduce)
     c.bucket_size = r.is_set("ddp.bucket_size")

@@ -27,7 +27,10 @@ layers::ModelConfig model_config(const Recipe& r, const GpuSpec& gpu);
 // The ddp.* keys Megatron's DistributedDataParallelConfig holds and NodeEmu models; `dp`: the
 // data-parallel size (the default bucket size grows with it).
 layers::DdpConfig ddp_config(const Recipe& r, int dp);
+// ddp.overlap_grad_reduce / ddp.overlap_param_gather, or Megatron-Bridge's comm_overlap values,
+// which override them (CommOverlapConfig._override_user_cfgs).
 bool overlap_grad_reduce(const Recipe& r);
+bool overlap_param_gather(const Recipe& r);
 // What the recipe's CUDA graphs capture (cuda_graph_impl, cuda_graph_scope): per-layer scopes for
 // the layers, and whether the whole forward-backward is one graph (full_iteration).
 struct CudaGraphs {

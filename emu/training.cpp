@@ -208,14 +208,15 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     // they hand it (every weight, or this rank's shards with the distributed optimizer).
     std::vector<std::unique_ptr<layers::DistributedDataParallel>> ddp;
     std::vector<layers::OptimizerTarget> targets;
-    // overlap_grad_reduce: the buckets' reductions run on a stream of their own (NCCL's stream
-    // of the data-parallel communicator), started from the last micro-batch's backward.
-    const Stream grad_stream =
-        ddp_cfg.overlap_grad_reduce ? dev.create_stream(Priority::Normal, "dp_grad") : Stream();
+    // overlap_grad_reduce: the buckets' reductions (and with overlap_param_gather the gathers)
+    // run on a stream of their own (NCCL's stream of the data-parallel communicator), started
+    // from the last micro-batch's backward (the first micro-batch's forward).
+    const Stream dp_stream =
+        ddp_cfg.overlap_grad_reduce ? dev.create_stream(Priority::Normal, "dp_comm") : Stream();
     for (auto& c : chunks) {
       const layers::Parameter* shared = embedding_group ? c->word_embedding() : nullptr;
       ddp.push_back(std::make_unique<layers::DistributedDataParallel>(*c, dp, edp, ddp_cfg, shared,
-                                                                      grad_stream));
+                                                                      dp_stream));
       for (auto& t : ddp.back()->optimizer_targets()) targets.push_back(t);
     }
     if (ddp_cfg.overlap_grad_reduce) {
@@ -224,6 +225,10 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
         for (auto& wrapped : ddp) wrapped->weights_ready(params, s);
       };
     }
+    if (ddp_cfg.overlap_param_gather)
+      ctx.parameters_needed = [&ddp](const std::vector<layers::Parameter*>& params, Stream& s) {
+        for (auto& wrapped : ddp) wrapped->parameters_needed(params, s);
+      };
     Optimizer optimizer(recipe, std::move(targets), dev, ctx.compute);
     out.optimizer_state = optimizer.state_bytes();
     for (auto& c : chunks)
@@ -297,8 +302,8 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
           }
       }
       optimizer.step(ctx.compute);
-      // The distributed optimizer's all-gather of the updated shards, after the step as
-      // Megatron's without overlap_param_gather (DistributedOptimizer.step).
+      // The distributed optimizer's all-gather of the updated shards: after the step without
+      // overlap_param_gather, in the next step's forward with it (DistributedOptimizer.step).
       for (auto& wrapped : ddp) wrapped->gather_parameters(ctx.compute);
       dev.synchronize();
       if (offloader) {
@@ -322,6 +327,12 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
         if (functional && last_stage && pp == 1) line << ", rank-0 loss share " << loss;
         *options.progress << line.str() << "\n" << std::flush;
       }
+    }
+    if (ddp_cfg.overlap_param_gather) {
+      // The last step's gathers, after its end: Megatron's disable_forward_pre_hook with
+      // param_sync when training ends (megatron/training/training.py, train()).
+      for (auto& wrapped : ddp) wrapped->finish_parameters(ctx.compute);
+      dev.synchronize();
     }
     out.peak_mem = dev.memory().peak;
     if (offloader) {

@@ -277,9 +277,18 @@ void Rules::not_modelled() {
           "it); remove it or set ddp.overlap_grad_reduce: true");
   if (set("ddp.bucket_size") && i("ddp.bucket_size") < 1)
     error("ddp.bucket_size", "must be at least 1 element");
-  if (b("ddp.overlap_param_gather"))
-    refuse("ddp.overlap_param_gather",
-           "overlapping the parameter all-gather with the forward (set it false)");
+  if (overlap_param_gather(r_)) {
+    // Megatron's arguments.py asserts both (validate_args).
+    const std::string key = r_.is_set("comm_overlap.overlap_param_gather")
+                                ? "comm_overlap.overlap_param_gather"
+                                : "ddp.overlap_param_gather";
+    if (!b("ddp.use_distributed_optimizer"))
+      error(key, "needs the distributed optimizer; set ddp.use_distributed_optimizer: true");
+    else if (!overlap_grad_reduce())
+      error(key,
+            "needs overlap_grad_reduce, as Megatron asserts; set ddp.overlap_grad_reduce: "
+            "true");
+  }
   if (!b("ddp.grad_reduce_in_fp32"))
     refuse("ddp.grad_reduce_in_fp32",
            "false: a bf16 gradient reduction (NodeEmu reduces in fp32; set it true)");

@@ -11,10 +11,13 @@ namespace nodeemu::layers {
 DistributedDataParallel::DistributedDataParallel(ModelChunk& chunk, Group dp, Group edp,
                                                  const DdpConfig& c,
                                                  const Parameter* shared_embedding,
-                                                 Stream grad_stream)
-    : c_(c), grad_stream_(std::move(grad_stream)) {
-  NE_CHECK(!c.overlap_grad_reduce || (grad_stream_.state() && c.bucket_size > 0),
+                                                 Stream dp_stream)
+    : c_(c), dp_stream_(std::move(dp_stream)) {
+  NE_CHECK(!c.overlap_grad_reduce || (dp_stream_.state() && c.bucket_size > 0),
            "DistributedDataParallel: overlap_grad_reduce without its stream or bucket size");
+  NE_CHECK(!c.overlap_param_gather || (c.use_distributed_optimizer && c.overlap_grad_reduce),
+           "DistributedDataParallel: overlap_param_gather without the distributed optimizer and "
+           "overlap_grad_reduce");
   // Megatron's buffers are keyed by (param dtype, grad dtype), the dense ones first, then the
   // experts' (DistributedDataParallel.__init__, _allocate_buffers_for_parameters).
   for (const bool expert : {false, true}) {
@@ -39,6 +42,9 @@ DistributedDataParallel::DistributedDataParallel(ModelChunk& chunk, Group dp, Gr
       part.buffer =
           std::make_unique<ParamAndGradBuffer>(chunk.device(), params, shared_embedding, o);
       const BucketLayout& l = part.buffer->layout();
+      // The parameters start whole on every rank: nothing to gather before the first step.
+      part.stale.assign(l.buckets.size(), 0);
+      part.gathering.assign(l.buckets.size(), std::nullopt);
       for (std::size_t i = 0; i < params.size(); ++i)
         where_[params[i]] = {parts_.size(), l.params[i].bucket};
       parts_.push_back(std::move(part));
@@ -73,7 +79,7 @@ void DistributedDataParallel::start_bucket(Part& p, int bucket, Stream& s) {
   // The gradient stream takes over once the stream that produced the gradients is there.
   Event produced;
   s.record(produced);
-  done = p.buffer->reduce_bucket(bucket, p.group, grad_stream_, {.previous = produced});
+  done = p.buffer->reduce_bucket(bucket, p.group, dp_stream_, {.previous = produced});
 }
 
 void DistributedDataParallel::weights_ready(const std::vector<Parameter*>& params, Stream& s) {
@@ -88,6 +94,10 @@ void DistributedDataParallel::weights_ready(const std::vector<Parameter*>& param
 
 void DistributedDataParallel::reduce_gradients(Stream& s) {
   if (!armed_) start_step(s);  // a caller that runs no schedule
+  for (const Part& p : parts_)
+    NE_CHECK(std::find(p.stale.begin(), p.stale.end(), 1) == p.stale.end(),
+             "DistributedDataParallel: a bucket's parameters were never asked for by the forward "
+             "(overlap_param_gather), so the step ran on stale weights");
   for (Part& p : parts_)
     for (std::size_t b = 0; b < p.done.size(); ++b) start_bucket(p, int(b), s);
   for (Part& p : parts_)
@@ -99,8 +109,54 @@ void DistributedDataParallel::reduce_gradients(Stream& s) {
 
 void DistributedDataParallel::gather_parameters(Stream& s) {
   if (!c_.use_distributed_optimizer) return;
+  if (!c_.overlap_param_gather) {
+    for (Part& p : parts_)
+      if (p.group.size() > 1)
+        for (std::size_t b = 0; b < p.stale.size(); ++b)
+          p.buffer->gather_bucket(int(b), p.group, s);
+    return;
+  }
+  // DistributedOptimizer.step_with_ready_grads leaves the gathers to the forward pre-hooks. The
+  // data-parallel stream holds them behind this step's updates of the shards.
+  Event stepped;
+  s.record(stepped);
+  dp_stream_.wait(stepped);
   for (Part& p : parts_)
-    if (p.group.size() > 1) p.buffer->gather_parameters(p.group, s);
+    if (p.group.size() > 1) p.stale.assign(p.stale.size(), 1);
+}
+
+void DistributedDataParallel::dispatch_gather(Part& p, int bucket, Stream& s) {
+  // An async NCCL call waits for the stream that issues it (the forward's, here).
+  Event issued;
+  s.record(issued);
+  p.gathering[std::size_t(bucket)] =
+      p.buffer->gather_bucket(bucket, p.group, dp_stream_, {.previous = issued});
+}
+
+void DistributedDataParallel::finish_gather(Part& p, int bucket, Stream& s) {
+  const auto b = std::size_t(bucket);
+  if (!p.stale[b]) return;
+  // _ParamAndGradBucketGroup.finish_param_sync: dispatch if nobody has, wait, then dispatch the
+  // next bucket in forward order (buckets are laid out from the last weights, so the next is
+  // the one before: next_param_gather_bucket_group).
+  if (!p.gathering[b]) dispatch_gather(p, bucket, s);
+  s.wait(*p.gathering[b]);
+  p.gathering[b].reset();
+  p.stale[b] = 0;
+  if (bucket > 0 && p.stale[b - 1] && !p.gathering[b - 1]) dispatch_gather(p, bucket - 1, s);
+}
+
+void DistributedDataParallel::parameters_needed(const std::vector<Parameter*>& params, Stream& s) {
+  for (const Parameter* prm : params) {
+    auto it = where_.find(prm);
+    if (it == where_.end()) continue;
+    finish_gather(parts_[it->second.first], it->second.second, s);
+  }
+}
+
+void DistributedDataParallel::finish_parameters(Stream& s) {
+  for (Part& p : parts_)
+    for (int b = int(p.stale.size()) - 1; b >= 0; --b) finish_gather(p, b, s);
 }
 
 std::vector<OptimizerTarget> DistributedDataParallel::optimizer_targets() const {

@@ -9,6 +9,13 @@
 // schedule (finish_grad_sync). With it, buckets of bucket_size elements, each reduced on the
 // gradient stream as soon as its weights' gradients are complete (weights_ready, from the
 // schedule nodes of the last micro-batch), and finish_grad_sync only waits for them.
+//
+// With overlap_param_gather (distributed optimizer only) the optimizer step gathers nothing: the
+// next step's first micro-batch asks for each weight before its forward (parameters_needed,
+// Megatron's forward pre-hook), which dispatches its bucket's all-gather if it is not in flight
+// yet, makes the forward wait for it, and dispatches the next bucket's (finish_param_sync with
+// next_param_gather_bucket_group), so each bucket's gather runs behind the forward of the one
+// before.
 #pragma once
 #include <map>
 #include <memory>
@@ -29,6 +36,9 @@ struct DdpConfig {
   // produced all its gradients, and the optimizer waits for every bucket.
   bool overlap_grad_reduce = false;
   std::int64_t bucket_size = 0;  // elements per bucket with overlap_grad_reduce
+  // The parameter all-gather waits for the next step's forward, bucket by bucket (needs the
+  // distributed optimizer and overlap_grad_reduce, as Megatron's arguments.py asserts).
+  bool overlap_param_gather = false;
 };
 
 // What the optimizer updates elementwise: a parameter and its gradient, or with the distributed
@@ -47,9 +57,10 @@ class DistributedDataParallel {
  public:
   // Re-homes the chunk's gradients (and, distributed, its parameters) into the buffers.
   // `shared_embedding`: the word embedding when the first and last stages share it, else null.
-  // `grad_stream`: where overlapped reductions run (overlap_grad_reduce only).
+  // `dp_stream`: where overlapped reductions and gathers run (NCCL's stream of the data-parallel
+  // communicator; overlap_grad_reduce only).
   DistributedDataParallel(ModelChunk& chunk, Group dp, Group edp, const DdpConfig& c,
-                          const Parameter* shared_embedding, Stream grad_stream = {});
+                          const Parameter* shared_embedding, Stream dp_stream = {});
   ~DistributedDataParallel();
 
   // Before each forward-backward (`s`: where it zeroes the gradients): no bucket's gradients
@@ -60,8 +71,18 @@ class DistributedDataParallel {
   void weights_ready(const std::vector<Parameter*>& params, Stream& s);
   // finish_grad_sync: the buckets not started yet, dense first, then `s` waits for them all.
   void reduce_gradients(Stream& s);
-  // The distributed optimizer's parameter all-gather, every bucket, on `s` (no-op otherwise).
+  // After the optimizer step on `s`: the distributed optimizer's parameter all-gather, every
+  // bucket on `s`; with overlap_param_gather only marks every bucket as stale, to be gathered
+  // when the forward needs it (no-op without the distributed optimizer).
   void gather_parameters(Stream& s);
+  // overlap_param_gather: these weights are about to be read on `s` (the first micro-batch's
+  // forward): each stale bucket among theirs is gathered (dispatched now unless in flight), `s`
+  // waits for it, and the next bucket's gather is dispatched. Weights of other chunks are
+  // ignored.
+  void parameters_needed(const std::vector<Parameter*>& params, Stream& s);
+  // Every stale bucket gathered, `s` waiting for them (Megatron's disable_forward_pre_hook with
+  // param_sync, at the end of training).
+  void finish_parameters(Stream& s);
   std::vector<OptimizerTarget> optimizer_targets() const;
   // What this rank holds reduced after reduce_gradients, for digests: its shards' pieces with
   // the distributed optimizer; every weight on the group's first member without it.
@@ -74,11 +95,17 @@ class DistributedDataParallel {
     int rank;                                // in `group`
     std::vector<int> pending;                // per bucket: weights whose gradients are not ready
     std::vector<std::optional<Event>> done;  // per bucket: its reduction, once started
+    // overlap_param_gather, per bucket: its parameters wait for a gather, and the gather once
+    // dispatched.
+    std::vector<char> stale;
+    std::vector<std::optional<Event>> gathering;
   };
   void start_bucket(Part& p, int bucket, Stream& s);
+  void dispatch_gather(Part& p, int bucket, Stream& s);
+  void finish_gather(Part& p, int bucket, Stream& s);
 
   DdpConfig c_;
-  Stream grad_stream_;
+  Stream dp_stream_;
   bool armed_ = false;  // between start_step and reduce_gradients
   std::vector<Part> parts_;
   std::map<const Parameter*, std::pair<std::size_t, int>> where_;  // (part, bucket)

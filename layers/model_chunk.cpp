@@ -240,6 +240,33 @@ ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const 
         });
   }
   if (ctx.weights_ready && microbatch == ctx.microbatches - 1) announce_weight_gradients(decoder);
+  if (ctx.parameters_needed && microbatch == 0) announce_parameter_uses(decoder);
+}
+
+void ChunkPlan::announce_parameter_uses(std::size_t decoder) {
+  // Megatron's pre-hooks are per module; here per node: a layer's dense weights before its
+  // pre_dispatch (attention, router, shared experts; a dense layer's MLP too, a node early), its
+  // experts' before its mlp node. The MTP layer's prologue reads MTP's own weights, the final
+  // norm and the embedding; the output layer is asked for there too (a node early).
+  auto needs = [this](ScheduleNode& n, std::vector<Parameter*> params) {
+    if (params.empty()) return;
+    n.before_forward(
+        [fn = ctx_.parameters_needed, params = std::move(params)](Stream& s) { fn(params, s); });
+  };
+  if (chunk_.spec_.pre_process) needs(embedding, {&chunk_.embedding_});
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    std::vector<Parameter*> dense, experts;
+    for (Parameter* p : chunk_.layers_[i]->parameters()) (p->expert ? experts : dense).push_back(p);
+    if (i == decoder) {  // the MTP layer
+      for (Parameter* p : chunk_.mtp_->parameters()) dense.push_back(p);
+      if (Parameter* e = chunk_.word_embedding()) dense.push_back(e);
+      dense.push_back(&chunk_.final_norm_);
+      dense.push_back(&chunk_.output_);
+    }
+    needs(layers[i]->pre_dispatch, std::move(dense));
+    needs(layers[i]->mlp, std::move(experts));
+  }
+  if (chunk_.spec_.post_process) needs(loss, {&chunk_.final_norm_, &chunk_.output_});
 }
 
 void ChunkPlan::announce_weight_gradients(std::size_t decoder) {

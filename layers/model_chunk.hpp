@@ -115,6 +115,9 @@ class ChunkPlan {
   // overlap_grad_reduce, on the step's last micro-batch: tell ctx.weights_ready when each
   // layer's weight gradients are complete.
   void announce_weight_gradients(std::size_t decoder);
+  // overlap_param_gather, on the step's first micro-batch: tell ctx.parameters_needed before
+  // each node's forward which weights it reads.
+  void announce_parameter_uses(std::size_t decoder);
 
   ModelChunk& chunk_;
   ExecContext& ctx_;

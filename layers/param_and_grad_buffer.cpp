@@ -104,17 +104,21 @@ Event ParamAndGradBuffer::reduce_bucket(int bucket, Group& g, Stream& s,
   return *g.all_reduce(data, data, n, s, async);
 }
 
-void ParamAndGradBuffer::gather_parameters(Group& g, Stream& s) const {
+Event ParamAndGradBuffer::gather_bucket(int bucket, Group& g, Stream& s,
+                                        const CollOptions& o) const {
   NE_CHECK(o_.distributed_optimizer, "ParamAndGradBuffer: a parameter gather without shards");
   const std::size_t vb = dtype_bytes(values_.dtype());
   const int me = g.index_of(s.device().id());
-  for (const auto& b : layout_.buckets) {
-    const std::size_t n = std::size_t(b.end - b.start), shard = n / std::size_t(o_.dp);
-    const Buffer bucket = values_.buffer().slice(std::size_t(b.start) * vb, n * vb);
-    // In place: this rank's shard is its own part of the gathered bucket.
-    g.all_gather(bucket.slice(std::size_t(me) * shard * vb, shard * vb), bucket, shard * vb, s,
-                 {.async = true, .name = "param_allgather"});
-  }
+  const auto& b = layout_.buckets.at(std::size_t(bucket));
+  const std::size_t n = std::size_t(b.end - b.start),
+                    shard = std::size_t(layout_.shard_numel(bucket));
+  const Buffer data = values_.buffer().slice(std::size_t(b.start) * vb, n * vb);
+  CollOptions async = o;
+  async.async = true;
+  async.name = "param_allgather";
+  // In place: this rank's shard is its own part of the gathered bucket.
+  return *g.all_gather(data.slice(std::size_t(me) * shard * vb, shard * vb), data, shard * vb, s,
+                       async);
 }
 
 Tensor ParamAndGradBuffer::grad_shard(int bucket, int rank) const {

@@ -63,8 +63,9 @@ class ParamAndGradBuffer {
   // optimizer a reduce-scatter in place into this rank's shard. fp32 sums in member order, so a
   // shard holds the same bits the all-reduce gives. Returns the collective's completion.
   Event reduce_bucket(int bucket, Group& g, Stream& s, const CollOptions& o = {}) const;
-  // The distributed optimizer's start_param_sync: every bucket's parameter shards all-gathered.
-  void gather_parameters(Group& g, Stream& s) const;
+  // The distributed optimizer's start_param_sync for bucket b on `s`: every rank's updated
+  // shard of its parameters all-gathered in place. Returns the collective's completion.
+  Event gather_bucket(int bucket, Group& g, Stream& s, const CollOptions& o = {}) const;
 
   // This rank's shard of bucket b: its reduced gradients and its parameters (distributed
   // optimizer only).

@@ -14,17 +14,20 @@ ScheduleNode::ScheduleNode(std::string name, StreamKind kind, ExecContext* ctx, 
       backward_(std::move(backward)),
       backward_dw_(std::move(backward_dw)) {}
 
-void ScheduleNode::run(const Body& body, const Body& then, bool chained) {
+void ScheduleNode::run(const Body& body, const Body& then, bool chained, const Body& before) {
   if (!body) return;
   Stream& s = ctx_->stream(kind_);
   if (chained && event_->recorded()) s.wait(*event_);
+  if (before) before(s);
   body(s);
   if (then) then(s);
   if (chained) s.record(*event_);
 }
 
 void ScheduleNode::forward() {
-  run(forward_, {}, true);
+  const Body before = std::move(before_forward_);
+  before_forward_ = {};
+  run(forward_, {}, true, before);
 }
 
 void ScheduleNode::backward() {

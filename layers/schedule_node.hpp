@@ -65,6 +65,9 @@ struct ExecContext {
   // micro-batches are complete (DistributedDataParallel::weights_ready).
   std::function<void(const std::vector<Parameter*>&, Stream&)> weights_ready;
   int microbatches = 0;
+  // overlap_param_gather: told, before the first micro-batch's forward reads weights, which
+  // (DistributedDataParallel::parameters_needed: the stream then waits for their gather).
+  std::function<void(const std::vector<Parameter*>&, Stream&)> parameters_needed;
   Stream& stream(StreamKind k) { return k == StreamKind::Compute ? compute : comm; }
 };
 
@@ -85,9 +88,12 @@ class ScheduleNode {
   void backward_dw();
   // This node is one of those that complete `g`'s weight gradients.
   void completes(std::shared_ptr<GradReady> g) { grad_ready_ = std::move(g); }
+  // Before this node's forward body, on its stream after the plan's event: Megatron's forward
+  // pre-hook of the modules the node runs (overlap_param_gather). Once.
+  void before_forward(Body hook) { before_forward_ = std::move(hook); }
 
  private:
-  void run(const Body& body, const Body& then, bool chained);
+  void run(const Body& body, const Body& then, bool chained, const Body& before = {});
   std::string name_ = "noop";
   StreamKind kind_ = StreamKind::Compute;
   ExecContext* ctx_ = nullptr;
@@ -96,6 +102,7 @@ class ScheduleNode {
   Body forward_, backward_, backward_dw_;
   bool dw_pending_ = false;
   std::shared_ptr<GradReady> grad_ready_;
+  Body before_forward_;
 };
 
 }  // namespace nodeemu::layers

@@ -1,7 +1,12 @@
 // Shared by the emu tests: the shipped tiny recipe with overrides.
 #pragma once
+#include <unistd.h>
+
+#include <functional>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "emu/recipe.hpp"
 
@@ -17,6 +22,14 @@ inline std::string recipe_path(const std::string& name) {
 
 inline emu::Recipe tiny(const std::vector<std::string>& overrides = {}) {
   return emu::Recipe::load(recipe_path("tiny_moe"), overrides);
+}
+
+// A trace file of its own for a run with these overrides: ctest runs tests side by side.
+inline std::string trace_path(const std::string& stem, const std::vector<std::string>& overrides) {
+  std::string joined;
+  for (const auto& o : overrides) joined += o + ' ';
+  return ::testing::TempDir() + "/" + std::to_string(getpid()) + "_" + stem + "_" +
+         std::to_string(std::hash<std::string>{}(joined)) + ".json";
 }
 
 }  // namespace nodeemu::testing

@@ -78,8 +78,7 @@ struct Timing {
 
 Timing timing(std::vector<std::string> overrides) {
   overrides.insert(overrides.end(), kLarge.begin(), kLarge.end());
-  const std::string trace = ::testing::TempDir() + "/overlap_grad_reduce_" +
-                            std::to_string(std::hash<std::string>{}(overrides.back())) + ".json";
+  const std::string trace = testing::trace_path("overlap_grad_reduce", overrides);
   const RunReport r = train(tiny(overrides), {.iterations = 1, .trace_path = trace});
   std::ifstream in(trace);
   const auto events = nlohmann::json::parse(in)["traceEvents"];
