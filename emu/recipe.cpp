@@ -95,7 +95,14 @@ Value convert(const KeySpec& k, const YAML::Node& n, const std::string& where,
   auto bad = [&](const std::string& got) -> ConfigError {
     return ConfigError(where, k.key, "wants " + std::string(type_name(k.type)) + ", got " + got);
   };
-  if (!n || n.IsNull()) return v;  // unset
+  if (!n || n.IsNull()) {
+    // A key with a default has no unset state: below the schema every reader relies on a value.
+    if (!k.default_yaml.empty())
+      throw ConfigError(where, k.key,
+                        "needs a value (its default is " + k.default_yaml +
+                            "; remove the key to use it)");
+    return v;  // unset
+  }
   v.null = false;
   if (k.type == ValueType::LayerPattern) {
     if (n.IsMap()) throw bad("a mapping");

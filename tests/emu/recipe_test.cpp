@@ -90,6 +90,18 @@ TEST(Recipe, WrongTypesAndChoicesNameTheKey) {
             "no/such/recipe.yaml: : cannot read the recipe file; check the path");
 }
 
+// An empty or null value (`key=`, `key=~`) for a key with a default used to leave the key without
+// a value and crash validate (a division by a zero micro-batch size): it is an error naming the
+// key; a key without a default (optional) may still be unset that way.
+TEST(Recipe, AnEmptyValueForAKeyWithADefaultIsAnError) {
+  for (const char* v : {"train.micro_batch_size=", "train.micro_batch_size=~"})
+    EXPECT_EQ(error_of([&] { tiny({v}); }),
+              "override: train.micro_batch_size: needs a value (its default is 1; remove the key "
+              "to use it)")
+        << v;
+  EXPECT_FALSE(tiny({"train.global_batch_size="}).is_set("train.global_batch_size"));
+}
+
 TEST(Recipe, EveryShippedRecipeLoads) {
   for (const char* name : {"tiny_moe", "qwen3_30b_a3b", "deepseek_v3_proxy", "mixtral_8x7b"}) {
     SCOPED_TRACE(name);
