@@ -98,9 +98,9 @@ Value convert(const KeySpec& k, const YAML::Node& n, const std::string& where,
   if (!n || n.IsNull()) {
     // A key with a default has no unset state: below the schema every reader relies on a value.
     if (!k.default_yaml.empty())
-      throw ConfigError(where, k.key,
-                        "needs a value (its default is " + k.default_yaml +
-                            "; remove the key to use it)");
+      throw ConfigError(
+          where, k.key,
+          "needs a value (its default is " + k.default_yaml + "; remove the key to use it)");
     return v;  // unset
   }
   v.null = false;
