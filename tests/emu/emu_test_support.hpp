@@ -24,6 +24,17 @@ inline emu::Recipe tiny(const std::vector<std::string>& overrides = {}) {
   return emu::Recipe::load(recipe_path("tiny_moe"), overrides);
 }
 
+// Meta mode, every weight over DP 4 (EP 1) on the tiny recipe's 4 GPUs, 120 M parameters a rank:
+// a few buckets of Megatron's default 40 M elements (the data-parallel overlap tests).
+inline const std::vector<std::string> kDenseMetaDp4 = {"emulator.mode=meta",
+                                                       "model.moe_router_force_load_balancing=true",
+                                                       "model.expert_model_parallel_size=1",
+                                                       "model.hidden_size=1024",
+                                                       "model.num_attention_heads=16",
+                                                       "model.ffn_hidden_size=2048",
+                                                       "model.moe_ffn_hidden_size=1024",
+                                                       "train.seq_length=2048"};
+
 // A trace file of its own for a run with these overrides: ctest runs tests side by side.
 inline std::string trace_path(const std::string& stem, const std::vector<std::string>& overrides) {
   std::string joined;

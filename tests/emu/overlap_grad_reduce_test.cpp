@@ -59,14 +59,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Meta mode, every weight over DP 4 (EP 1), 120 M parameters a rank: three buckets of Megatron's
 // default 40 M elements.
-const std::vector<std::string> kLarge = {"emulator.mode=meta",
-                                         "model.moe_router_force_load_balancing=true",
-                                         "model.expert_model_parallel_size=1",
-                                         "model.hidden_size=1024",
-                                         "model.num_attention_heads=16",
-                                         "model.ffn_hidden_size=2048",
-                                         "model.moe_ffn_hidden_size=1024",
-                                         "train.seq_length=2048"};
+const std::vector<std::string>& kLarge = testing::kDenseMetaDp4;
 
 struct Timing {
   double step, exposed;
