@@ -32,12 +32,7 @@ Engine::Engine(Mode mode, int max_connections)
 }
 
 Engine::~Engine() {
-  {
-    std::lock_guard lk(hang_mu_);
-    hang_stop_ = true;
-  }
-  hang_cv_.notify_all();
-  if (hang_thread_.joinable()) hang_thread_.join();
+  watchdog_.stop();
   // Kernels still queued hold pointers into buffers and pools: let them finish first.
   drain_functional(true);
 }
@@ -52,7 +47,7 @@ int Engine::add_device(const GpuSpec* spec, WorkerPool* pool, std::string name) 
   d.h2d = {ResourceKind::H2D, std::max(1, spec->h2d_copy_engines), {}, {}};
   d.d2h = {ResourceKind::D2H, std::max(1, spec->d2h_copy_engines), {}, {}};
   d.d2d = {ResourceKind::D2D, 1, {}, {}};
-  d.mem.capacity = spec->hbm_bytes;
+  d.mem = MemoryAccount(spec->hbm_bytes);
   layout_.device_names.push_back(std::move(name));
   // Copy-engine tracks come first so that their ids do not move as streams are created.
   d.h2d_track = add_track(d.id, "copy engine H2D");
@@ -108,10 +103,6 @@ void Engine::host_charge(double seconds, const std::string& what) {
   emit_host(a.id, what, t0, a.clock);
 }
 
-void Engine::push(VTime t, CalendarEntry::What w, std::uint32_t target, std::uint32_t version) {
-  calendar_.push({t, calendar_seq_++, w, target, version});
-}
-
 OpId Engine::new_op(StreamState& s, OpKind kind, std::string name, ResourceKind res) {
   NE_CHECK(ops_.size() < kNoOp, "too many operations for 32-bit op ids");
   OpId id = static_cast<OpId>(ops_.size());
@@ -153,7 +144,7 @@ void Engine::finish_issue(OpId id) {
   Op& op = ops_[id];
   NE_CHECK(op.ready_at >= now_, "an operation was issued in the virtual past");
   ++op.unmet;  // the time gate
-  push(op.ready_at, CalendarEntry::What::Gate, id);
+  calendar_.schedule(op.ready_at, Calendar::What::Gate, id);
 }
 
 void Engine::wait_for_launch_slot(StreamState& s, const DeviceState& d) {
@@ -367,7 +358,7 @@ void Engine::wake(Actor& a, VTime t) {
 bool Engine::advance() {
   std::uint64_t before = wakes_;
   while (!calendar_.empty()) {
-    CalendarEntry e = calendar_.top();
+    const Calendar::Entry e = calendar_.next();
     // Once somebody woke, finish the current instant and hand control back: anything the woken
     // actors issue lies at or after this instant.
     if (wakes_ != before && e.time > now_) return true;
@@ -375,21 +366,20 @@ bool Engine::advance() {
     NE_CHECK(e.time >= now_, "the calendar went back in time");
     now_ = e.time;
     switch (e.what) {
-      case CalendarEntry::What::Gate:
+      case Calendar::What::Gate:
         satisfy(e.target);
         break;
-      case CalendarEntry::What::Complete:
+      case Calendar::What::Complete:
         if (ops_[e.target].version == e.version && !ops_[e.target].complete()) finish(e.target);
         break;
-      case CalendarEntry::What::Wake:
+      case Calendar::What::Wake:
         wake(actors_[e.target], e.time);
         break;
-      case CalendarEntry::What::FlowStart:
+      case Calendar::What::FlowStart:
         start_flow(e.target);
         break;
-      case CalendarEntry::What::FlowComplete:
-        if (rvs_[e.target].version == e.version && !rvs_[e.target].complete)
-          finish_rendezvous(e.target);
+      case Calendar::What::FlowComplete:
+        if (network_.current(e.target, e.version)) finish_rendezvous(e.target);
         break;
     }
     drain_starts();
@@ -471,11 +461,8 @@ void Engine::block_until_complete(OpId id) {
   if (!ops_[id].complete()) {
     ops_[id].waiting_hosts.push_back(a.id);
     a.waiting_on = id;
-    if (hang_timeout_s_ > 0) {
-      std::lock_guard lk(hang_mu_);
-      hang_waits_.resize(actors_.size());
-      hang_waits_[static_cast<size_t>(a.id)] = a.name + " waits on " + describe_wait(id);
-    }
+    // The description walks the stream back: built only when the watchdog may print it.
+    if (watchdog_.on()) watchdog_.set_wait(a.id, a.name + " waits on " + describe_wait(id));
     try {
       block_current();
     } catch (...) {
@@ -483,10 +470,7 @@ void Engine::block_until_complete(OpId id) {
       throw;
     }
     a.waiting_on = kNoOp;
-    if (hang_timeout_s_ > 0) {
-      std::lock_guard lk(hang_mu_);
-      hang_waits_[static_cast<size_t>(a.id)].clear();
-    }
+    watchdog_.set_wait(a.id, {});
   }
 }
 
@@ -494,7 +478,7 @@ void Engine::catch_up_to_host() {
   // Let the engine process everything up to this host's clock, so that what the host sees next
   // depends on virtual time only.
   Actor& a = current();
-  push(a.clock, CalendarEntry::What::Wake, static_cast<std::uint32_t>(a.id));
+  calendar_.schedule(a.clock, Calendar::What::Wake, static_cast<std::uint32_t>(a.id));
   block_current();
 }
 

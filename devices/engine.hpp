@@ -31,22 +31,29 @@
 // stream, one task per party and phase on the party's worker pool, a barrier between phases, and
 // a completion marker that every party's stream continues from. No task ever waits for another
 // thread, so any number of ranks run on any number of worker tokens.
+//
+// Parts (devices/detail/, each one concept with its own tests; SimGrid's kernel models are the
+// example): the Calendar (virtual time's future events), the FlowNetwork (links and max-min
+// flows), each device's MemoryAccount (allocations, deferred releases, peaks) and the
+// HangWatchdog (the only wall-clock reader). What is still in this class: the actors, the
+// operations and their streams and hardware queues, the fluid sharing of SMs and copy engines
+// (engine_resources.cpp) and the rendezvous' functional plane (engine_rendezvous.cpp).
 #pragma once
 
-#include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
-#include <queue>
 #include <semaphore>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "devices/detail/calendar.hpp"
+#include "devices/detail/flow_network.hpp"
+#include "devices/detail/hang_watchdog.hpp"
+#include "devices/detail/memory_account.hpp"
 #include "devices/functional.hpp"
 #include "devices/gpu_spec.hpp"
 #include "devices/trace.hpp"
@@ -67,12 +74,6 @@ enum class ResourceKind : std::uint8_t { None, Sm, H2D, D2H, D2D };
 using RendezvousId = std::uint32_t;
 inline constexpr RendezvousId kNoRendezvous = UINT32_MAX;
 
-// Bytes a transfer puts across one link of the fabric (see Engine::add_link).
-struct LinkLoad {
-  int link;
-  double bytes;
-};
-
 // Device memory the host has let go of, returned to the account once every operation that used
 // it (on any stream) has completed: record_stream semantics.
 struct PendingRelease {
@@ -80,7 +81,7 @@ struct PendingRelease {
   std::uint64_t bytes;
   VTime not_before;  // the host dropped its last handle at this time
   int ops_left;      // uses still running
-  bool deferred;     // counted in MemoryAccount::deferred until released
+  bool deferred;     // counted in MemoryAccount::deferred() until released
 };
 
 struct Op {
@@ -122,11 +123,6 @@ struct Op {
   bool complete() const { return end >= 0; }
 };
 
-struct Link {
-  std::string name;
-  double bytes_per_ps;
-};
-
 struct Rendezvous {
   int parties = 0;
   int phases = 1;
@@ -139,16 +135,9 @@ struct Rendezvous {
   // Functional plane: barriers[k] opens phase k; `done` is what every party's stream waits on.
   std::vector<std::shared_ptr<FuncTask>> barriers;
   std::shared_ptr<FuncTask> done;
-  // Timing plane: the flow. `remaining` counts bytes of the most loaded link; coef[i] is the
-  // share of that count each link carries.
-  std::vector<std::pair<int, double>> coef;
-  double remaining = 0;
-  double rate = 0;  // bytes of `remaining` per picosecond
-  VTime last_update = 0;
-  std::uint32_t version = 0;
+  // Timing plane: the transfer is a flow of the network (FlowNetwork) while `flowing`.
   bool flowing = false;
   bool complete = false;
-  std::chrono::steady_clock::time_point opened_wall;
 };
 
 struct StreamState {
@@ -175,13 +164,6 @@ struct Resource {
   int capacity = 1;  // SMs for Sm; concurrent copies otherwise
   std::vector<OpId> active;
   std::deque<OpId> waiting;
-};
-
-struct MemoryAccount {
-  std::uint64_t capacity = 0;
-  std::uint64_t live = 0;      // allocated and not yet released in virtual time
-  std::uint64_t deferred = 0;  // of `live`: dropped by the host, waiting for their last uses
-  std::vector<std::pair<VTime, std::int64_t>> deltas;  // for the peak, in virtual time
 };
 
 struct DeviceState {
@@ -263,9 +245,11 @@ class Engine {
 
   // --- multi-party operations and the fabric (comm/ builds on these) ---
   // A link of the fabric: one direction of a GPU's NVLink port, one direction of a NIC.
-  int add_link(std::string name, double bytes_per_s);
-  const Link& link(int id) const { return links_[static_cast<size_t>(id)]; }
-  int link_count() const { return static_cast<int>(links_.size()); }
+  int add_link(std::string name, double bytes_per_s) {
+    return network_.add_link(std::move(name), bytes_per_s);
+  }
+  const Link& link(int id) const { return network_.link(id); }
+  int link_count() const { return network_.link_count(); }
   // A multi-party operation with `parties` parties and `phases` functional phases.
   RendezvousId open_rendezvous(int parties, int phases, std::string label);
   // One party's part, issued by that party's host on its stream like a launch. `sms`: SMs the
@@ -292,7 +276,7 @@ class Engine {
   std::uint64_t peak_memory(int device) const;
   // The peak over virtual time [from, to).
   std::uint64_t peak_memory(int device, VTime from, VTime to) const;
-  std::uint64_t memory_in_use(int device) const { return devices_[size_t(device)].mem.live; }
+  std::uint64_t memory_in_use(int device) const { return devices_[size_t(device)].mem.live(); }
 
   // --- actors ---
   // Runs bodies[i] as actor named names[i] driving devices[i]; the calling actor blocks until
@@ -309,17 +293,6 @@ class Engine {
   std::uint64_t ops_issued() const { return ops_.size(); }
 
  private:
-  struct CalendarEntry {
-    VTime time;
-    std::uint64_t seq;
-    enum class What : std::uint8_t { Gate, Complete, Wake, FlowStart, FlowComplete } what;
-    std::uint32_t target;
-    std::uint32_t version;
-    bool operator>(const CalendarEntry& o) const {
-      return time != o.time ? time > o.time : seq > o.seq;
-    }
-  };
-
   // Everything one host call puts on a stream; launch, record and wait are all issues.
   struct Issue {
     OpKind kind;
@@ -342,7 +315,6 @@ class Engine {
   void add_dependency_on_completion(OpId op, OpId dep);
   void link_queue(DeviceState& d, StreamState& s, OpId id);
   void finish_issue(OpId id);
-  void push(VTime t, CalendarEntry::What w, std::uint32_t target, std::uint32_t version = 0);
   void satisfy(OpId id);
   void drain_starts();
   void start(OpId id);
@@ -372,13 +344,12 @@ class Engine {
   void arrive(RendezvousId rv);
   void start_flow(RendezvousId rv);
   void finish_rendezvous(RendezvousId rv);
-  void rerate_network();
+  void schedule_flow_completions();
   std::string describe_op(OpId id) const;
   // `id`, and what holds it up: the earliest unfinished operation its stream order and event
   // waits lead back to.
   std::string describe_wait(OpId id) const;
   std::string deadlock_report() const;
-  void watch_hangs();
 
   Mode mode_;
   int max_connections_;
@@ -387,8 +358,7 @@ class Engine {
   std::deque<StreamState> streams_;
   std::deque<Actor> actors_;
   std::thread::id main_thread_;
-  std::priority_queue<CalendarEntry, std::vector<CalendarEntry>, std::greater<>> calendar_;
-  std::uint64_t calendar_seq_ = 0;
+  Calendar calendar_;
   std::vector<OpId> start_list_;
   VTime now_ = 0;
   std::uint64_t wakes_ = 0;
@@ -396,23 +366,10 @@ class Engine {
   std::vector<TimelineObserver*> observers_;
   TimelineHasher hasher_;
   TimelineLayout layout_;
-  std::vector<Link> links_;
+  FlowNetwork network_;
   std::deque<Rendezvous> rvs_;
-  std::vector<RendezvousId> flows_;  // flowing rendezvous, in start order
-  bool deadlocked_ = false;          // a deadlock was reported: stuck operations stay stuck
-  // The hang watchdog reads only what is under hang_mu_: the engine itself belongs to the actor
-  // holding the baton.
-  struct HangEntry {
-    std::string label;
-    std::chrono::steady_clock::time_point since;
-  };
-  std::mutex hang_mu_;
-  std::condition_variable hang_cv_;
-  std::vector<std::pair<RendezvousId, HangEntry>> hang_open_;  // not yet joined by all
-  std::vector<std::string> hang_waits_;                        // per actor, while blocked
-  double hang_timeout_s_ = 0;
-  bool hang_stop_ = false;
-  std::thread hang_thread_;
+  bool deadlocked_ = false;  // a deadlock was reported: stuck operations stay stuck
+  HangWatchdog watchdog_;
 };
 
 }  // namespace nodeemu::detail

@@ -1,7 +1,6 @@
 // The engine's device-memory accounting: allocations, frees held by the work still using them
 // (record_stream semantics), and the peak in virtual time. Part of Engine (devices/engine.hpp),
 // split out by concern.
-#include <algorithm>
 #include <limits>
 #include <memory>
 
@@ -13,14 +12,12 @@ namespace nodeemu::detail {
 void Engine::account_alloc(int device, std::uint64_t bytes) {
   DeviceState& d = devices_[static_cast<size_t>(device)];
   Actor& a = current();
-  if (d.mem.live + bytes > d.mem.capacity && d.mem.deferred > 0 && now_ <= a.clock) {
+  if (!d.mem.fits(bytes) && d.mem.deferred() > 0 && now_ <= a.clock) {
     // Buffers the host already dropped may be free by now in virtual time; find out exactly.
     catch_up_to_host();
   }
-  if (d.mem.live + bytes > d.mem.capacity)
-    throw OutOfMemory(device, bytes, d.mem.live, d.mem.capacity);
-  d.mem.live += bytes;
-  d.mem.deltas.emplace_back(a.clock, static_cast<std::int64_t>(bytes));
+  if (!d.mem.fits(bytes)) throw OutOfMemory(device, bytes, d.mem.live(), d.mem.capacity());
+  d.mem.allocate(a.clock, bytes);
 }
 
 void Engine::account_free(int device, std::uint64_t bytes, const std::vector<OpId>& uses,
@@ -46,14 +43,11 @@ void Engine::account_free(int device, std::uint64_t bytes, const std::vector<OpI
     return;
   }
   r->deferred = true;
-  devices_[static_cast<size_t>(device)].mem.deferred += bytes;
+  devices_[static_cast<size_t>(device)].mem.defer(bytes);
 }
 
 void Engine::release_memory(const PendingRelease& r, VTime t) {
-  DeviceState& d = devices_[static_cast<size_t>(r.device)];
-  d.mem.live -= r.bytes;
-  if (r.deferred) d.mem.deferred -= r.bytes;
-  d.mem.deltas.emplace_back(t, -static_cast<std::int64_t>(r.bytes));
+  devices_[static_cast<size_t>(r.device)].mem.release(t, r.bytes, r.deferred);
 }
 
 std::uint64_t Engine::peak_memory(int device) const {
@@ -61,22 +55,7 @@ std::uint64_t Engine::peak_memory(int device) const {
 }
 
 std::uint64_t Engine::peak_memory(int device, VTime from, VTime to) const {
-  auto deltas = devices_[static_cast<size_t>(device)].mem.deltas;
-  // At one instant, frees count before allocations: a buffer handed back at t can be reused at t.
-  std::stable_sort(deltas.begin(), deltas.end(), [](const auto& x, const auto& y) {
-    return x.first != y.first ? x.first < y.first : x.second < y.second;
-  });
-  std::int64_t cur = 0, peak = 0;
-  for (auto& [t, v] : deltas) {
-    if (t >= to) break;
-    cur += v;
-    if (t >= from) peak = std::max(peak, cur);
-  }
-  // The level already reached when the window opens counts too.
-  std::int64_t at_from = 0;
-  for (auto& [t, v] : deltas)
-    if (t < from) at_from += v;
-  return static_cast<std::uint64_t>(std::max(peak, from > 0 ? at_from : 0));
+  return devices_[static_cast<size_t>(device)].mem.peak(from, to);
 }
 
 }  // namespace nodeemu::detail

@@ -1,5 +1,5 @@
-// The engine's multi-party operations: rendezvous on both planes, the fabric's links and their
-// max-min fair sharing, and the reports that turn a hang into an error (see engine.hpp).
+// The engine's multi-party operations: rendezvous on both planes (their transfers are flows of
+// the FlowNetwork), and the reports that turn a hang into an error (see engine.hpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -11,12 +11,6 @@
 
 namespace nodeemu::detail {
 
-int Engine::add_link(std::string name, double bytes_per_s) {
-  NE_CHECK(bytes_per_s > 0, "a link needs a positive bandwidth");
-  links_.push_back({std::move(name), bytes_per_s / static_cast<double>(kPicosPerSecond)});
-  return static_cast<int>(links_.size()) - 1;
-}
-
 RendezvousId Engine::open_rendezvous(int parties, int phases, std::string label) {
   NE_CHECK(parties >= 1 && phases >= 1, "a rendezvous needs a party and a phase");
   NE_CHECK(rvs_.size() < kNoRendezvous, "too many rendezvous for 32-bit ids");
@@ -25,11 +19,7 @@ RendezvousId Engine::open_rendezvous(int parties, int phases, std::string label)
   r.parties = parties;
   r.phases = phases;
   r.label = std::move(label);
-  if (hang_timeout_s_ > 0) {
-    std::lock_guard lk(hang_mu_);
-    hang_open_.push_back(
-        {id, {r.label + ": issued by none yet", std::chrono::steady_clock::now()}});
-  }
+  if (watchdog_.on()) watchdog_.open(id, r.label + ": issued by none yet");
   return id;
 }
 
@@ -42,8 +32,6 @@ OpId Engine::join_rendezvous(RendezvousId rv, StreamState& s, std::string name, 
   NE_CHECK(r.joined < r.parties, "more parties joined a rendezvous than it has");
   NE_CHECK(static_cast<int>(phase_bodies.size()) == r.phases || mode_ == Mode::Meta,
            "a rendezvous party needs one body per phase");
-  for (const LinkLoad& l : loads)
-    NE_CHECK(l.link >= 0 && l.link < link_count() && l.bytes >= 0, "bad link load");
   r.alpha_s = std::max(r.alpha_s, alpha_s);
   r.loads.insert(r.loads.end(), loads.begin(), loads.end());
   Issue in{OpKind::Comm,
@@ -63,20 +51,15 @@ OpId Engine::join_rendezvous(RendezvousId rv, StreamState& s, std::string name, 
   OpId id = issue(s, std::move(in));
   r.members.push_back(id);
   ++r.joined;
-  if (hang_timeout_s_ > 0) {
-    std::lock_guard lk(hang_mu_);
-    auto it = std::find_if(hang_open_.begin(), hang_open_.end(),
-                           [&](const auto& e) { return e.first == rv; });
-    if (it != hang_open_.end()) {
-      if (r.joined == r.parties) {
-        hang_open_.erase(it);
-      } else {
-        std::string who;
-        for (OpId m : r.members) who += (who.empty() ? "" : ", ") + actors_[ops_[m].host].name;
-        it->second.label = r.label + ": issued by " + who + "; " +
-                           std::to_string(r.parties - r.joined) + " of " +
-                           std::to_string(r.parties) + " never issued it";
-      }
+  if (watchdog_.on()) {
+    if (r.joined == r.parties) {
+      watchdog_.close(rv);
+    } else {
+      std::string who;
+      for (OpId m : r.members) who += (who.empty() ? "" : ", ") + actors_[ops_[m].host].name;
+      watchdog_.update(rv, r.label + ": issued by " + who + "; " +
+                               std::to_string(r.parties - r.joined) + " of " +
+                               std::to_string(r.parties) + " never issued it");
     }
   }
   return id;
@@ -140,84 +123,22 @@ void Engine::drain_functional(bool final) {
 void Engine::arrive(RendezvousId rv) {
   Rendezvous& r = rvs_[rv];
   if (++r.arrived == r.parties)
-    push(now_ + seconds_to_vtime(r.alpha_s), CalendarEntry::What::FlowStart, rv);
+    calendar_.schedule(now_ + seconds_to_vtime(r.alpha_s), Calendar::What::FlowStart, rv);
 }
 
 void Engine::start_flow(RendezvousId rv) {
   Rendezvous& r = rvs_[rv];
-  // Sum the parties' loads per link, in link order so that the arithmetic is always the same.
-  std::vector<LinkLoad> per_link = r.loads;
-  std::sort(per_link.begin(), per_link.end(),
-            [](const LinkLoad& a, const LinkLoad& b) { return a.link < b.link; });
-  r.coef.clear();
-  double most = 0;
-  for (const LinkLoad& l : per_link) {
-    if (l.bytes <= 0) continue;
-    if (!r.coef.empty() && r.coef.back().first == l.link) {
-      r.coef.back().second += l.bytes;
-    } else {
-      r.coef.push_back({l.link, l.bytes});
-    }
-  }
-  for (auto& [link, bytes] : r.coef) most = std::max(most, bytes);
-  if (most <= 0) {
-    finish_rendezvous(rv);
+  if (!network_.start(rv, r.loads, now_)) {
+    finish_rendezvous(rv);  // nothing to move: the parties complete at once
     return;
   }
-  for (auto& c : r.coef) c.second /= most;
-  r.remaining = most;
-  r.rate = 0;
-  r.last_update = now_;
   r.flowing = true;
-  flows_.push_back(rv);
-  rerate_network();
+  schedule_flow_completions();
 }
 
-void Engine::rerate_network() {
-  for (RendezvousId id : flows_) {
-    Rendezvous& r = rvs_[id];
-    r.remaining -= static_cast<double>(now_ - r.last_update) * r.rate;
-    if (r.remaining < 0) r.remaining = 0;
-    r.last_update = now_;
-  }
-  // Max-min fairness by progressive filling: raise every unfrozen flow's rate together until a
-  // link fills, freeze the flows through it, repeat. A flow alone runs at the pace of its most
-  // loaded link; flows sharing a link share its bandwidth.
-  const size_t n = flows_.size();
-  std::vector<double> x(n, 0), residual(links_.size());
-  std::vector<char> frozen(n, 0);
-  for (size_t l = 0; l < links_.size(); ++l) residual[l] = links_[l].bytes_per_ps;
-  std::vector<double> demand(links_.size());
-  for (size_t left = n; left > 0;) {
-    std::fill(demand.begin(), demand.end(), 0.0);
-    for (size_t f = 0; f < n; ++f)
-      if (!frozen[f])
-        for (auto& [link, c] : rvs_[flows_[f]].coef) demand[static_cast<size_t>(link)] += c;
-    double delta = INFINITY;
-    for (size_t l = 0; l < links_.size(); ++l)
-      if (demand[l] > 0) delta = std::min(delta, residual[l] / demand[l]);
-    NE_CHECK(std::isfinite(delta), "a flow without links is flowing");
-    for (size_t l = 0; l < links_.size(); ++l) residual[l] -= delta * demand[l];
-    for (size_t f = 0; f < n; ++f) {
-      if (frozen[f]) continue;
-      x[f] += delta;
-      for (auto& [link, c] : rvs_[flows_[f]].coef) {
-        const size_t l = static_cast<size_t>(link);
-        if (residual[l] <= 1e-9 * links_[l].bytes_per_ps) {
-          frozen[f] = 1;
-          --left;
-          break;
-        }
-      }
-    }
-  }
-  for (size_t f = 0; f < n; ++f) {
-    Rendezvous& r = rvs_[flows_[f]];
-    r.rate = x[f];
-    ++r.version;
-    const double left = std::ceil(r.remaining / r.rate);
-    push(now_ + static_cast<VTime>(left), CalendarEntry::What::FlowComplete, flows_[f], r.version);
-  }
+void Engine::schedule_flow_completions() {
+  for (const FlowNetwork::Completion& c : network_.completions())
+    calendar_.schedule(c.at, Calendar::What::FlowComplete, c.flow, c.version);
 }
 
 void Engine::finish_rendezvous(RendezvousId rv) {
@@ -225,40 +146,15 @@ void Engine::finish_rendezvous(RendezvousId rv) {
   r.complete = true;
   if (r.flowing) {
     r.flowing = false;
-    std::erase(flows_, rv);
-    if (!flows_.empty()) rerate_network();
+    network_.finish(rv, now_);
+    schedule_flow_completions();
   }
   for (OpId m : r.members) finish(m);
 }
 
 void Engine::set_hang_timeout(double seconds) {
   NE_CHECK(rvs_.empty(), "set the hang timeout before the first rendezvous");
-  hang_timeout_s_ = seconds;
-  if (seconds > 0 && !hang_thread_.joinable())
-    hang_thread_ = std::thread([this] { watch_hangs(); });
-}
-
-void Engine::watch_hangs() {
-  const auto limit = std::chrono::duration<double>(hang_timeout_s_);
-  const auto period = std::chrono::duration<double>(std::min(0.1, hang_timeout_s_ / 4));
-  std::unique_lock lk(hang_mu_);
-  while (!hang_cv_.wait_for(lk, period, [&] { return hang_stop_; })) {
-    const auto now = std::chrono::steady_clock::now();
-    for (const auto& [rv, e] : hang_open_) {
-      if (now - e.since < limit) continue;
-      std::string waits;
-      for (const std::string& w : hang_waits_)
-        if (!w.empty()) waits += "; " + w;
-      std::fprintf(stderr,
-                   "nodeemu: hang: %s, for more than %.3g s of wall-clock time%s. A rank skipped "
-                   "or reordered a collective: make every rank of the group issue the same "
-                   "collectives in the same order.\n",
-                   e.label.c_str(), hang_timeout_s_, waits.c_str());
-      std::fflush(stderr);
-      // As NCCL's watchdog does: a collective that will never complete ends the job.
-      std::_Exit(3);
-    }
-  }
+  watchdog_.start(seconds);
 }
 
 std::string Engine::describe_op(OpId id) const {

@@ -57,7 +57,7 @@ void Engine::set_rate(OpId id, double rate) {
   // A rendezvous party ends with its transfer, not with its own work.
   if (op.rate <= 0 || op.rendezvous != kNoRendezvous) return;
   const double left = std::ceil(op.remaining / op.rate);
-  push(now_ + static_cast<VTime>(left), CalendarEntry::What::Complete, id, op.version);
+  calendar_.schedule(now_ + static_cast<VTime>(left), Calendar::What::Complete, id, op.version);
 }
 
 void Engine::rerate(DeviceState& d) {

@@ -1,0 +1,117 @@
+#include "devices/detail/flow_network.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "devices/check.hpp"
+
+namespace nodeemu::detail {
+
+int FlowNetwork::add_link(std::string name, double bytes_per_s) {
+  NE_CHECK(bytes_per_s > 0, "a link needs a positive bandwidth");
+  links_.push_back({std::move(name), bytes_per_s / static_cast<double>(kPicosPerSecond)});
+  local_of_link_.push_back(-1);
+  return static_cast<int>(links_.size()) - 1;
+}
+
+bool FlowNetwork::start(FlowId id, const std::vector<LinkLoad>& loads, VTime now) {
+  // Sum the parties' loads per link, in link order so that the arithmetic is always the same.
+  std::vector<LinkLoad> per_link = loads;
+  std::sort(per_link.begin(), per_link.end(),
+            [](const LinkLoad& a, const LinkLoad& b) { return a.link < b.link; });
+  Flow f{id, {}, 0, 0, now, 0};
+  for (const LinkLoad& l : per_link) {
+    NE_CHECK(l.link >= 0 && l.link < link_count() && l.bytes >= 0, "bad link load");
+    if (l.bytes <= 0) continue;
+    if (!f.coef.empty() && f.coef.back().first == l.link) {
+      f.coef.back().second += l.bytes;
+    } else {
+      f.coef.push_back({l.link, l.bytes});
+    }
+  }
+  double most = 0;
+  for (auto& [link, bytes] : f.coef) most = std::max(most, bytes);
+  completions_.clear();
+  if (most <= 0) return false;
+  for (auto& c : f.coef) c.second /= most;
+  f.remaining = most;
+  flows_.push_back(std::move(f));
+  reshare(now);
+  return true;
+}
+
+bool FlowNetwork::current(FlowId id, std::uint32_t version) const {
+  for (const Flow& f : flows_)
+    if (f.id == id) return f.version == version;
+  return false;
+}
+
+void FlowNetwork::finish(FlowId id, VTime now) {
+  auto it = std::find_if(flows_.begin(), flows_.end(), [&](const Flow& f) { return f.id == id; });
+  NE_CHECK(it != flows_.end(), "a flow finished that was not flowing");
+  flows_.erase(it);
+  completions_.clear();
+  if (!flows_.empty()) reshare(now);
+}
+
+void FlowNetwork::reshare(VTime now) {
+  for (Flow& f : flows_) {
+    f.remaining -= static_cast<double>(now - f.last_update) * f.rate;
+    if (f.remaining < 0) f.remaining = 0;
+    f.last_update = now;
+  }
+  // Only the links some flow crosses take part: a link nobody loads never fills and never
+  // freezes a flow, so leaving it out changes no rate (and keeps a re-share independent of the
+  // fabric's size: thousands of links at 1,024 GPUs).
+  used_links_.clear();
+  for (const Flow& f : flows_)
+    for (auto& [link, c] : f.coef)
+      if (local_of_link_[static_cast<std::size_t>(link)] < 0) {
+        local_of_link_[static_cast<std::size_t>(link)] = static_cast<int>(used_links_.size());
+        used_links_.push_back(link);
+      }
+  auto local = [&](int link) {
+    return static_cast<std::size_t>(local_of_link_[static_cast<std::size_t>(link)]);
+  };
+  // Max-min fairness by progressive filling: raise every unfrozen flow's rate together until a
+  // link fills, freeze the flows through it, repeat.
+  const std::size_t n = flows_.size(), m = used_links_.size();
+  std::vector<double> x(n, 0), residual(m), demand(m);
+  std::vector<char> frozen(n, 0);
+  for (std::size_t l = 0; l < m; ++l)
+    residual[l] = links_[static_cast<std::size_t>(used_links_[l])].bytes_per_ps;
+  for (std::size_t left = n; left > 0;) {
+    std::fill(demand.begin(), demand.end(), 0.0);
+    for (std::size_t f = 0; f < n; ++f)
+      if (!frozen[f])
+        for (auto& [link, c] : flows_[f].coef) demand[local(link)] += c;
+    double delta = INFINITY;
+    for (std::size_t l = 0; l < m; ++l)
+      if (demand[l] > 0) delta = std::min(delta, residual[l] / demand[l]);
+    NE_CHECK(std::isfinite(delta), "a flow without links is flowing");
+    for (std::size_t l = 0; l < m; ++l) residual[l] -= delta * demand[l];
+    for (std::size_t f = 0; f < n; ++f) {
+      if (frozen[f]) continue;
+      x[f] += delta;
+      for (auto& [link, c] : flows_[f].coef) {
+        const std::size_t g = static_cast<std::size_t>(link);
+        if (residual[local(link)] <= 1e-9 * links_[g].bytes_per_ps) {
+          frozen[f] = 1;
+          --left;
+          break;
+        }
+      }
+    }
+  }
+  for (int link : used_links_) local_of_link_[static_cast<std::size_t>(link)] = -1;
+  completions_.clear();
+  for (std::size_t f = 0; f < n; ++f) {
+    Flow& flow = flows_[f];
+    flow.rate = x[f];
+    ++flow.version;
+    const double left = std::ceil(flow.remaining / flow.rate);
+    completions_.push_back({flow.id, now + static_cast<VTime>(left), flow.version});
+  }
+}
+
+}  // namespace nodeemu::detail

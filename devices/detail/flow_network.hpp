@@ -1,0 +1,75 @@
+// The fabric as a network of links shared by fluid flows (SimGrid's network model, without its
+// TCP corrections). A link is one direction of an NVLink port or of a NIC; a flow is the transfer
+// of one multi-party operation, carrying the summed bytes of its parties over the links they
+// load. Flows share every link max-min fairly: a flow alone runs at the pace of its most loaded
+// link, flows crossing one link share its bandwidth. Every start and end re-shares, and the flows
+// whose rate changed are re-timed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "devices/units.hpp"
+
+namespace nodeemu::detail {
+
+// Bytes a transfer puts across one link of the fabric.
+struct LinkLoad {
+  int link;
+  double bytes;
+};
+
+struct Link {
+  std::string name;
+  double bytes_per_ps;
+};
+
+class FlowNetwork {
+ public:
+  using FlowId = std::uint32_t;
+  // A flow's completion, as of the last re-share; a later re-share bumps `version`.
+  struct Completion {
+    FlowId flow;
+    VTime at;
+    std::uint32_t version;
+  };
+
+  int add_link(std::string name, double bytes_per_s);
+  const Link& link(int id) const { return links_[static_cast<std::size_t>(id)]; }
+  int link_count() const { return static_cast<int>(links_.size()); }
+
+  // Starts flow `id` at `now` with the parties' loads. False if it carries no bytes: it is then
+  // complete at once and not in the network. Otherwise re-shares; see completions().
+  bool start(FlowId id, const std::vector<LinkLoad>& loads, VTime now);
+  // Is this completion still the flow's current one (not re-timed, not finished)?
+  bool current(FlowId id, std::uint32_t version) const;
+  // Takes a flow out at `now` (it completed) and re-shares the rest.
+  void finish(FlowId id, VTime now);
+  // The new completion of every flow, set by the last start or finish, in start order.
+  const std::vector<Completion>& completions() const { return completions_; }
+  std::size_t flowing() const { return flows_.size(); }
+
+ private:
+  struct Flow {
+    FlowId id;
+    // The bytes of the most loaded link still to move, and each link's share of that count.
+    std::vector<std::pair<int, double>> coef;
+    double remaining = 0;
+    double rate = 0;  // bytes of `remaining` per picosecond
+    VTime last_update = 0;
+    std::uint32_t version = 0;
+  };
+  void reshare(VTime now);
+
+  std::vector<Link> links_;
+  std::vector<Flow> flows_;  // in start order
+  std::vector<Completion> completions_;
+  // Scratch of reshare(), kept to allocate nothing per call: the links some flow crosses, and
+  // each link's index among them (-1: none crosses it).
+  std::vector<int> local_of_link_;
+  std::vector<int> used_links_;
+};
+
+}  // namespace nodeemu::detail

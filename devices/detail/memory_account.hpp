@@ -1,0 +1,43 @@
+// One device's memory account in virtual time: what is allocated, what the host has dropped but
+// work still uses (record_stream semantics: the bytes come back when the last use completes),
+// and the peak over any window of virtual time. The engine decides *when* a release happens
+// (it knows the operations); the account only keeps the books.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "devices/units.hpp"
+
+namespace nodeemu::detail {
+
+class MemoryAccount {
+ public:
+  explicit MemoryAccount(std::uint64_t capacity = 0) : capacity_(capacity) {}
+
+  std::uint64_t capacity() const { return capacity_; }
+  std::uint64_t live() const { return live_; }
+  std::uint64_t deferred() const { return deferred_; }
+  bool fits(std::uint64_t bytes) const { return live_ + bytes <= capacity_; }
+
+  // Books an allocation made at `t`; the caller has checked that it fits.
+  void allocate(VTime t, std::uint64_t bytes);
+  // The host dropped `bytes` that running work still uses: live until released.
+  void defer(std::uint64_t bytes) { deferred_ += bytes; }
+  // The bytes come back at `t`; `was_deferred` if they had been deferred.
+  void release(VTime t, std::uint64_t bytes, bool was_deferred);
+
+  // The peak of live bytes over virtual time [from, to); at one instant frees count before
+  // allocations (a buffer handed back at t can be reused at t), and the level already reached
+  // when the window opens counts too.
+  std::uint64_t peak(VTime from, VTime to) const;
+
+ private:
+  std::uint64_t capacity_;
+  std::uint64_t live_ = 0;      // allocated and not yet released in virtual time
+  std::uint64_t deferred_ = 0;  // of live_: dropped by the host, waiting for their last uses
+  std::vector<std::pair<VTime, std::int64_t>> deltas_;  // in booking order
+};
+
+}  // namespace nodeemu::detail
