@@ -15,7 +15,7 @@
 #include "comm/exchange.hpp"
 #include "comm/fabric.hpp"
 #include "comm/group.hpp"
-#include "devices/engine.hpp"
+#include "devices/multi_party.hpp"
 
 namespace nodeemu::detail {
 
@@ -67,6 +67,7 @@ struct CommState {
   CommState(Node& n, CommOptions o);
 
   Node* node;
+  MultiParty multi_party;
   CommOptions options;
   Fabric fabric;
   ChannelPool channels;

@@ -4,8 +4,6 @@
 
 #include "comm/comm_state.hpp"
 #include "comm/errors.hpp"
-#include "devices/buffer_state.hpp"
-#include "devices/engine.hpp"
 #include "devices/node.hpp"
 
 namespace nodeemu {
@@ -23,6 +21,7 @@ std::vector<int> real_numa_of(Node& node) {
 
 CommState::CommState(Node& n, CommOptions o)
     : node(&n),
+      multi_party(n),
       options(o),
       fabric(n),
       channels(real_numa_of(n), o.slot_bytes, o.slots),
@@ -69,7 +68,7 @@ int CommState::caller_member(const GroupState& g, const Stream& s, const std::st
 }
 
 std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const CollOptions& o) {
-  Engine& e = node->engine();
+  MultiParty& e = multi_party;
   const int parties = static_cast<int>(c.parties.size());
   const int phases = static_cast<int>(c.plan.size());
   const int member = c.parties[size_t(c.party)];
@@ -89,7 +88,7 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
     for (int m : c.parties) devices.push_back(g.ranks[size_t(m)]);
     std::string label =
         c.kind.substr(0, c.kind.find('(')) + " #" + std::to_string(seq) + " on group " + g.label();
-    OpenCall oc{e.open_rendezvous(parties, phases, std::move(label)),
+    OpenCall oc{e.open(parties, phases, std::move(label)),
                 std::make_shared<Exchange>(parties, phases, devices),
                 std::vector<std::string>(size_t(parties)),
                 std::vector<std::string>(size_t(parties)), 0};
@@ -149,9 +148,6 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
     for (int k = 0; k < phases; ++k)
       bodies.push_back([ex = oc.exchange, keep = c.keep, p = c.party, k] { ex->run(p, k); });
   }
-  std::vector<std::shared_ptr<BufferState>> uses;
-  for (const Buffer& b : c.uses)
-    if (b) uses.push_back(b.state()->shared_from_this());
   const GpuSpec& spec = s.device().spec();
   const std::string name = o.name.empty() ? c.kind.substr(0, c.kind.find('(')) : o.name;
   // What the trace says this party sends: its blocks for the other members, every phase.
@@ -159,9 +155,16 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
   for (const PartyPhase& p : oc.exchange->plan(c.party))
     for (int d = 0; d < parties; ++d)
       if (d != c.party) payload += static_cast<double>(p.send_bytes[size_t(d)]);
-  e.join_rendezvous(oc.rv, *s.state(), name, o.num_sms > 0 ? o.num_sms : c.sms,
-                    spec.kernel_launch_host_s, spec.launch_latency_s, alpha, std::move(loads),
-                    std::move(bodies), std::move(uses), payload);
+  e.join(oc.rv, s,
+         {.name = name,
+          .sms = o.num_sms > 0 ? o.num_sms : c.sms,
+          .host_cost_s = spec.kernel_launch_host_s,
+          .latency_s = spec.launch_latency_s,
+          .alpha_s = alpha,
+          .loads = std::move(loads),
+          .phase_bodies = std::move(bodies),
+          .uses = c.uses,
+          .payload_bytes = payload});
   if (last) open.erase(it);
 
   Event done;
@@ -178,7 +181,7 @@ Communicator::Communicator(Node& node, CommOptions options)
 
 Communicator::~Communicator() {
   // Operations still queued read this communicator's channels: let them run out first.
-  state_->node->engine().drain_functional();
+  state_->multi_party.drain_functional();
 }
 
 Group Communicator::group(std::vector<int> ranks, const std::string& name) {

@@ -7,7 +7,7 @@
 namespace nodeemu {
 
 Fabric::Fabric(Node& node) : topo_(&node.topology()) {
-  detail::Engine& e = node.engine();
+  MultiParty e(node);
   const NodeTopology& t = *topo_;
   for (int d = 0; d < node.device_count(); ++d) {
     const Device& dev = node.device(d);
@@ -29,7 +29,7 @@ Fabric::Fabric(Node& node) : topo_(&node.topology()) {
   }
 }
 
-void Fabric::add_message(int src, int dst, double bytes, std::vector<detail::LinkLoad>& out) const {
+void Fabric::add_message(int src, int dst, double bytes, std::vector<LinkLoad>& out) const {
   if (src == dst || bytes <= 0) return;
   if (same_node(src, dst)) {
     const double wire = bytes / topo_->nvlink.curve().at(bytes);

@@ -8,7 +8,7 @@
 
 #include <vector>
 
-#include "devices/engine.hpp"
+#include "devices/multi_party.hpp"
 #include "devices/topology.hpp"
 
 namespace nodeemu {
@@ -26,7 +26,7 @@ class Fabric {
   // Adds the loads of one message of `bytes` from src to dst, in the bytes the link must carry
   // at its raw rate: bytes / efficiency(message size). Nothing for src == dst (a local copy) or
   // zero bytes.
-  void add_message(int src, int dst, double bytes, std::vector<detail::LinkLoad>& out) const;
+  void add_message(int src, int dst, double bytes, std::vector<LinkLoad>& out) const;
   // One step's latency between two devices (NVLink inside a node, the NIC's across).
   double latency_s(int src, int dst) const;
 

@@ -110,7 +110,7 @@ void FlexDispatcher::cost(Call& c, const FlexRouting& r, std::size_t per_row, bo
   const Fabric& f = ep_.comm().fabric;
   const auto& ranks = ep_.ranks();
   const int me = ranks[size_t(c.party)];
-  std::vector<detail::LinkLoad> out;
+  std::vector<LinkLoad> out;
   double kernel_bytes = 0;
   // The relays are the group's members, matched by position among their node's members (the
   // kernels pick forwarders by rank within the group: the same local rank on the far node).

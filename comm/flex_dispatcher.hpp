@@ -76,7 +76,6 @@ struct FlexConfig {
 
 namespace detail {
 struct FlexRouting;
-struct LinkLoad;
 struct Call;
 }  // namespace detail
 

@@ -351,7 +351,7 @@ std::optional<Event> Group::broadcast(const Buffer& buf, std::size_t bytes, int 
     }
   }
   // Costed as NCCL's pipelined ring: every member forwards the data to the next once.
-  std::vector<detail::LinkLoad> loads;
+  std::vector<LinkLoad> loads;
   const int next = (me + 1) % n;
   if (next != root)
     comm_->fabric.add_message(g_->ranks[size_t(me)], g_->ranks[size_t(next)],

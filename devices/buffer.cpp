@@ -1,8 +1,8 @@
 #include "devices/buffer.hpp"
 
-#include "devices/buffer_state.hpp"
 #include "devices/check.hpp"
-#include "devices/engine.hpp"
+#include "devices/detail/buffer_state.hpp"
+#include "devices/detail/engine.hpp"
 #include "devices/errors.hpp"
 
 namespace nodeemu {

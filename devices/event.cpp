@@ -1,6 +1,6 @@
 #include "devices/event.hpp"
 
-#include "devices/engine.hpp"
+#include "devices/detail/engine.hpp"
 #include "devices/errors.hpp"
 
 namespace nodeemu {

@@ -3,9 +3,9 @@
 #include <cstdio>
 #include <fstream>
 
-#include "devices/buffer_state.hpp"
+#include "devices/detail/buffer_state.hpp"
+#include "devices/detail/node_impl.hpp"
 #include "devices/errors.hpp"
-#include "devices/node_impl.hpp"
 
 namespace nodeemu {
 
@@ -88,11 +88,8 @@ int Node::device_count() const {
 ExecutionBudget& Node::budget() {
   return *impl_->budget;
 }
-detail::Engine& Node::engine() {
-  return *impl_->engine;
-}
-std::shared_ptr<detail::Engine> Node::engine_ptr() {
-  return impl_->engine;
+const TimelineLayout& Node::timeline_layout() const {
+  return impl_->engine->layout();
 }
 
 Device& Node::device(int id) {
@@ -202,15 +199,17 @@ void Node::write_chrome_trace(const std::string& path) const {
 
 Device::Device(Node* node, DevicePlacement placement, const GpuSpec* spec, WorkerPool* pool)
     : node_(node), placement_(std::move(placement)), spec_(spec), pool_(pool) {
-  streams_.emplace_back(this, node_->engine().create_stream(id(), Priority::Normal, "default"));
+  streams_.emplace_back(
+      this, detail::NodeAccess::engine(*node_).create_stream(id(), Priority::Normal, "default"));
 }
 
 std::string Device::name() const {
-  return node_->engine().layout().device_names[size_t(id())];
+  return detail::NodeAccess::engine(*node_).layout().device_names[size_t(id())];
 }
 
 Stream Device::create_stream(Priority p, std::string name) {
-  return streams_.emplace_back(this, node_->engine().create_stream(id(), p, std::move(name)));
+  return streams_.emplace_back(
+      this, detail::NodeAccess::engine(*node_).create_stream(id(), p, std::move(name)));
 }
 
 Stream Device::shared_stream(const std::string& name, Priority p) {
@@ -238,7 +237,7 @@ Buffer Device::workspace(std::size_t bytes) {
 
 Buffer Device::allocate_impl(std::size_t bytes, std::vector<std::int64_t> shape, bool zeroed,
                              bool meta, const Stream* pool_stream, bool accounted) {
-  auto& engine = node_->engine();
+  auto& engine = detail::NodeAccess::engine(*node_);
   if (accounted) engine.account_alloc(id(), bytes);
   auto s = std::make_shared<detail::BufferState>();
   s->kind = MemoryKind::Device;
@@ -257,7 +256,8 @@ Buffer Device::allocate_impl(std::size_t bytes, std::vector<std::int64_t> shape,
       throw;
     }
   }
-  auto guard = std::make_shared<detail::BufferGuard>(std::move(s), node_->engine_ptr());
+  auto guard =
+      std::make_shared<detail::BufferGuard>(std::move(s), detail::NodeAccess::engine_ptr(*node_));
   return Buffer(std::move(guard));
 }
 
@@ -267,11 +267,11 @@ Buffer Device::allocate_host(std::size_t bytes, bool pinned) {
 
 std::uint64_t Device::peak_memory(double from_s, double to_s) const {
   auto vt = [](double s) { return VTime(s * double(kPicosPerSecond)); };
-  return node_->engine().peak_memory(id(), vt(from_s), vt(to_s));
+  return detail::NodeAccess::engine(*node_).peak_memory(id(), vt(from_s), vt(to_s));
 }
 
 MemoryStats Device::memory() const {
-  auto& e = node_->engine();
+  auto& e = detail::NodeAccess::engine(*node_);
   return {e.memory_in_use(id()), e.peak_memory(id()), spec_->hbm_bytes};
 }
 
@@ -286,25 +286,26 @@ void Device::synchronize() {
 // ------------------------------------------------------------------------- Host
 
 int Host::rank() const {
-  return node_->engine().current().device;
+  return detail::NodeAccess::engine(*node_).current().device;
 }
 VTime Host::now() const {
-  return node_->engine().current().clock;
+  return detail::NodeAccess::engine(*node_).current().clock;
 }
 GraphReplay::GraphReplay(Node& node) : node_(&node) {
-  node_->engine().enter_graph_replay();
+  detail::NodeAccess::engine(*node_).enter_graph_replay();
 }
 GraphReplay::~GraphReplay() {
-  node_->engine().leave_graph_replay();
+  detail::NodeAccess::engine(*node_).leave_graph_replay();
 }
 
-EagerIssue::EagerIssue(Node& node) : node_(&node), depth_(node.engine().suspend_graph_replay()) {}
+EagerIssue::EagerIssue(Node& node)
+    : node_(&node), depth_(detail::NodeAccess::engine(node).suspend_graph_replay()) {}
 EagerIssue::~EagerIssue() {
-  node_->engine().resume_graph_replay(depth_);
+  detail::NodeAccess::engine(*node_).resume_graph_replay(depth_);
 }
 
 void Host::compute(double seconds, const std::string& what) {
-  node_->engine().host_charge(seconds, what);
+  detail::NodeAccess::engine(*node_).host_charge(seconds, what);
 }
 Device& Host::device() const {
   int r = rank();

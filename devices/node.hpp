@@ -36,6 +36,7 @@ namespace detail {
 class Engine;
 class PriceBook;
 struct NodeImpl;
+struct NodeAccess;
 }  // namespace detail
 
 // The most nodes one run emulates: 2048 GPUs of an 8-GPU node, beyond the largest production
@@ -111,11 +112,12 @@ class Node {
   // Writes to a temporary file, then renames: a failed run never leaves half a trace.
   void write_chrome_trace(const std::string& path) const;
 
-  detail::Engine& engine();
-  std::shared_ptr<detail::Engine> engine_ptr();
   detail::PriceBook& price_book();
+  // Names of the devices, hosts and trace tracks of the timeline.
+  const TimelineLayout& timeline_layout() const;
 
  private:
+  friend struct detail::NodeAccess;  // the runtime's own classes reach the engine through it
   std::unique_ptr<detail::NodeImpl> impl_;
 };
 

@@ -2,11 +2,11 @@
 
 #include <cstring>
 
-#include "devices/buffer_state.hpp"
 #include "devices/cost_model.hpp"
+#include "devices/detail/buffer_state.hpp"
+#include "devices/detail/node_impl.hpp"
 #include "devices/detail/price_book.hpp"
 #include "devices/device.hpp"
-#include "devices/engine.hpp"
 #include "devices/errors.hpp"
 #include "devices/host.hpp"
 #include "devices/node.hpp"
@@ -47,7 +47,7 @@ OpClass op_class(const KernelShape& s) {
 void Stream::launch(Kernel k) {
   if (!state_) throw UsageError("launch: the Stream handle is empty; get one from a Device");
   Node& node = device_->node();
-  detail::Engine& e = node.engine();
+  detail::Engine& e = detail::NodeAccess::engine(node);
   const GpuSpec& g = device_->spec();
   const double t = node.price_book().seconds(g, k.work, k.name);
   auto uses = states_of(k.uses);
@@ -66,7 +66,7 @@ void Stream::copy(const Buffer& dst, const Buffer& src, std::size_t bytes, std::
 void Stream::read_to_host(const Buffer& dst, const Buffer& src, std::size_t bytes,
                           std::string name) {
   if (!state_) throw UsageError("read_to_host: the Stream handle is empty");
-  detail::Engine& e = device_->node().engine();
+  detail::Engine& e = detail::NodeAccess::engine(device_->node());
   EagerIssue eager(device_->node());
   const std::uint32_t id = copy_impl(dst, src, bytes, std::move(name), {}, 0.0);
   const double copy_s = e.duration_s(id);
@@ -108,7 +108,7 @@ std::uint32_t Stream::copy_impl(const Buffer& dst, const Buffer& src, std::size_
   const auto& topo = device_->node().topology();
   double t =
       copy_seconds(device_->spec(), topo.pcie, dir, static_cast<double>(bytes), pageable, remote);
-  detail::Engine& e = device_->node().engine();
+  detail::Engine& e = detail::NodeAccess::engine(device_->node());
   std::function<void()> body;
   if (e.mode() == Mode::Functional && bytes > 0) {
     void* d = dst.data();
@@ -129,23 +129,23 @@ std::uint32_t Stream::copy_impl(const Buffer& dst, const Buffer& src, std::size_
 
 void Stream::record(Event& ev) {
   if (!state_) throw UsageError("record: the Stream handle is empty; get one from a Device");
-  device_->node().engine().record(*state_, ev.state());
+  detail::NodeAccess::engine(device_->node()).record(*state_, ev.state());
 }
 
 void Stream::wait(const Event& ev) {
   if (!state_) throw UsageError("wait: the Stream handle is empty; get one from a Device");
-  device_->node().engine().wait(*state_, ev.state());
+  detail::NodeAccess::engine(device_->node()).wait(*state_, ev.state());
 }
 
 void Stream::synchronize() {
   if (!state_) throw UsageError("synchronize: the Stream handle is empty");
-  detail::Engine& e = device_->node().engine();
+  detail::Engine& e = detail::NodeAccess::engine(device_->node());
   e.host_wait(state_->last, state_->last_task);
 }
 
 bool Stream::query() {
   if (!state_) throw UsageError("query: the Stream handle is empty");
-  return device_->node().engine().host_query(state_->last, state_->last_task);
+  return detail::NodeAccess::engine(device_->node()).host_query(state_->last, state_->last_task);
 }
 
 Priority Stream::priority() const {

@@ -9,7 +9,6 @@
 #include <ostream>
 #include <sstream>
 
-#include "devices/engine.hpp"
 #include "devices/errors.hpp"
 #include "devices/node.hpp"
 #include "devices/worker_pool.hpp"
@@ -100,7 +99,7 @@ int demo_command(const std::vector<std::string>& args, std::ostream& out, std::o
     }
   });
 
-  const auto& layout = node.engine().layout();
+  const auto& layout = node.timeline_layout();
   auto track_name = [&](int dev, int track) {
     for (auto& t : layout.tracks)
       if (t.device == dev && t.track == track) return t.name;

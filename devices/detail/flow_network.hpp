@@ -11,15 +11,10 @@
 #include <utility>
 #include <vector>
 
+#include "devices/multi_party.hpp"
 #include "devices/units.hpp"
 
 namespace nodeemu::detail {
-
-// Bytes a transfer puts across one link of the fabric.
-struct LinkLoad {
-  int link;
-  double bytes;
-};
 
 struct Link {
   std::string name;

@@ -1,4 +1,4 @@
-#include "devices/functional.hpp"
+#include "devices/detail/functional.hpp"
 
 #include <exception>
 

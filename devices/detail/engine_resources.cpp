@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "devices/check.hpp"
-#include "devices/engine.hpp"
+#include "devices/detail/engine.hpp"
 
 namespace nodeemu::detail {
 

@@ -6,7 +6,7 @@
 #include <cstdlib>
 
 #include "devices/check.hpp"
-#include "devices/engine.hpp"
+#include "devices/detail/engine.hpp"
 #include "devices/errors.hpp"
 
 namespace nodeemu::detail {

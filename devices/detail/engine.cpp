@@ -1,12 +1,12 @@
-#include "devices/engine.hpp"
+#include "devices/detail/engine.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
 
-#include "devices/buffer_state.hpp"
 #include "devices/check.hpp"
+#include "devices/detail/buffer_state.hpp"
 #include "devices/errors.hpp"
 #include "devices/worker_pool.hpp"
 

@@ -52,9 +52,9 @@
 
 #include "devices/detail/calendar.hpp"
 #include "devices/detail/flow_network.hpp"
+#include "devices/detail/functional.hpp"
 #include "devices/detail/hang_watchdog.hpp"
 #include "devices/detail/memory_account.hpp"
-#include "devices/functional.hpp"
 #include "devices/gpu_spec.hpp"
 #include "devices/trace.hpp"
 #include "devices/units.hpp"
@@ -71,7 +71,6 @@ inline constexpr OpId kNoOp = UINT32_MAX;
 
 enum class ResourceKind : std::uint8_t { None, Sm, H2D, D2H, D2D };
 
-using RendezvousId = std::uint32_t;
 inline constexpr RendezvousId kNoRendezvous = UINT32_MAX;
 
 // Device memory the host has let go of, returned to the account once every operation that used

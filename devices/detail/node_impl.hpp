@@ -7,9 +7,9 @@
 #include <memory>
 #include <vector>
 
+#include "devices/detail/engine.hpp"
 #include "devices/detail/price_book.hpp"
 #include "devices/device.hpp"
-#include "devices/engine.hpp"
 #include "devices/node.hpp"
 #include "devices/worker_pool.hpp"
 
@@ -30,6 +30,13 @@ struct NodeImpl {
   ~NodeImpl() {
     if (engine) engine->drain_functional(true);
   }
+};
+
+// How the runtime's own classes (streams, devices, hosts, MultiParty) reach a Node's engine;
+// users and the other targets go through Node's public API.
+struct NodeAccess {
+  static Engine& engine(Node& n) { return *n.impl_->engine; }
+  static std::shared_ptr<Engine> engine_ptr(Node& n) { return n.impl_->engine; }
 };
 
 }  // namespace nodeemu::detail

@@ -4,7 +4,7 @@
 #include <limits>
 #include <memory>
 
-#include "devices/engine.hpp"
+#include "devices/detail/engine.hpp"
 #include "devices/errors.hpp"
 
 namespace nodeemu::detail {
