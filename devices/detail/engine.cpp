@@ -22,11 +22,6 @@ thread_local const Engine* tls_engine = nullptr;
 Engine::Engine(Mode mode, int max_connections)
     : mode_(mode), max_connections_(max_connections), main_thread_(std::this_thread::get_id()) {
   NE_CHECK(max_connections >= 1, "cuda_device_max_connections must be validated by the caller");
-  Actor& main = actors_.emplace_back();
-  main.id = 0;
-  main.name = "main";
-  main.device = -1;
-  main.state = Actor::State::Running;
   layout_.host_names.push_back("main");
   layout_.host_device.push_back(-1);
 }
@@ -80,7 +75,7 @@ StreamState* Engine::create_stream(int device, Priority p, std::string name) {
 
 Actor& Engine::current() {
   if (tls_engine == this && tls_actor) return *tls_actor;
-  if (std::this_thread::get_id() == main_thread_) return actors_.front();
+  if (std::this_thread::get_id() == main_thread_) return actors_[0];
   throw UsageError(
       "a NodeEmu call came from a thread that is not a host of this node; issue work from the "
       "main thread or from the per-rank host programs given to Node::run");
@@ -341,27 +336,20 @@ void Engine::finish(OpId id) {
   for (OpId n : op.on_complete) satisfy(n);
   op.on_complete.clear();
   op.on_complete.shrink_to_fit();
-  for (int h : op.waiting_hosts) wake(actors_[static_cast<size_t>(h)], now_);
+  for (int h : op.waiting_hosts) actors_.wake(actors_[static_cast<size_t>(h)], now_);
   op.waiting_hosts.clear();
   for (auto& r : op.releases)
     if (--r->ops_left == 0) release_memory(*r, std::max(now_, r->not_before));
   op.releases.clear();
 }
 
-void Engine::wake(Actor& a, VTime t) {
-  if (a.state != Actor::State::Blocked) return;
-  a.state = Actor::State::Runnable;
-  a.clock = std::max(a.clock, t);
-  ++wakes_;
-}
-
 bool Engine::advance() {
-  std::uint64_t before = wakes_;
+  const std::uint64_t before = actors_.wakes();
   while (!calendar_.empty()) {
     const Calendar::Entry e = calendar_.next();
     // Once somebody woke, finish the current instant and hand control back: anything the woken
     // actors issue lies at or after this instant.
-    if (wakes_ != before && e.time > now_) return true;
+    if (actors_.wakes() != before && e.time > now_) return true;
     calendar_.pop();
     NE_CHECK(e.time >= now_, "the calendar went back in time");
     now_ = e.time;
@@ -373,7 +361,7 @@ bool Engine::advance() {
         if (ops_[e.target].version == e.version && !ops_[e.target].complete()) finish(e.target);
         break;
       case Calendar::What::Wake:
-        wake(actors_[e.target], e.time);
+        actors_.wake(actors_[e.target], e.time);
         break;
       case Calendar::What::FlowStart:
         start_flow(e.target);
@@ -384,26 +372,15 @@ bool Engine::advance() {
     }
     drain_starts();
   }
-  return wakes_ != before;
+  return actors_.wakes() != before;
 }
 
 // ---------------------------------------------------------------- actors and blocking
 
 void Engine::schedule(Actor& self) {
   for (;;) {
-    Actor* next = nullptr;
-    for (auto& a : actors_)
-      if (a.state == Actor::State::Runnable &&
-          (!next || a.clock < next->clock || (a.clock == next->clock && a.id < next->id)))
-        next = &a;
-    if (next) {
-      next->state = Actor::State::Running;
-      if (next == &self) return;
-      // Read our own state before handing the baton over: from release() on, the next actor
-      // may wake us (and write our state) at any moment.
-      const bool done = self.state == Actor::State::Done;
-      next->sem.release();
-      if (!done) self.sem.acquire();
+    if (Actor* next = actors_.pick()) {
+      if (next != &self) Actors::hand_over(self, *next);
       return;
     }
     if (!advance()) {
@@ -416,7 +393,7 @@ void Engine::schedule(Actor& self) {
         if (!any) report = deadlock_report();
         any = deadlocked_ = true;
         a.deadlock = "host '" + a.name + "' waits for work that can never complete: " + report;
-        wake(a, now_);
+        actors_.wake(a, now_);
       }
       if (!any) return;  // everyone is done
     }
@@ -425,7 +402,7 @@ void Engine::schedule(Actor& self) {
 
 void Engine::block_current() {
   Actor& a = current();
-  a.state = Actor::State::Blocked;
+  actors_.block(a);
   schedule(a);
   if (!a.deadlock.empty()) {
     std::string msg = std::move(a.deadlock);
@@ -501,13 +478,7 @@ void Engine::run_actors(const std::vector<std::function<void()>>& bodies,
   NE_CHECK(bodies.size() == names.size() && names.size() == devices.size(), "actor lists");
   std::vector<Actor*> kids;
   for (size_t i = 0; i < bodies.size(); ++i) {
-    Actor& a = actors_.emplace_back();
-    a.id = static_cast<int>(actors_.size()) - 1;
-    a.name = names[i];
-    a.device = devices[i];
-    a.clock = parent.clock;
-    a.parent = parent.id;
-    a.state = Actor::State::Runnable;
+    Actor& a = actors_.add(names[i], devices[i], parent.clock, parent.id);
     layout_.host_names.push_back(a.name);
     layout_.host_device.push_back(a.device);
     kids.push_back(&a);
@@ -528,13 +499,13 @@ void Engine::run_actors(const std::vector<std::function<void()>>& bodies,
       a->state = Actor::State::Done;
       Actor& p = actors_[static_cast<size_t>(a->parent)];
       p.clock = std::max(p.clock, a->clock);
-      if (--p.live_children == 0) wake(p, p.clock);
+      if (--p.live_children == 0) actors_.wake(p, p.clock);
       schedule(*a);
       tls_actor = nullptr;
       tls_engine = nullptr;
     });
   }
-  parent.state = Actor::State::Blocked;
+  actors_.block(parent);
   schedule(parent);
   for (auto& t : threads) t.join();
   // A deadlock is usually the echo of another rank's failure (a rank that threw a collective

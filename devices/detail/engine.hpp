@@ -42,19 +42,19 @@
 
 #include <cstdint>
 #include <deque>
-#include <exception>
 #include <functional>
 #include <memory>
-#include <semaphore>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "devices/detail/actors.hpp"
 #include "devices/detail/calendar.hpp"
 #include "devices/detail/flow_network.hpp"
 #include "devices/detail/functional.hpp"
 #include "devices/detail/hang_watchdog.hpp"
 #include "devices/detail/memory_account.hpp"
+#include "devices/detail/op_id.hpp"
 #include "devices/gpu_spec.hpp"
 #include "devices/trace.hpp"
 #include "devices/units.hpp"
@@ -65,9 +65,6 @@ class WorkerPool;
 }
 
 namespace nodeemu::detail {
-
-using OpId = std::uint32_t;
-inline constexpr OpId kNoOp = UINT32_MAX;
 
 enum class ResourceKind : std::uint8_t { None, Sm, H2D, D2H, D2D };
 
@@ -177,21 +174,6 @@ struct DeviceState {
   MemoryAccount mem;
 };
 
-struct Actor {
-  int id;
-  std::string name;
-  int device;  // the device this host drives (trace placement), -1 for main
-  VTime clock = 0;
-  enum class State { Runnable, Running, Blocked, Done } state = State::Runnable;
-  std::binary_semaphore sem{0};
-  int parent = -1;
-  int live_children = 0;
-  std::string deadlock;     // set when the actor was woken because nothing could ever wake it
-  OpId waiting_on = kNoOp;  // while blocked in a synchronize, for deadlock reports
-  int graph_replay = 0;     // > 0: inside a CUDA-graph scope (GraphReplay)
-  std::exception_ptr error;
-};
-
 class Engine {
  public:
   Engine(Mode mode, int max_connections);
@@ -213,7 +195,6 @@ class Engine {
   // first, so its tasks skip their bodies instead of waiting for ever.
   // `final`: the node is being torn down, so the calendar may be run to its end first.
   void drain_functional(bool final = false);
-  VTime host_clock() { return current().clock; }
   void host_charge(double seconds, const std::string& what);
   // `cls`: what the kernel is; a memory-bound class shares HBM bandwidth rather than SMs with
   // a compute-bound kernel (the profile's measured co-run slowdowns apply).
@@ -325,7 +306,6 @@ class Engine {
   // resources are coupled by the measured contention (SMs held, HBM and PCIe beside a GEMM).
   void rerate(DeviceState& d);
   void set_rate(OpId id, double rate);
-  void wake(Actor& a, VTime t);
   void block_current();
   // Blocks the calling host (in virtual time) until `id` has completed.
   void block_until_complete(OpId id);
@@ -355,12 +335,11 @@ class Engine {
   std::deque<Op> ops_;
   std::deque<DeviceState> devices_;
   std::deque<StreamState> streams_;
-  std::deque<Actor> actors_;
+  Actors actors_;
   std::thread::id main_thread_;
   Calendar calendar_;
   std::vector<OpId> start_list_;
   VTime now_ = 0;
-  std::uint64_t wakes_ = 0;
   FunctionalExecutor exec_;
   std::vector<TimelineObserver*> observers_;
   TimelineHasher hasher_;
