@@ -33,11 +33,12 @@
 // thread, so any number of ranks run on any number of worker tokens.
 //
 // Parts (devices/detail/, each one concept with its own tests; SimGrid's kernel models are the
-// example): the Calendar (virtual time's future events), the FlowNetwork (links and max-min
-// flows), each device's MemoryAccount (allocations, deferred releases, peaks) and the
-// HangWatchdog (the only wall-clock reader). What is still in this class: the actors, the
-// operations and their streams and hardware queues, the fluid sharing of SMs and copy engines
-// (engine_resources.cpp) and the rendezvous' functional plane (engine_rendezvous.cpp).
+// example): the Actors (host programs, the runnable set, the hand-over), the Calendar (virtual
+// time's future events), the FlowNetwork (links and max-min flows), each device's MemoryAccount
+// (allocations, deferred releases, peaks) and the HangWatchdog (the only wall-clock reader). What
+// is still in this class: the operations and their streams and hardware queues, the fluid
+// sharing of SMs and copy engines (engine_resources.cpp) and the rendezvous' functional plane
+// (engine_rendezvous.cpp).
 #pragma once
 
 #include <cstdint>
