@@ -163,7 +163,7 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
           .alpha_s = alpha,
           .loads = std::move(loads),
           .phase_bodies = std::move(bodies),
-          .uses = c.uses,
+          .uses = std::move(c.uses),
           .payload_bytes = payload});
   if (last) open.erase(it);
 
