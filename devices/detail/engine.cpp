@@ -11,13 +11,6 @@
 #include "devices/worker_pool.hpp"
 
 namespace nodeemu::detail {
-namespace {
-
-// The actor the calling thread runs, per engine: several Nodes may live in one process.
-thread_local Actor* tls_actor = nullptr;
-thread_local const Engine* tls_engine = nullptr;
-
-}  // namespace
 
 Engine::Engine(Mode mode, int max_connections)
     : mode_(mode), max_connections_(max_connections), main_thread_(std::this_thread::get_id()) {
@@ -71,18 +64,6 @@ StreamState* Engine::create_stream(int device, Priority p, std::string name) {
   s.track = add_track(device, s.name);
   d.streams.push_back(&s);
   return &s;
-}
-
-Actor& Engine::current() {
-  if (tls_engine == this && tls_actor) return *tls_actor;
-  if (std::this_thread::get_id() == main_thread_) return actors_[0];
-  throw UsageError(
-      "a NodeEmu call came from a thread that is not a host of this node; issue work from the "
-      "main thread or from the per-rank host programs given to Node::run");
-}
-
-bool Engine::on_host_thread() const {
-  return (tls_engine == this && tls_actor) || std::this_thread::get_id() == main_thread_;
 }
 
 void Engine::emit_host(int host, const std::string& name, VTime start, VTime end) {
@@ -373,156 +354,6 @@ bool Engine::advance() {
     drain_starts();
   }
   return actors_.wakes() != before;
-}
-
-// ---------------------------------------------------------------- actors and blocking
-
-void Engine::schedule(Actor& self) {
-  for (;;) {
-    if (Actor* next = actors_.pick()) {
-      if (next != &self) Actors::hand_over(self, *next);
-      return;
-    }
-    if (!advance()) {
-      // Nothing left on the calendar and nobody can run: whoever is blocked waits forever.
-      bool any = false;
-      std::string report;
-      for (auto& a : actors_) {
-        // A parent waiting for its children is woken by them, not by the detector.
-        if (a.state != Actor::State::Blocked || a.live_children > 0) continue;
-        if (!any) report = deadlock_report();
-        any = deadlocked_ = true;
-        a.deadlock = "host '" + a.name + "' waits for work that can never complete: " + report;
-        actors_.wake(a, now_);
-      }
-      if (!any) return;  // everyone is done
-    }
-  }
-}
-
-void Engine::block_current() {
-  Actor& a = current();
-  actors_.block(a);
-  schedule(a);
-  if (!a.deadlock.empty()) {
-    std::string msg = std::move(a.deadlock);
-    a.deadlock.clear();
-    throw DeadlockError(msg);
-  }
-}
-
-void Engine::wait_real(const std::shared_ptr<FuncTask>& task) {
-  if (!task) return;
-  FunctionalExecutor::wait(*task);
-  std::shared_ptr<const KernelFailure> f;
-  {
-    std::lock_guard lk(task->mu);
-    f = task->failure;
-  }
-  if (f) throw KernelError(f->device, f->stream, f->kernel, f->cause);
-}
-
-void Engine::host_wait(OpId id, const std::shared_ptr<FuncTask>& task, double sync_cost_s) {
-  if (id == kNoOp) return;
-  Actor& a = current();
-  block_until_complete(id);
-  a.clock = std::max(a.clock, ops_[id].end);
-  wait_real(task);
-  host_charge(sync_cost_s >= 0 ? sync_cost_s
-                               : devices_[static_cast<size_t>(ops_[id].device)].spec->sync_host_s,
-              "synchronize");
-}
-
-void Engine::block_until_complete(OpId id) {
-  Actor& a = current();
-  if (!ops_[id].complete()) {
-    ops_[id].waiting_hosts.push_back(a.id);
-    a.waiting_on = id;
-    // The description walks the stream back: built only when the watchdog may print it.
-    if (watchdog_.on()) watchdog_.set_wait(a.id, a.name + " waits on " + describe_wait(id));
-    try {
-      block_current();
-    } catch (...) {
-      a.waiting_on = kNoOp;
-      throw;
-    }
-    a.waiting_on = kNoOp;
-    watchdog_.set_wait(a.id, {});
-  }
-}
-
-void Engine::catch_up_to_host() {
-  // Let the engine process everything up to this host's clock, so that what the host sees next
-  // depends on virtual time only.
-  Actor& a = current();
-  calendar_.schedule(a.clock, Calendar::What::Wake, static_cast<std::uint32_t>(a.id));
-  block_current();
-}
-
-bool Engine::host_query(OpId id, const std::shared_ptr<FuncTask>& task) {
-  if (id == kNoOp) return true;
-  Actor& a = current();
-  // A query is priced as the cheapest measured call into the runtime, a stream wait.
-  double cost = devices_[static_cast<size_t>(ops_[id].device)].spec->stream_wait_host_s;
-  host_charge(std::max(cost, kMinPollSeconds), "query");
-  if (!ops_[id].complete() && now_ <= a.clock) catch_up_to_host();
-  bool done = ops_[id].complete() && ops_[id].end <= a.clock;
-  if (done) wait_real(task);
-  return done;
-}
-
-void Engine::run_actors(const std::vector<std::function<void()>>& bodies,
-                        const std::vector<std::string>& names, const std::vector<int>& devices) {
-  if (bodies.empty()) return;
-  Actor& parent = current();
-  NE_CHECK(bodies.size() == names.size() && names.size() == devices.size(), "actor lists");
-  std::vector<Actor*> kids;
-  for (size_t i = 0; i < bodies.size(); ++i) {
-    Actor& a = actors_.add(names[i], devices[i], parent.clock, parent.id);
-    layout_.host_names.push_back(a.name);
-    layout_.host_device.push_back(a.device);
-    kids.push_back(&a);
-  }
-  parent.live_children = static_cast<int>(kids.size());
-  std::vector<std::thread> threads;
-  threads.reserve(kids.size());
-  for (size_t i = 0; i < kids.size(); ++i) {
-    threads.emplace_back([this, a = kids[i], &body = bodies[i]] {
-      a->sem.acquire();  // wait for the baton
-      tls_actor = a;
-      tls_engine = this;
-      try {
-        body();
-      } catch (...) {
-        a->error = std::current_exception();
-      }
-      a->state = Actor::State::Done;
-      Actor& p = actors_[static_cast<size_t>(a->parent)];
-      p.clock = std::max(p.clock, a->clock);
-      if (--p.live_children == 0) actors_.wake(p, p.clock);
-      schedule(*a);
-      tls_actor = nullptr;
-      tls_engine = nullptr;
-    });
-  }
-  actors_.block(parent);
-  schedule(parent);
-  for (auto& t : threads) t.join();
-  // A deadlock is usually the echo of another rank's failure (a rank that threw a collective
-  // mismatch leaves its peers waiting): report the cause first.
-  auto is_deadlock = [](const std::exception_ptr& e) {
-    try {
-      std::rethrow_exception(e);
-    } catch (const DeadlockError&) {
-      return true;
-    } catch (...) {
-      return false;
-    }
-  };
-  for (Actor* a : kids)
-    if (a->error && !is_deadlock(a->error)) std::rethrow_exception(a->error);
-  for (Actor* a : kids)
-    if (a->error) std::rethrow_exception(a->error);
 }
 
 }  // namespace nodeemu::detail

@@ -36,9 +36,9 @@
 // example): the Actors (host programs, the runnable set, the hand-over), the Calendar (virtual
 // time's future events), the FlowNetwork (links and max-min flows), each device's MemoryAccount
 // (allocations, deferred releases, peaks) and the HangWatchdog (the only wall-clock reader). What
-// is still in this class: the operations and their streams and hardware queues, the fluid
-// sharing of SMs and copy engines (engine_resources.cpp) and the rendezvous' functional plane
-// (engine_rendezvous.cpp).
+// is still in this class: the operations and their streams and hardware queues (engine.cpp), the
+// ways a host blocks (engine_hosts.cpp), the fluid sharing of SMs and copy engines
+// (engine_resources.cpp) and the rendezvous' functional plane (engine_rendezvous.cpp).
 #pragma once
 
 #include <cstdint>
