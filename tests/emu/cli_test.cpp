@@ -162,7 +162,8 @@ TEST(Cli, ValidateRefusesABadRecipeWithOneLinePerRule) {
 }
 
 TEST(Cli, RunRefusesABadRecipeAndStartsNothing) {
-  const std::string summary = ::testing::TempDir() + "refused_summary.json";
+  const std::string summary =
+      ::testing::TempDir() + std::to_string(getpid()) + "_refused_summary.json";
   std::remove(summary.c_str());
   Result r = run("run " + kTiny + " model.num_moe_experts=6 --summary " + summary);
   EXPECT_EQ(r.code, 2);
@@ -183,8 +184,9 @@ TEST(Cli, UnknownRecipeKeyIsOneLineWithASuggestion) {
 }
 
 TEST(Cli, RunWritesItsSummaryTraceAndTable) {
-  const std::string summary = ::testing::TempDir() + "tiny_summary.json";
-  const std::string trace = ::testing::TempDir() + "tiny_trace.json";
+  const std::string summary =
+      ::testing::TempDir() + std::to_string(getpid()) + "_tiny_summary.json";
+  const std::string trace = ::testing::TempDir() + std::to_string(getpid()) + "_tiny_trace.json";
   Result r = run("run " + kTiny + " --iterations 2 --overlap-moe-expert-parallel-comm --summary " +
                  summary + " --trace " + trace);
   ASSERT_EQ(r.code, 0) << r.err;

@@ -74,7 +74,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name; });
 
 TEST(DistributedOptimizer, ReduceScattersAndAllGathersOneBucketPerBuffer) {
-  const std::string trace = ::testing::TempDir() + "/dist_opt_trace.json";
+  const std::string trace = testing::trace_path("dist_opt", {kDistributed});
   run({kDistributed}, {.iterations = 1, .trace_path = trace});
   std::ifstream in(trace);
   const auto events = nlohmann::json::parse(in)["traceEvents"];

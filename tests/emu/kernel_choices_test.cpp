@@ -66,7 +66,7 @@ TEST(KernelChoices, GemmsRunInTheComputeDtypeAndTheRouterInItsOwn) {
 }
 
 TEST(KernelChoices, TheOutputLayersFp32GradientTakesABf16Gemm) {
-  const std::string trace = ::testing::TempDir() + "output_layer_dgrad.json";
+  const std::string trace = testing::trace_path("output_layer_dgrad", {});
   train(Recipe::load(recipe_path("qwen3_30b_a3b"),
                      {"model.num_layers=1", "train.global_batch_size=16"}),
         {.iterations = 1, .trace_path = trace});

@@ -20,7 +20,8 @@ using testing::tiny;
 
 // How many kernels of rank 0 in a run's trace have a name starting with `prefix`.
 int kernels_named(const std::vector<std::string>& overrides, const std::string& prefix) {
-  const std::string trace = ::testing::TempDir() + "megatron_semantics_trace.json";
+  // Named per process and overrides: several tests call this, side by side under ctest.
+  const std::string trace = testing::trace_path("megatron_semantics", overrides);
   train(tiny(overrides), {.iterations = 1, .trace_path = trace});
   std::ifstream in(trace);
   const auto doc = nlohmann::json::parse(in);  // named: a temporary's member would dangle
@@ -35,9 +36,10 @@ int kernels_named(const std::vector<std::string>& overrides, const std::string& 
 nlohmann::json trace_of(const std::vector<std::string>& overrides) {
   // One file per test: ctest runs the tests of this file in parallel processes, and two of them
   // writing one path raced (one moved its trace over the other's).
-  const std::string trace = ::testing::TempDir() + "megatron_semantics_" +
-                            ::testing::UnitTest::GetInstance()->current_test_info()->name() +
-                            ".json";
+  const std::string trace =
+      testing::trace_path(std::string("megatron_semantics_") +
+                              ::testing::UnitTest::GetInstance()->current_test_info()->name(),
+                          overrides);
   train(tiny(overrides), {.iterations = 1, .trace_path = trace});
   std::ifstream in(trace);
   return nlohmann::json::parse(in);

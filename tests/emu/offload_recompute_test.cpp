@@ -134,8 +134,7 @@ TEST(OffloadRun, QkLayernormKeepsTheNumericsHashUnderEverySchedule) {
 }
 
 TEST(OffloadRun, TraceShowsTheD2HAndH2DTracks) {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "nodeemu_offload_trace.json").string();
+  const std::string path = testing::trace_path("nodeemu_offload", kOffload);
   TrainOptions o;
   o.trace_path = path;
   train(tiny(kOffload), o);

@@ -169,7 +169,7 @@ TEST(TensorParallelRun, TheDeepSeekV3RecipeValidatesAndRunsScaledDown) {
   const Recipe full = Recipe::load(testing::recipe_path("deepseek_v3"));
   const auto topo = load_topology(full);
   EXPECT_FALSE(has_errors(validate(full, topo->gpu, topo->gpus)));
-  const std::string trace = ::testing::TempDir() + "deepseek_v3_scaled.json";
+  const std::string trace = testing::trace_path("deepseek_v3_scaled", {});
   const RunReport r = train(
       Recipe::load(testing::recipe_path("deepseek_v3"),
                    {"nodes=4", "model.pipeline_model_parallel_size=2",
