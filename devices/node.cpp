@@ -108,18 +108,18 @@ void Node::run(const std::function<void(Host&)>& program) {
 void Node::run(const std::vector<int>& ranks, const std::function<void(Host&)>& program) {
   std::vector<std::function<void()>> bodies;
   std::vector<std::string> names;
+  std::vector<std::vector<int>> cpus;
   for (int r : ranks) {
-    device(r);  // validates
-    bodies.emplace_back([this, &program, r] {
-      // bindpcie: the rank's CPU thread runs on its GPU's PCIe-local cores.
-      const auto& pus = device(r).placement().process_real_pus;
-      if (!pus.empty()) HostTopology::bind_current_thread(pus);
+    // bindpcie: the rank's host program runs on its GPU's PCIe-local cores (the engine binds
+    // the thread whenever it hands the baton to this rank).
+    cpus.push_back(device(r).placement().process_real_pus);  // device() validates r
+    bodies.emplace_back([this, &program] {
       Host h(*this);
       program(h);
     });
     names.push_back("rank " + std::to_string(r));
   }
-  impl_->engine->run_actors(bodies, names, ranks);
+  impl_->engine->run_actors(bodies, names, ranks, cpus);
 }
 
 Buffer Node::allocate_host(std::size_t bytes, int numa_node, bool pinned, int node) {

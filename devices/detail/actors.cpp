@@ -1,10 +1,57 @@
 #include "devices/detail/actors.hpp"
 
 #include <algorithm>
+#include <boost/context/protected_fixedsize_stack.hpp>
+#include <cstdio>
+#include <exception>
 
 #include "devices/check.hpp"
+#include "devices/errors.hpp"
+#include "devices/host_topology.hpp"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define NODEEMU_ASAN_FIBERS 1
+#endif
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#define NODEEMU_TSAN_FIBERS 1
+#endif
 
 namespace nodeemu::detail {
+namespace {
+
+// A rank's host program runs model code as deep as any thread's: the same 8 MiB a thread gets by
+// default (reserved, not committed: only the pages touched become memory), with a guard page
+// below so an overflow faults instead of writing into a neighbour.
+constexpr std::size_t kActorStackBytes = std::size_t{8} << 20;
+
+// The fiber's stack allocator: records the stack's bounds in its actor (ASan needs them when it
+// is told of a switch to it) and clears ASan's marks on the stack before it is unmapped, so a
+// later mapping at the same address does not inherit them.
+class ActorStack {
+ public:
+  explicit ActorStack(Actor* actor) : actor_(actor) {}
+  boost::context::stack_context allocate() {
+    boost::context::stack_context sc = inner_.allocate();
+    actor_->stack_bottom = static_cast<char*>(sc.sp) - sc.size;
+    actor_->stack_size = sc.size;
+    return sc;
+  }
+  void deallocate(boost::context::stack_context& sc) noexcept {
+#if defined(NODEEMU_ASAN_FIBERS)
+    __asan_unpoison_memory_region(static_cast<char*>(sc.sp) - sc.size, sc.size);
+#endif
+    inner_.deallocate(sc);
+  }
+
+ private:
+  Actor* actor_;
+  boost::context::protected_fixedsize_stack inner_{kActorStackBytes};
+};
+
+}  // namespace
 
 Actors::Actors() {
   Actor& main = actors_.emplace_back();
@@ -12,15 +59,37 @@ Actors::Actors() {
   main.name = "main";
   main.device = -1;
   main.state = Actor::State::Running;
+#if defined(NODEEMU_TSAN_FIBERS)
+  main.tsan_fiber = __tsan_get_current_fiber();
+#endif
+  running_ = &main;
 }
 
-Actor& Actors::add(std::string name, int device, VTime clock, int parent) {
+Actors::~Actors() {
+#if defined(NODEEMU_TSAN_FIBERS)
+  for (Actor& a : actors_)
+    if (a.id != 0 && a.tsan_fiber) __tsan_destroy_fiber(a.tsan_fiber);
+#endif
+}
+
+Actor& Actors::add(std::string name, int device, VTime clock, int parent,
+                   std::function<boost::context::fiber()> body) {
   Actor& a = actors_.emplace_back();
   a.id = static_cast<int>(actors_.size()) - 1;
   a.name = std::move(name);
   a.device = device;
   a.clock = clock;
   a.parent = parent;
+#if defined(NODEEMU_TSAN_FIBERS)
+  a.tsan_fiber = __tsan_create_fiber(0);
+#endif
+  // The fiber starts at its first hand-over: hand_over's resume_with has already kept the
+  // giver's continuation, so the one passed in here is empty.
+  a.context = boost::context::fiber(std::allocator_arg, ActorStack(&a),
+                                    [this, &a, body = std::move(body)](boost::context::fiber&&) {
+                                      after_switch(a);
+                                      return body();
+                                    });
   make_runnable(a);
   return a;
 }
@@ -46,12 +115,88 @@ Actor* Actors::pick() {
   return &a;
 }
 
+int Actors::intern_binding(const std::vector<int>& real_pus) {
+  auto it = std::find(bindings_.begin(), bindings_.end(), real_pus);
+  if (it != bindings_.end()) return static_cast<int>(it - bindings_.begin());
+  bindings_.push_back(real_pus);
+  return static_cast<int>(bindings_.size()) - 1;
+}
+
+void Actors::bind_thread(int binding) {
+  HostTopology::bind_current_thread(bindings_[static_cast<std::size_t>(binding)]);
+  bound_ = binding;
+}
+
+void Actors::before_switch(Actor& self, Actor& next, bool self_finished) {
+  switching_from_ = &self;
+  if (next.binding >= 0 && next.binding != bound_) {
+    // The engine bound the thread to every set once before handing any out (Engine::run_actors),
+    // so a refusal here means the process's cpuset changed under a running node.
+    try {
+      bind_thread(next.binding);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "nodeemu: re-binding a host program between ranks failed: %s\n",
+                   e.what());
+      NE_CHECK(false, "the thread's binding must be kept on a hand-over");
+    }
+    ++rebinds_;
+  }
+#if defined(NODEEMU_ASAN_FIBERS)
+  // A finished actor's fake stack goes with it (nullptr); a suspended one's is kept for its return.
+  __sanitizer_start_switch_fiber(self_finished ? nullptr : &self.fake_stack, next.stack_bottom,
+                                 next.stack_size);
+#else
+  (void)self_finished;
+#endif
+#if defined(NODEEMU_TSAN_FIBERS)
+  __tsan_switch_to_fiber(next.tsan_fiber, 0);
+#endif
+  running_ = &next;
+}
+
+void Actors::after_switch(Actor& self) {
+  Actor* from = switching_from_;
+#if defined(NODEEMU_ASAN_FIBERS)
+  // ASan reports the bounds of the stack we came from: that is how the main program's (a
+  // thread's own stack, never allocated here) becomes known before anyone switches back to it.
+  const void* bottom = nullptr;
+  std::size_t size = 0;
+  __sanitizer_finish_switch_fiber(self.fake_stack, &bottom, &size);
+  self.fake_stack = nullptr;
+  if (from) {
+    from->stack_bottom = bottom;
+    from->stack_size = size;
+  }
+#else
+  (void)self;
+#endif
+#if defined(NODEEMU_TSAN_FIBERS)
+  if (from && from->state == Actor::State::Done && from->tsan_fiber) {
+    __tsan_destroy_fiber(from->tsan_fiber);
+    from->tsan_fiber = nullptr;
+  }
+#endif
+  (void)from;
+}
+
 void Actors::hand_over(Actor& self, Actor& next) {
-  // Read our own state before handing the baton over: from release() on, the next actor may
-  // wake us (and write our state) at any moment.
-  const bool done = self.state == Actor::State::Done;
-  next.sem.release();
-  if (!done) self.sem.acquire();
+  NE_CHECK(&self == running_ && self.state != Actor::State::Done, "hand-over from a non-runner");
+  before_switch(self, next, false);
+  // `next` runs from here; `self`'s continuation is kept (on next's stack, before next resumes)
+  // for whoever hands the baton back.
+  boost::context::fiber back =
+      std::move(next.context).resume_with([&self](boost::context::fiber&& from) {
+        self.context = std::move(from);
+        return boost::context::fiber{};
+      });
+  NE_CHECK(!back, "an actor was resumed with a continuation it did not expect");
+  after_switch(self);
+}
+
+boost::context::fiber Actors::finish(Actor& self, Actor& next) {
+  NE_CHECK(&self == running_ && self.state == Actor::State::Done, "finish of a running actor");
+  before_switch(self, next, true);
+  return std::move(next.context);
 }
 
 }  // namespace nodeemu::detail

@@ -2,9 +2,10 @@
 // Device, Stream, Event and Host.
 //
 // How the timeline stays deterministic (DESIGN.md's "SimGrid way"):
-//  - Each host program (one per rank, plus the main thread) is an actor: a real thread, but only
-//    one actor runs at a time. The running one holds the baton until it blocks (a synchronize, a
-//    query, an allocation that must know what is free) or finishes.
+//  - Each host program (one per rank, plus the main thread) is an actor: a fiber on the thread
+//    that built the engine (detail/actors.hpp), and only one actor runs at a time. The running one
+//    holds the baton until it blocks (a synchronize, a query, an allocation that must know what is
+//    free) or finishes.
 //  - Launches never block: they charge the actor's host clock and append operations, with their
 //    dependencies, to the engine.
 //  - Virtual time advances only when no actor can run. The engine then processes its calendar in
@@ -261,9 +262,12 @@ class Engine {
 
   // --- actors ---
   // Runs bodies[i] as actor named names[i] driving devices[i]; the calling actor blocks until
-  // all have finished. Rethrows the first failure by actor order.
+  // all have finished. Rethrows the first failure by actor order. cpus[i], when given and not
+  // empty, is the set of real PUs the thread is bound to while actor i runs (bindpcie); a
+  // HostError if the kernel refuses one, before any actor starts.
   void run_actors(const std::vector<std::function<void()>>& bodies,
-                  const std::vector<std::string>& names, const std::vector<int>& devices);
+                  const std::vector<std::string>& names, const std::vector<int>& devices,
+                  const std::vector<std::vector<int>>& cpus = {});
   int add_track(int device, std::string name);
 
   // --- timeline ---
@@ -312,7 +316,12 @@ class Engine {
   void block_until_complete(OpId id);
   // A launch on `s` blocks the host while the stream has its GPU's limit of pending launches.
   void wait_for_launch_slot(StreamState& s, const DeviceState& d);
+  // The next actor to run, advancing virtual time until one can (null: everyone is done).
+  Actor* next_actor();
+  // The running actor `self` hands the baton to the next one and returns when it is its turn.
   void schedule(Actor& self);
+  // The children's binding indices for run_actors' cpus (empty: none asked for).
+  std::vector<int> bind_children(Actor& parent, const std::vector<std::vector<int>>& cpus);
   bool advance();
   void release_memory(const PendingRelease& r, VTime t);
   void catch_up_to_host();

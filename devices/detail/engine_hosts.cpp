@@ -2,39 +2,32 @@
 // every way a host blocks (a synchronize, a query, a full launch queue, waiting for its
 // children). Part of Engine (devices/detail/engine.hpp), split out by concern.
 #include <algorithm>
+#include <boost/context/fiber.hpp>
 #include <thread>
 
 #include "devices/check.hpp"
 #include "devices/detail/engine.hpp"
 #include "devices/errors.hpp"
+#include "devices/host_topology.hpp"
 
 namespace nodeemu::detail {
-namespace {
-
-// The actor the calling thread runs, per engine: several Nodes may live in one process.
-thread_local Actor* tls_actor = nullptr;
-thread_local const Engine* tls_engine = nullptr;
-
-}  // namespace
 
 Actor& Engine::current() {
-  if (tls_engine == this && tls_actor) return *tls_actor;
-  if (std::this_thread::get_id() == main_thread_) return actors_[0];
+  // Every actor runs on the thread that built the engine (Actors: fibers), so that thread is the
+  // only one that may call in; the running actor is whoever holds the baton.
+  if (std::this_thread::get_id() == main_thread_) return actors_.running();
   throw UsageError(
       "a NodeEmu call came from a thread that is not a host of this node; issue work from the "
       "main thread or from the per-rank host programs given to Node::run");
 }
 
 bool Engine::on_host_thread() const {
-  return (tls_engine == this && tls_actor) || std::this_thread::get_id() == main_thread_;
+  return std::this_thread::get_id() == main_thread_;
 }
 
-void Engine::schedule(Actor& self) {
+Actor* Engine::next_actor() {
   for (;;) {
-    if (Actor* next = actors_.pick()) {
-      if (next != &self) Actors::hand_over(self, *next);
-      return;
-    }
+    if (Actor* next = actors_.pick()) return next;
     if (!advance()) {
       // Nothing left on the calendar and nobody can run: whoever is blocked waits forever.
       bool any = false;
@@ -47,9 +40,15 @@ void Engine::schedule(Actor& self) {
         a.deadlock = "host '" + a.name + "' waits for work that can never complete: " + report;
         actors_.wake(a, now_);
       }
-      if (!any) return;  // everyone is done
+      if (!any) return nullptr;  // everyone is done
     }
   }
+}
+
+void Engine::schedule(Actor& self) {
+  Actor* next = next_actor();
+  NE_CHECK(next, "a blocked host found nobody to run and no deadlock to report");
+  if (next != &self) actors_.hand_over(self, *next);
 }
 
 void Engine::block_current() {
@@ -124,42 +123,43 @@ bool Engine::host_query(OpId id, const std::shared_ptr<FuncTask>& task) {
 }
 
 void Engine::run_actors(const std::vector<std::function<void()>>& bodies,
-                        const std::vector<std::string>& names, const std::vector<int>& devices) {
+                        const std::vector<std::string>& names, const std::vector<int>& devices,
+                        const std::vector<std::vector<int>>& cpus) {
   if (bodies.empty()) return;
   Actor& parent = current();
-  NE_CHECK(bodies.size() == names.size() && names.size() == devices.size(), "actor lists");
+  NE_CHECK(bodies.size() == names.size() && names.size() == devices.size() &&
+               (cpus.empty() || cpus.size() == bodies.size()),
+           "actor lists");
+  const std::vector<int> kid_bindings = bind_children(parent, cpus);
   std::vector<Actor*> kids;
   for (size_t i = 0; i < bodies.size(); ++i) {
-    Actor& a = actors_.add(names[i], devices[i], parent.clock, parent.id);
+    // The body's last act picks who runs next and hands it the baton (a fiber's return value):
+    // a finished actor never comes back, so there is nothing to return to.
+    Actor& a = actors_.add(names[i], devices[i], parent.clock, parent.id, [this, i, &bodies]() {
+      Actor& self = actors_.running();
+      try {
+        bodies[i]();
+      } catch (const boost::context::detail::forced_unwind&) {
+        throw;  // the fiber is being torn down, not failing: Boost.Context's own unwinding
+      } catch (...) {
+        self.error = std::current_exception();
+      }
+      self.state = Actor::State::Done;
+      Actor& p = actors_[static_cast<size_t>(self.parent)];
+      p.clock = std::max(p.clock, self.clock);
+      if (--p.live_children == 0) actors_.wake(p, p.clock);
+      Actor* next = next_actor();
+      NE_CHECK(next, "a finished host found nobody to hand over to, not even its parent");
+      return actors_.finish(self, *next);
+    });
+    a.binding = kid_bindings.empty() ? parent.binding : kid_bindings[i];
     layout_.host_names.push_back(a.name);
     layout_.host_device.push_back(a.device);
     kids.push_back(&a);
   }
   parent.live_children = static_cast<int>(kids.size());
-  std::vector<std::thread> threads;
-  threads.reserve(kids.size());
-  for (size_t i = 0; i < kids.size(); ++i) {
-    threads.emplace_back([this, a = kids[i], &body = bodies[i]] {
-      a->sem.acquire();  // wait for the baton
-      tls_actor = a;
-      tls_engine = this;
-      try {
-        body();
-      } catch (...) {
-        a->error = std::current_exception();
-      }
-      a->state = Actor::State::Done;
-      Actor& p = actors_[static_cast<size_t>(a->parent)];
-      p.clock = std::max(p.clock, a->clock);
-      if (--p.live_children == 0) actors_.wake(p, p.clock);
-      schedule(*a);
-      tls_actor = nullptr;
-      tls_engine = nullptr;
-    });
-  }
   actors_.block(parent);
   schedule(parent);
-  for (auto& t : threads) t.join();
   // A deadlock is usually the echo of another rank's failure (a rank that threw a collective
   // mismatch leaves its peers waiting): report the cause first.
   auto is_deadlock = [](const std::exception_ptr& e) {
@@ -175,6 +175,27 @@ void Engine::run_actors(const std::vector<std::function<void()>>& bodies,
     if (a->error && !is_deadlock(a->error)) std::rethrow_exception(a->error);
   for (Actor* a : kids)
     if (a->error) std::rethrow_exception(a->error);
+}
+
+}  // namespace nodeemu::detail
+
+namespace nodeemu::detail {
+
+std::vector<int> Engine::bind_children(Actor& parent, const std::vector<std::vector<int>>& cpus) {
+  std::vector<int> out;
+  if (std::all_of(cpus.begin(), cpus.end(), [](const auto& c) { return c.empty(); })) return out;
+  // From here the thread is re-bound between actors, so the parent needs a binding to come back
+  // to: the one its thread has now.
+  if (parent.binding < 0) {
+    parent.binding = actors_.intern_binding(HostTopology::current_thread_binding());
+  }
+  for (const auto& c : cpus) out.push_back(c.empty() ? parent.binding : actors_.intern_binding(c));
+  // Try every new set once here, where a refusal is a HostError for the caller, and not in the
+  // middle of a hand-over; then back to the parent's.
+  for (int b : out)
+    if (b != parent.binding) actors_.bind_thread(b);
+  actors_.bind_thread(parent.binding);
+  return out;
 }
 
 }  // namespace nodeemu::detail
