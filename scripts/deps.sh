@@ -2,7 +2,7 @@
 # and only those that are missing, so a second run costs nothing.
 nodeemu_packages=(cmake g++ make pkg-config libhwloc-dev libnuma-dev libopenblas-dev
                   libyaml-cpp-dev nlohmann-json3-dev libgtest-dev libgmock-dev googletest
-                  libbenchmark-dev libboost-context-dev)
+                  libbenchmark-dev libboost-context-dev libgoogle-perftools-dev)
 
 nodeemu_install_missing() {
   local missing=()

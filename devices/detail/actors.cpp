@@ -83,15 +83,21 @@ Actor& Actors::add(std::string name, int device, VTime clock, int parent,
 #if defined(NODEEMU_TSAN_FIBERS)
   a.tsan_fiber = __tsan_create_fiber(0);
 #endif
-  // The fiber starts at its first hand-over: hand_over's resume_with has already kept the
-  // giver's continuation, so the one passed in here is empty.
+  a.body = std::move(body);  // its fiber (and stack) is made at its first hand-over: start()
+  make_runnable(a);
+  return a;
+}
+
+void Actors::start(Actor& a) {
+  NE_CHECK(a.body, "an actor was handed the baton twice from the start");
+  // hand_over's resume_with has already kept the giver's continuation, so the one passed in
+  // here is empty.
   a.context = boost::context::fiber(std::allocator_arg, ActorStack(&a),
-                                    [this, &a, body = std::move(body)](boost::context::fiber&&) {
+                                    [this, &a, body = std::move(a.body)](boost::context::fiber&&) {
                                       after_switch(a);
                                       return body();
                                     });
-  make_runnable(a);
-  return a;
+  a.body = nullptr;
 }
 
 void Actors::make_runnable(Actor& a) {
@@ -181,6 +187,7 @@ void Actors::after_switch(Actor& self) {
 
 void Actors::hand_over(Actor& self, Actor& next) {
   NE_CHECK(&self == running_ && self.state != Actor::State::Done, "hand-over from a non-runner");
+  if (!next.context) start(next);
   before_switch(self, next, false);
   // `next` runs from here; `self`'s continuation is kept (on next's stack, before next resumes)
   // for whoever hands the baton back.
@@ -195,6 +202,7 @@ void Actors::hand_over(Actor& self, Actor& next) {
 
 boost::context::fiber Actors::finish(Actor& self, Actor& next) {
   NE_CHECK(&self == running_ && self.state == Actor::State::Done, "finish of a running actor");
+  if (!next.context) start(next);
   before_switch(self, next, true);
   return std::move(next.context);
 }

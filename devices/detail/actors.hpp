@@ -44,8 +44,10 @@ struct Actor {
   std::exception_ptr error;
   int binding = -1;  // index into Actors' CPU sets; -1: the thread's binding is left as it is
 
-  // The hand-over's state. `context` is the actor's suspended continuation: empty while it runs,
-  // and once it has finished.
+  // The hand-over's state. `body` is the program until its fiber is made (at the first
+  // hand-over to it, so an actor that never runs never takes a stack); `context` is the actor's
+  // suspended continuation: empty before it starts, while it runs and once it has finished.
+  std::function<boost::context::fiber()> body;
   boost::context::fiber context;
   const void* stack_bottom = nullptr;  // ASan: this actor's stack, learnt at its first switch
   std::size_t stack_size = 0;
@@ -102,6 +104,8 @@ class Actors {
 
  private:
   void make_runnable(Actor& a);
+  // Makes the fiber of an actor that has never run.
+  void start(Actor& a);
   // What every switch does on both sides: the sanitizers' fiber calls and the CPU binding.
   void before_switch(Actor& self, Actor& next, bool self_finished);
   void after_switch(Actor& self);
