@@ -73,7 +73,7 @@ Actors::~Actors() {
 }
 
 Actor& Actors::add(std::string name, int device, VTime clock, int parent,
-                   std::function<boost::context::fiber()> body) {
+                   std::function<Actor&()> body) {
   Actor& a = actors_.emplace_back();
   a.id = static_cast<int>(actors_.size()) - 1;
   a.name = std::move(name);
@@ -95,7 +95,8 @@ void Actors::start(Actor& a) {
   a.context = boost::context::fiber(std::allocator_arg, ActorStack(&a),
                                     [this, &a, body = std::move(a.body)](boost::context::fiber&&) {
                                       after_switch(a);
-                                      return body();
+                                      Actor& next = body();
+                                      return finish(a, next);
                                     });
   a.body = nullptr;
 }

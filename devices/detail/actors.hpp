@@ -47,7 +47,7 @@ struct Actor {
   // The hand-over's state. `body` is the program until its fiber is made (at the first
   // hand-over to it, so an actor that never runs never takes a stack); `context` is the actor's
   // suspended continuation: empty before it starts, while it runs and once it has finished.
-  std::function<boost::context::fiber()> body;
+  std::function<Actor&()> body;
   boost::context::fiber context;
   const void* stack_bottom = nullptr;  // ASan: this actor's stack, learnt at its first switch
   std::size_t stack_size = 0;
@@ -75,10 +75,9 @@ class Actors {
   Actor& running() { return *running_; }
 
   // A new runnable actor, a child of `parent`, starting at `clock`. `body` is its program: it
-  // runs when the actor is first handed the baton, and must end by returning the continuation
-  // of the actor to run next (finish()).
-  Actor& add(std::string name, int device, VTime clock, int parent,
-             std::function<boost::context::fiber()> body);
+  // runs when the actor is first handed the baton, and ends by marking the actor Done and
+  // returning the (picked) actor the baton goes to next.
+  Actor& add(std::string name, int device, VTime clock, int parent, std::function<Actor&()> body);
   // The running actor stops until woken (or finishes, with state Done, before handing over).
   void block(Actor& a) { a.state = Actor::State::Blocked; }
   // A blocked actor becomes runnable at virtual time `t` (or its own clock, if later); any other
@@ -90,10 +89,6 @@ class Actors {
   // `self` (running, not finished) gives the baton to `next` (picked) and returns when it is
   // handed back.
   void hand_over(Actor& self, Actor& next);
-  // The last act of a finished actor's body: the baton goes to `next` (picked), and `self`'s
-  // stack is released once `next` runs.
-  boost::context::fiber finish(Actor& self, Actor& next);
-
   // The CPU set an actor is bound to while it runs (real PU indices, as HostTopology's). Equal
   // sets share an index, so a hand-over between two actors of one socket costs no system call.
   int intern_binding(const std::vector<int>& real_pus);
@@ -106,6 +101,10 @@ class Actors {
   void make_runnable(Actor& a);
   // Makes the fiber of an actor that has never run.
   void start(Actor& a);
+  // The last act of a finished actor's fiber: the baton goes to `next`, and `self`'s stack is
+  // released once `next` runs. Here, not in the body, so that no instrumented frame of the
+  // engine is left between the sanitizers' switch and the jump (see CMakeLists: TSan).
+  boost::context::fiber finish(Actor& self, Actor& next);
   // What every switch does on both sides: the sanitizers' fiber calls and the CPU binding.
   void before_switch(Actor& self, Actor& next, bool self_finished);
   void after_switch(Actor& self);

@@ -133,25 +133,26 @@ void Engine::run_actors(const std::vector<std::function<void()>>& bodies,
   const std::vector<int> kid_bindings = bind_children(parent, cpus);
   std::vector<Actor*> kids;
   for (size_t i = 0; i < bodies.size(); ++i) {
-    // The body's last act picks who runs next and hands it the baton (a fiber's return value):
-    // a finished actor never comes back, so there is nothing to return to.
-    Actor& a = actors_.add(names[i], devices[i], parent.clock, parent.id, [this, i, &bodies]() {
-      Actor& self = actors_.running();
-      try {
-        bodies[i]();
-      } catch (const boost::context::detail::forced_unwind&) {
-        throw;  // the fiber is being torn down, not failing: Boost.Context's own unwinding
-      } catch (...) {
-        self.error = std::current_exception();
-      }
-      self.state = Actor::State::Done;
-      Actor& p = actors_[static_cast<size_t>(self.parent)];
-      p.clock = std::max(p.clock, self.clock);
-      if (--p.live_children == 0) actors_.wake(p, p.clock);
-      Actor* next = next_actor();
-      NE_CHECK(next, "a finished host found nobody to hand over to, not even its parent");
-      return actors_.finish(self, *next);
-    });
+    // The body's last act picks who runs next; Actors hands it the baton: a finished actor
+    // never comes back, so there is nothing to return to.
+    Actor& a =
+        actors_.add(names[i], devices[i], parent.clock, parent.id, [this, i, &bodies]() -> Actor& {
+          Actor& self = actors_.running();
+          try {
+            bodies[i]();
+          } catch (const boost::context::detail::forced_unwind&) {
+            throw;  // the fiber is being torn down, not failing: Boost.Context's own unwinding
+          } catch (...) {
+            self.error = std::current_exception();
+          }
+          self.state = Actor::State::Done;
+          Actor& p = actors_[static_cast<size_t>(self.parent)];
+          p.clock = std::max(p.clock, self.clock);
+          if (--p.live_children == 0) actors_.wake(p, p.clock);
+          Actor* next = next_actor();
+          NE_CHECK(next, "a finished host found nobody to hand over to, not even its parent");
+          return *next;
+        });
     a.binding = kid_bindings.empty() ? parent.binding : kid_bindings[i];
     layout_.host_names.push_back(a.name);
     layout_.host_device.push_back(a.device);

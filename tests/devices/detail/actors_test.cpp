@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <exception>
 #include <string>
 #include <thread>
@@ -13,8 +14,8 @@ namespace nodeemu::detail {
 namespace {
 
 // A body for actors that are picked but never handed the baton.
-std::function<boost::context::fiber()> unused() {
-  return [] { return boost::context::fiber{}; };
+std::function<Actor&()> unused() {
+  return []() -> Actor& { std::abort(); };
 }
 
 TEST(Actors, TheMainProgramIsActorZeroAndRunning) {
@@ -57,14 +58,14 @@ TEST(Actors, AWakeMovesABlockedActorToItsWakeTimeAndCountsIt) {
   EXPECT_EQ(a.wakes(), 2u);
 }
 
-// An actor's body: returns the continuation of whoever runs next (what Engine::run_actors does).
-std::function<boost::context::fiber()> finishing(Actors& a, std::vector<int>& trace, int mark) {
-  return [&a, &trace, mark] {
+// An actor's body: ends Done and returns whoever runs next (what Engine::run_actors does).
+std::function<Actor&()> finishing(Actors& a, std::vector<int>& trace, int mark) {
+  return [&a, &trace, mark]() -> Actor& {
     Actor& self = a.running();
     trace.push_back(mark);
     self.state = Actor::State::Done;
     a.wake(a[0], 0);
-    return a.finish(self, *a.pick());
+    return *a.pick();
   };
 }
 
@@ -94,7 +95,7 @@ TEST(Actors, BlockedActorsResumeWhereTheyStopped) {
   Actor& main = a[0];
   std::vector<std::string> trace;
   auto ping_pong = [&a, &trace](const std::string& me, int other_id) {
-    return [&a, &trace, me, other_id] {
+    return [&a, &trace, me, other_id]() -> Actor& {
       Actor& self = a.running();
       for (int round = 0; round < 3; ++round) {
         const std::string local = me + std::to_string(round);
@@ -110,8 +111,7 @@ TEST(Actors, BlockedActorsResumeWhereTheyStopped) {
       }
       self.state = Actor::State::Done;
       a.wake(a[0], 0);
-      Actor* next = a.pick();
-      return a.finish(self, *next);
+      return *a.pick();
     };
   };
   Actor& x = a.add("x", 0, 0, 0, ping_pong("x", 2));
@@ -142,12 +142,12 @@ TEST(Actors, AHandOverRebindsTheThreadToTheNextActorsCpus) {
       Actors a;
       Actor& main = a[0];
       main.binding = a.intern_binding(all);
-      Actor& r = a.add("r", 0, 0, 0, [&] {
+      Actor& r = a.add("r", 0, 0, 0, [&]() -> Actor& {
         Actor& self = a.running();
         seen_r = HostTopology::current_thread_binding();
         self.state = Actor::State::Done;
         a.wake(a[0], 0);
-        return a.finish(self, *a.pick());
+        return *a.pick();
       });
       r.binding = a.intern_binding({all.front()});
       EXPECT_EQ(a.intern_binding(all), main.binding);  // equal sets share an index
