@@ -3,6 +3,8 @@
 //   BM_ExpertGroupedGemm the experts' grouped GEMM vs one plain OpenBLAS sgemm of the same flops
 //                       (vs_openblas, target >= 0.9) and vs the FMA peak (vs_fma_peak, >= 0.8)
 //   BM_TinyModelStep    a whole tiny-MoE forward+backward at EP=4: wall time per emulated device
+//   BM_ForcedRoutingDraw meta mode's forced-balance draw (Qwen3: 4096 tokens, top-8 of 128) vs
+//                       the bare splitmix64 words it consumes (vs_rng)
 // Both GEMM sides run on one thread: NodeEmu runs OpenBLAS with one thread per call and splits
 // work over its own workers, and the baseline gets the same single thread.
 #include <benchmark/benchmark.h>
@@ -18,6 +20,7 @@
 #include "devices/blas_kernel.hpp"
 #include "devices/node.hpp"
 #include "layers/gemm.hpp"
+#include "layers/meta_routing.hpp"
 #include "layers/model_chunk.hpp"
 
 namespace nodeemu {
@@ -204,6 +207,46 @@ void BM_TinyModelStep(benchmark::State& state) {
   state.counters["virtual_step_us"] = virtual_s * 1e6;
 }
 BENCHMARK(BM_TinyModelStep)->Args({4, 128})->Args({8, 128})->UseManualTime()->Iterations(5);
+
+// Meta mode draws every (layer, micro-batch, EP rank)'s routing: a full Qwen3-30B-A3B step makes
+// 49 k such draws of 4096 tokens x 8 picks. Baseline: producing the same number of 32-bit
+// splitmix64 words and summing them (the generator alone, no sampling), same process.
+void BM_ForcedRoutingDraw(benchmark::State& state) {
+  layers::RouterConfig c;
+  c.num_experts = static_cast<int>(state.range(0));
+  c.topk = 8;
+  const std::int64_t tokens = 4096;
+  std::vector<double> t_draw, t_rng;
+  int layer = 0;
+  for (auto _ : state) {
+    const auto routing = layers::MetaRouting::forced(c, 1234);
+    auto t0 = Clock::now();
+    constexpr int kDraws = 20;
+    for (int i = 0; i < kDraws; ++i)
+      benchmark::DoNotOptimize(routing->counts(
+          {.layer = layer++, .iteration = 0, .microbatch = 0, .ep_rank = 0, .tokens = tokens}));
+    const double dt = seconds_since(t0) / kDraws;
+    state.SetIterationTime(dt);
+    t_draw.push_back(dt);
+    t0 = Clock::now();
+    std::uint64_t x = 1, sum = 0;
+    const std::int64_t words = tokens * c.topk * kDraws;
+    for (std::int64_t i = 0; i < words; i += 2) {
+      x += 0x9e3779b97f4a7c15ULL;
+      std::uint64_t z = x;
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+      z ^= z >> 31;
+      sum += (z >> 32) + (z & 0xffffffffULL);
+    }
+    benchmark::DoNotOptimize(sum);
+    t_rng.push_back(seconds_since(t0) / kDraws);
+  }
+  const double picks = double(tokens) * c.topk;
+  state.counters["picks_per_s"] = picks / median(t_draw);
+  state.counters["vs_rng"] = median(t_rng) / median(t_draw);
+}
+BENCHMARK(BM_ForcedRoutingDraw)->Arg(128)->ArgName("experts")->UseManualTime()->Iterations(20);
 
 }  // namespace
 }  // namespace nodeemu

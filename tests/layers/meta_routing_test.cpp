@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <numeric>
+#include <tuple>
 
 #include "layers/meta_routing.hpp"
 
@@ -61,6 +62,24 @@ TEST(MetaRouting, ADrawIsAFunctionOfItsCoordinates) {
     EXPECT_NE(a->counts(other), first);
   }
   EXPECT_NE(MetaRouting::forced(qwen3_router(), 99)->counts(key), first);
+}
+
+// The draw is pinned: a faster sampler must give the same counts, or every meta timeline hash
+// moves. Values from the first (one word at a time) sampler; 128 experts (a power of two: no
+// rejection) and 60 (Lemire's rejection step in play).
+TEST(MetaRouting, ForcedDrawsArePinned) {
+  for (const auto& [experts, topk, expected] :
+       {std::tuple{128, 8, std::uint64_t{12548472002374166485ULL}},
+        std::tuple{60, 6, std::uint64_t{9531683223980630619ULL}}}) {
+    RouterConfig c = qwen3_router();
+    c.num_experts = experts;
+    c.topk = topk;
+    const RoutingKey key{.layer = 3, .iteration = 1, .microbatch = 7, .ep_rank = 2, .tokens = 4096};
+    const auto counts = MetaRouting::forced(c, 1234)->counts(key);
+    std::uint64_t digest = 1469598103934665603ULL;  // FNV-1a over the counts
+    for (std::int64_t n : counts) digest = (digest ^ std::uint64_t(n)) * 1099511628211ULL;
+    EXPECT_EQ(digest, expected) << experts << " experts";
+  }
 }
 
 TEST(MetaRouting, GroupLimitedForcedRoutingUsesTheRoutersOwnTopK) {
