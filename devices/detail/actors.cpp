@@ -6,7 +6,6 @@
 #include <exception>
 
 #include "devices/check.hpp"
-#include "devices/errors.hpp"
 #include "devices/host_topology.hpp"
 
 #if defined(__SANITIZE_ADDRESS__)
