@@ -3,11 +3,14 @@
 // a user waits; the baseline, measured in the same process, is the bare engine: the same number
 // of empty kernels, records and waits laid out by a plain Node program in meta mode. vs_engine =
 // (recipe device operations per second) / (bare engine operations per second): the share of the
-// engine's speed that the model, dispatchers and schedules leave.
+// engine's speed that the model, dispatchers and schedules leave. BM_MetaScale (issue 19): one
+// meta step against the number of emulated GPUs, for a Qwen3-like and a DeepSeek-V3-like recipe.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "devices/node.hpp"
@@ -73,6 +76,54 @@ void BM_Qwen3MetaFullStep(benchmark::State& state) {
   run_recipe(state, "qwen3_30b_a3b", {"emulator.thread_budget=1"}, 1);
 }
 BENCHMARK(BM_Qwen3MetaFullStep)->UseManualTime()->Unit(benchmark::kSecond)->Iterations(1);
+
+// Peak host memory of one case: Linux's high-water mark (VmHWM) is reset before the run (writing
+// 5 to /proc/self/clear_refs) and read after it. -1 where the kernel offers neither.
+bool reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  return bool(f << "5");
+}
+double peak_rss_mib() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;  // kB
+  return -1;
+}
+
+// Issue 19's scale table: one meta step of a recipe widened by data parallelism to `gpus`
+// emulated GPUs (nodes = gpus / 8, one micro-batch per data-parallel rank), one core. ops_per_s
+// should stay flat as the GPUs grow; peak_rss_mib is the whole process's peak during the case.
+void BM_MetaScale(benchmark::State& state, const std::string& recipe) {
+  const int gpus = static_cast<int>(state.range(0));
+  const bool peak_ok = reset_peak_rss();
+  run_recipe(state, recipe,
+             {"emulator.thread_budget=1", "nodes=" + std::to_string(gpus / 8),
+              "train.global_batch_size=" + std::to_string(gpus)},
+             1);
+  state.counters["gpus"] = gpus;
+  state.counters["peak_rss_mib"] = peak_ok ? peak_rss_mib() : -1;
+}
+// Qwen3-30B-A3B as shipped (EP16, 48 layers) and the DeepSeek-V3-like proxy (EP16, 4 layers of
+// DeepSeek-V3's MoE with 256 experts and the group-limited router); both with one micro-batch
+// per data-parallel rank, so the step grows with the GPUs and nothing else.
+BENCHMARK_CAPTURE(BM_MetaScale, qwen3_30b_a3b, std::string("qwen3_30b_a3b"))
+    ->ArgName("gpus")
+    ->Arg(16)
+    ->Arg(64)
+    ->Arg(256)
+    ->Arg(1024)
+    ->UseManualTime()
+    ->Unit(benchmark::kSecond)
+    ->Iterations(1);
+BENCHMARK_CAPTURE(BM_MetaScale, deepseek_v3_proxy, std::string("deepseek_v3_proxy"))
+    ->ArgName("gpus")
+    ->Arg(16)
+    ->Arg(64)
+    ->Arg(256)
+    ->Arg(1024)
+    ->UseManualTime()
+    ->Unit(benchmark::kSecond)
+    ->Iterations(1);
 
 }  // namespace
 

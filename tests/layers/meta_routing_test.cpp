@@ -82,6 +82,24 @@ TEST(MetaRouting, ForcedDrawsArePinned) {
   }
 }
 
+// The group-limited draw routes drawn logits with the router's own code (DeepSeek-V3: 256
+// experts, 8 groups, 4 used, sigmoid): pinned too, so the router's top-k can be made faster
+// without moving a meta timeline.
+TEST(MetaRouting, GroupLimitedForcedDrawsArePinned) {
+  RouterConfig c;
+  c.num_experts = 256;
+  c.topk = 8;
+  c.num_groups = 8;
+  c.group_topk = 4;
+  c.score = ScoreFunction::Sigmoid;
+  c.topk_scaling_factor = 2.5;
+  const RoutingKey key{.layer = 3, .iteration = 1, .microbatch = 7, .ep_rank = 2, .tokens = 1024};
+  const auto counts = MetaRouting::forced(c, 1234)->counts(key);
+  std::uint64_t digest = 1469598103934665603ULL;  // FNV-1a over the counts
+  for (std::int64_t n : counts) digest = (digest ^ std::uint64_t(n)) * 1099511628211ULL;
+  EXPECT_EQ(digest, std::uint64_t{812690927470810015ULL});
+}
+
 TEST(MetaRouting, GroupLimitedForcedRoutingUsesTheRoutersOwnTopK) {
   RouterConfig c;
   c.num_experts = 32;
