@@ -226,7 +226,7 @@ int ChannelPool::ring_real_numa(int src, int dst) const {
 // Transfer
 
 Transfer::Transfer(ChannelPool& pool, int src_device, int dst_device, std::vector<ConstSegment> src,
-                   std::vector<Segment> dst, Consume consume)
+                   std::vector<Segment> dst, Consume consume, std::size_t footprint_bytes)
     : pool_(pool),
       src_device_(src_device),
       dst_device_(dst_device),
@@ -250,8 +250,11 @@ Transfer::Transfer(ChannelPool& pool, int src_device, int dst_device, std::vecto
                "reduced destination not element-aligned");
     }
   }
-  // Accumulation reads the destination, so it gains nothing from bypassing the cache.
-  streaming_ = consume_ == Consume::Copy && bytes_ >= streaming_threshold();
+  // Accumulation reads the destination, so it gains nothing from bypassing the cache. A copy
+  // streams once the footprint (this transfer's source and destination, or its collective's if
+  // larger) reaches twice the threshold, where the destination could not stay cached anyway.
+  streaming_ = consume_ == Consume::Copy &&
+               std::max(2 * bytes_, footprint_bytes) >= 2 * streaming_threshold();
   if (bytes_ == 0) done_.store(true, std::memory_order_relaxed);  // never takes a ring
 }
 

@@ -83,8 +83,13 @@ class ChannelPool {
 class Transfer {
  public:
   // src_device == dst_device: a local copy with no ring (pumped the same way).
+  // `footprint_bytes`: the source plus destination bytes of the whole collective this transfer
+  // is part of (0: of this transfer alone). Whether a copy streams past the cache is decided
+  // from it: eight 1 MiB transfers of one all-to-all do not stay cached any more than one 8 MiB
+  // transfer does.
   Transfer(ChannelPool& pool, int src_device, int dst_device, std::vector<ConstSegment> src,
-           std::vector<Segment> dst, Consume consume = Consume::Copy);
+           std::vector<Segment> dst, Consume consume = Consume::Copy,
+           std::size_t footprint_bytes = 0);
   ~Transfer();  // gives its ring back to the pool; no thread may be pumping
   Transfer(const Transfer&) = delete;
   Transfer& operator=(const Transfer&) = delete;
@@ -106,6 +111,8 @@ class Transfer {
   // for local and empty transfers).
   std::size_t max_in_flight() const { return max_in_flight_.load(std::memory_order_relaxed); }
   const void* ring_memory() const;
+  // Whether the consumer copies with non-temporal stores (decided at construction).
+  bool streams() const { return streaming_; }
 
  private:
   struct Cursor {  // a position in a segment list

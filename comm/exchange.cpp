@@ -36,6 +36,10 @@ void Exchange::build(ChannelPool& pool) {
   if (!planners_.empty()) return;  // every receiver builds its own, in phase 1
   for (int k = 0; k < phases_; ++k) {
     auto& row = transfers_[size_t(k)];
+    // One streaming decision for the phase, from every byte it moves (read and written).
+    std::size_t footprint = 0;
+    for (int s = 0; s < parties_; ++s)
+      for (std::size_t b : plans_[size_t(s)][size_t(k)].send_bytes) footprint += 2 * b;
     for (int s = 0; s < parties_; ++s) {
       const PartyPhase& from = plans_[size_t(s)][size_t(k)];
       for (int d = 0; d < parties_; ++d) {
@@ -45,7 +49,7 @@ void Exchange::build(ChannelPool& pool) {
         if (from.send_bytes[size_t(d)] == 0) continue;
         row[size_t(s * parties_ + d)] = std::make_unique<Transfer>(
             pool, devices_[size_t(s)], devices_[size_t(d)], from.send[size_t(d)],
-            to.recv[size_t(s)], to.consume[size_t(s)]);
+            to.recv[size_t(s)], to.consume[size_t(s)], footprint);
       }
     }
   }

@@ -428,5 +428,22 @@ TEST(ChannelTest, LargeTransferWithStreamingStoresDeliversEveryByte) {
   EXPECT_EQ(pool.ring_bytes(), pool.slot_bytes() * static_cast<std::size_t>(pool.slots()));
 }
 
+// The streaming choice is the collective's: a 1 MiB transfer streams when it is one of many
+// whose source and destination together pass twice the threshold, and still delivers every byte.
+TEST(ChannelTest, ATransferStreamsWhenItsCollectivesFootprintIsLarge) {
+  ChannelPool pool({0, 0});
+  const std::size_t length = std::size_t{1} << 20;
+  Scattered src = scattered(length, length, 61);
+  Scattered dst = scattered(length, length, 62);
+  fill_payload(src, 61);
+  Transfer alone(pool, 0, 1, src.const_segments(), dst.segments());
+  EXPECT_FALSE(alone.streams());
+  Transfer part(pool, 0, 1, src.const_segments(), dst.segments(), Consume::Copy,
+                2 * streaming_threshold());
+  EXPECT_TRUE(part.streams());
+  while (!part.pump(Transfer::Both)) std::this_thread::yield();
+  EXPECT_TRUE(same_bytes(dst.arena, expected_arena(dst, 61)));
+}
+
 }  // namespace
 }  // namespace nodeemu::detail
