@@ -106,24 +106,13 @@ void BM_MetaScale(benchmark::State& state, const std::string& recipe) {
 // Qwen3-30B-A3B as shipped (EP16, 48 layers) and the DeepSeek-V3-like proxy (EP16, 4 layers of
 // DeepSeek-V3's MoE with 256 experts and the group-limited router); both with one micro-batch
 // per data-parallel rank, so the step grows with the GPUs and nothing else.
-BENCHMARK_CAPTURE(BM_MetaScale, qwen3_30b_a3b, std::string("qwen3_30b_a3b"))
-    ->ArgName("gpus")
-    ->Arg(16)
-    ->Arg(64)
-    ->Arg(256)
-    ->Arg(1024)
-    ->UseManualTime()
-    ->Unit(benchmark::kSecond)
-    ->Iterations(1);
+void MetaScaleSizes(benchmark::internal::Benchmark* b) {
+  b->ArgName("gpus")->UseManualTime()->Unit(benchmark::kSecond)->Iterations(1);
+  for (int gpus : {16, 64, 256, 1024}) b->Arg(gpus);
+}
+BENCHMARK_CAPTURE(BM_MetaScale, qwen3_30b_a3b, std::string("qwen3_30b_a3b"))->Apply(MetaScaleSizes);
 BENCHMARK_CAPTURE(BM_MetaScale, deepseek_v3_proxy, std::string("deepseek_v3_proxy"))
-    ->ArgName("gpus")
-    ->Arg(16)
-    ->Arg(64)
-    ->Arg(256)
-    ->Arg(1024)
-    ->UseManualTime()
-    ->Unit(benchmark::kSecond)
-    ->Iterations(1);
+    ->Apply(MetaScaleSizes);
 
 }  // namespace
 

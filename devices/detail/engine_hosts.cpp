@@ -178,10 +178,6 @@ void Engine::run_actors(const std::vector<std::function<void()>>& bodies,
     if (a->error) std::rethrow_exception(a->error);
 }
 
-}  // namespace nodeemu::detail
-
-namespace nodeemu::detail {
-
 std::vector<int> Engine::bind_children(Actor& parent, const std::vector<std::vector<int>>& cpus) {
   std::vector<int> out;
   if (std::all_of(cpus.begin(), cpus.end(), [](const auto& c) { return c.empty(); })) return out;
@@ -191,9 +187,12 @@ std::vector<int> Engine::bind_children(Actor& parent, const std::vector<std::vec
     parent.binding = actors_.intern_binding(HostTopology::current_thread_binding());
   }
   for (const auto& c : cpus) out.push_back(c.empty() ? parent.binding : actors_.intern_binding(c));
-  // Try every new set once here, where a refusal is a HostError for the caller, and not in the
+  // Try every set once here, where a refusal is a HostError for the caller, and not in the
   // middle of a hand-over; then back to the parent's.
-  for (int b : out)
+  std::vector<int> distinct = out;
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  for (int b : distinct)
     if (b != parent.binding) actors_.bind_thread(b);
   actors_.bind_thread(parent.binding);
   return out;

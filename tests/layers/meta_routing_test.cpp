@@ -64,6 +64,12 @@ TEST(MetaRouting, ADrawIsAFunctionOfItsCoordinates) {
   EXPECT_NE(MetaRouting::forced(qwen3_router(), 99)->counts(key), first);
 }
 
+std::uint64_t digest(const std::vector<std::int64_t>& counts) {  // FNV-1a over the counts
+  std::uint64_t h = 1469598103934665603ULL;
+  for (std::int64_t n : counts) h = (h ^ std::uint64_t(n)) * 1099511628211ULL;
+  return h;
+}
+
 // The draw is pinned: a faster sampler must give the same counts, or every meta timeline hash
 // moves. Values from the first (one word at a time) sampler; 128 experts (a power of two: no
 // rejection) and 60 (Lemire's rejection step in play).
@@ -75,10 +81,7 @@ TEST(MetaRouting, ForcedDrawsArePinned) {
     c.num_experts = experts;
     c.topk = topk;
     const RoutingKey key{.layer = 3, .iteration = 1, .microbatch = 7, .ep_rank = 2, .tokens = 4096};
-    const auto counts = MetaRouting::forced(c, 1234)->counts(key);
-    std::uint64_t digest = 1469598103934665603ULL;  // FNV-1a over the counts
-    for (std::int64_t n : counts) digest = (digest ^ std::uint64_t(n)) * 1099511628211ULL;
-    EXPECT_EQ(digest, expected) << experts << " experts";
+    EXPECT_EQ(digest(MetaRouting::forced(c, 1234)->counts(key)), expected) << experts << " experts";
   }
 }
 
@@ -94,10 +97,8 @@ TEST(MetaRouting, GroupLimitedForcedDrawsArePinned) {
   c.score = ScoreFunction::Sigmoid;
   c.topk_scaling_factor = 2.5;
   const RoutingKey key{.layer = 3, .iteration = 1, .microbatch = 7, .ep_rank = 2, .tokens = 1024};
-  const auto counts = MetaRouting::forced(c, 1234)->counts(key);
-  std::uint64_t digest = 1469598103934665603ULL;  // FNV-1a over the counts
-  for (std::int64_t n : counts) digest = (digest ^ std::uint64_t(n)) * 1099511628211ULL;
-  EXPECT_EQ(digest, std::uint64_t{812690927470810015ULL});
+  EXPECT_EQ(digest(MetaRouting::forced(c, 1234)->counts(key)),
+            std::uint64_t{812690927470810015ULL});
 }
 
 TEST(MetaRouting, GroupLimitedForcedRoutingUsesTheRoutersOwnTopK) {
