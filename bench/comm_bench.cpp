@@ -3,6 +3,8 @@
 //    Group::all_to_all with P = 2 and 8 emulated devices, against two threads doing memcpy of the
 //    same bytes (and, when given --mpi_results=FILE, against MPI_Alltoall measured by
 //    bench_mpi_alltoall; see run_comm_vs_mpi.sh);
+//  - BM_SmallAllToAll (functional): the fixed cost of one 64-byte all_to_all, back to back inside
+//    one node.run, against an empty node.run;
 //  - BM_AllToAllVirtual (meta mode): the virtual time the emulated fabric gives an 8-GPU
 //    (NVLink) and a 16-GPU, two-node (NIC) all-to-all on the shipped dgx_h100 topology. This is
 //    the timing plane's answer, not the emulator's own speed.
@@ -270,6 +272,60 @@ void BM_AllToAll(benchmark::State& state) {
   }
 }
 
+// The fixed cost of one small all_to_all (issue 19: "a 64-byte all-to-all costs <= 20 us with 2
+// ranks and <= 60 us with 8"): every rank calls kBackToBack 64-byte all_to_alls in a row inside
+// one node.run, so neither the run's start nor its end is in the figure; the cost per collective
+// is (last return - first call) / kBackToBack, median over iterations. The baseline in the same
+// run is the empty node.run (`run_overhead_us`), the other fixed cost a user pays per program.
+void BM_SmallAllToAll(benchmark::State& state) {
+  constexpr int kBackToBack = 200;
+  const int P = static_cast<int>(state.range(0));
+  const std::size_t per = static_cast<std::size_t>(state.range(1));
+  Node node(functional_options(P));
+  Communicator comm(node);
+  std::vector<Buffer> send(static_cast<size_t>(P)), recv(static_cast<size_t>(P));
+  node.run([&](Host& h) {
+    const int r = h.rank();
+    send[size_t(r)] = h.device().allocate(per * size_t(P));
+    recv[size_t(r)] = h.device().allocate(per * size_t(P));
+    for (int d = 0; d < P; ++d)
+      std::memset(send[size_t(r)].as<std::byte>() + size_t(d) * per, block_byte(r, d), per);
+  });
+  std::vector<Clock::time_point> called(static_cast<size_t>(P)), returned(static_cast<size_t>(P));
+  auto program = [&](Host& h) {
+    const int r = h.rank();
+    Group g = comm.group(all_ranks(P), "a2a");
+    Stream s = h.device().default_stream();
+    called[size_t(r)] = Clock::now();
+    for (int i = 0; i < kBackToBack; ++i) g.all_to_all(send[size_t(r)], recv[size_t(r)], per, s);
+    returned[size_t(r)] = Clock::now();
+  };
+  node.run(program);  // warm-up
+  for (int r = 0; r < P; ++r)
+    for (int src = 0; src < P; ++src)
+      if (recv[size_t(r)].as<std::uint8_t>()[size_t(src) * per] != block_byte(src, r)) {
+        state.SkipWithError("all_to_all delivered wrong bytes");
+        return;
+      }
+  std::vector<double> per_collective, empty_run;
+  for (auto _ : state) {
+    node.run(program);
+    const double dt =
+        std::chrono::duration<double>(*std::max_element(returned.begin(), returned.end()) -
+                                      *std::min_element(called.begin(), called.end()))
+            .count() /
+        kBackToBack;
+    state.SetIterationTime(dt);
+    per_collective.push_back(dt);
+    const auto t0 = Clock::now();
+    node.run([](Host&) {});
+    empty_run.push_back(seconds_since(t0));
+  }
+  state.counters["us_per_collective"] = median(per_collective) * 1e6;
+  state.counters["run_overhead_us"] = median(empty_run) * 1e6;
+  state.counters["vs_empty_run"] = median(per_collective) / median(empty_run);
+}
+
 // Virtual time of one all_to_all in meta mode on the shipped dgx_h100 topology: 8 GPUs (one node,
 // NVLink) or 16 (two nodes, NIC bound), from an event recorded before the collective to one
 // recorded after it on the same stream, slowest rank. Deterministic: one iteration; the reported
@@ -323,6 +379,15 @@ void register_all() {
           ->Repetitions(5)
           ->ReportAggregatesOnly(true);
     }
+  for (int P : {2, 8})
+    benchmark::RegisterBenchmark("BM_SmallAllToAll", BM_SmallAllToAll)
+        ->Args({P, 64})
+        ->ArgNames({"ranks", "per_peer"})
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->Iterations(20)
+        ->Repetitions(5)
+        ->ReportAggregatesOnly(true);
   for (int P : {8, 16})
     for (std::size_t per : kSizes)
       benchmark::RegisterBenchmark("BM_AllToAllVirtual", BM_AllToAllVirtual)

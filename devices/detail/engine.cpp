@@ -111,6 +111,7 @@ void Engine::link_queue(DeviceState& d, StreamState& s, OpId id) {
   OpId& last = d.queue_last[static_cast<size_t>(s.queue)];
   if (last != kNoOp && !ops_[last].dispatched) {
     ops_[last].queue_next = id;
+    ops_[id].queue_prev = last;
     ++ops_[id].unmet;
   }
   last = id;

@@ -31,7 +31,8 @@
 // On the functional plane a rendezvous is a small dataflow graph: a barrier behind every party's
 // stream, one task per party and phase on the party's worker pool, a barrier between phases, and
 // a completion marker that every party's stream continues from. No task ever waits for another
-// thread, so any number of ranks run on any number of worker tokens.
+// thread, so any number of ranks run on any number of worker tokens. A small rendezvous runs
+// every party's tasks on one pool (kOneWorkerRendezvousBytes).
 //
 // Parts (devices/detail/, each one concept with its own tests; SimGrid's kernel models are the
 // example): the Actors (host programs, the runnable set, the hand-over), the Calendar (virtual
@@ -71,6 +72,11 @@ namespace nodeemu::detail {
 enum class ResourceKind : std::uint8_t { None, Sm, H2D, D2H, D2D };
 
 inline constexpr RendezvousId kNoRendezvous = UINT32_MAX;
+// A rendezvous whose parties send at most this much in all runs on one worker (wire_party):
+// below it, waking a thread per party costs more than the copies it would share. Measured with
+// bench_comm on 2 cores (bench/README): one worker was faster for 2 x 1 MiB (2 MiB in all) and
+// 8 x 64 KiB (3.5 MiB), slower for 8 x 256 KiB (14 MiB).
+inline constexpr double kOneWorkerRendezvousBytes = 4.0 * 1024 * 1024;
 
 // Device memory the host has let go of, returned to the account once every operation that used
 // it (on any stream) has completed: record_stream semantics.
@@ -112,6 +118,7 @@ struct Op {
   int unmet = 0;
   std::vector<OpId> on_complete;
   OpId queue_next = kNoOp;
+  OpId queue_prev = kNoOp;  // the operation launched ahead of it into its queue (for reports)
   OpId waits_for = kNoOp;
   OpId prev = kNoOp;  // the operation before it on its stream (for reports)
   std::vector<int> waiting_hosts;
@@ -133,6 +140,17 @@ struct Rendezvous {
   // Functional plane: barriers[k] opens phase k; `done` is what every party's stream waits on.
   std::vector<std::shared_ptr<FuncTask>> barriers;
   std::shared_ptr<FuncTask> done;
+  // Each party's phase bodies, kept until the last party joins: only then is the operation's
+  // size known, which decides where they run.
+  struct Party {
+    std::uint64_t seq;
+    int device;
+    std::string stream, name;
+    std::vector<std::function<void()>> bodies;
+    std::vector<std::shared_ptr<BufferState>> uses;
+  };
+  std::vector<Party> waiting;
+  double payload_bytes = 0;  // summed over the parties that joined
   // Timing plane: the transfer is a flow of the network (FlowNetwork) while `flowing`.
   bool flowing = false;
   bool complete = false;
@@ -237,7 +255,8 @@ class Engine {
   // One party's part, issued by that party's host on its stream like a launch. `sms`: SMs the
   // party's kernel holds from its start to the end of the transfer (0 for copy-engine or
   // NIC-driven transfers). `alpha_s` and `loads` add to the transfer's latency (the largest
-  // wins) and to its link loads. phase_bodies[k] runs on the party's pool in phase k.
+  // wins) and to its link loads. phase_bodies[k] runs on the party's pool in phase k (every
+  // party's on the first party's pool when the whole operation is small).
   // `payload_bytes`: what this party sends to the others, for the trace (OpRecord::bytes).
   OpId join_rendezvous(RendezvousId rv, StreamState& s, std::string name, int sms,
                        double host_cost_s, double latency_s, double alpha_s,
@@ -338,6 +357,8 @@ class Engine {
   // `id`, and what holds it up: the earliest unfinished operation its stream order and event
   // waits lead back to.
   std::string describe_wait(OpId id) const;
+  // Gives the hang watchdog its report's texts when it asks (HangWatchdog::wants_report).
+  void serve_watchdog();
   std::string deadlock_report() const;
 
   Mode mode_;

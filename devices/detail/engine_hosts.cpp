@@ -15,7 +15,10 @@ namespace nodeemu::detail {
 Actor& Engine::current() {
   // Every actor runs on the thread that built the engine (Actors: fibers), so that thread is the
   // only one that may call in; the running actor is whoever holds the baton.
-  if (std::this_thread::get_id() == main_thread_) return actors_.running();
+  if (std::this_thread::get_id() == main_thread_) {
+    if (watchdog_.wants_report()) serve_watchdog();
+    return actors_.running();
+  }
   throw UsageError(
       "a NodeEmu call came from a thread that is not a host of this node; issue work from the "
       "main thread or from the per-rank host programs given to Node::run");
@@ -89,8 +92,6 @@ void Engine::block_until_complete(OpId id) {
   if (!ops_[id].complete()) {
     ops_[id].waiting_hosts.push_back(a.id);
     a.waiting_on = id;
-    // The description walks the stream back: built only when the watchdog may print it.
-    if (watchdog_.on()) watchdog_.set_wait(a.id, a.name + " waits on " + describe_wait(id));
     try {
       block_current();
     } catch (...) {
@@ -98,7 +99,6 @@ void Engine::block_until_complete(OpId id) {
       throw;
     }
     a.waiting_on = kNoOp;
-    watchdog_.set_wait(a.id, {});
   }
 }
 

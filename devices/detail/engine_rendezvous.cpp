@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 
 #include "devices/check.hpp"
 #include "devices/detail/engine.hpp"
@@ -19,7 +20,7 @@ RendezvousId Engine::open_rendezvous(int parties, int phases, std::string label)
   r.parties = parties;
   r.phases = phases;
   r.label = std::move(label);
-  if (watchdog_.on()) watchdog_.open(id, r.label + ": issued by none yet");
+  if (watchdog_.on()) watchdog_.open(id, r.label);
   return id;
 }
 
@@ -51,17 +52,7 @@ OpId Engine::join_rendezvous(RendezvousId rv, StreamState& s, std::string name, 
   OpId id = issue(s, std::move(in));
   r.members.push_back(id);
   ++r.joined;
-  if (watchdog_.on()) {
-    if (r.joined == r.parties) {
-      watchdog_.close(rv);
-    } else {
-      std::string who;
-      for (OpId m : r.members) who += (who.empty() ? "" : ", ") + actors_[ops_[m].host].name;
-      watchdog_.update(rv, r.label + ": issued by " + who + "; " +
-                               std::to_string(r.parties - r.joined) + " of " +
-                               std::to_string(r.parties) + " never issued it");
-    }
-  }
+  if (r.joined == r.parties) watchdog_.close(rv);
   return id;
 }
 
@@ -79,16 +70,6 @@ void Engine::wire_party(Rendezvous& r, StreamState& s, OpId id, const EventState
   // their owner's earlier work is done.
   exec_.depend(r.barriers[0], s.last_task);
   if (waits) exec_.depend(r.barriers[0], waits->task);
-  const DeviceState& d = devices_[static_cast<size_t>(s.device)];
-  for (int k = 0; k < r.phases; ++k) {
-    auto t = exec_.make(seq, s.device, s.name, op.name, std::move(bodies[static_cast<size_t>(k)]),
-                        d.pool);
-    t->keep = uses;
-    exec_.depend(t, r.barriers[static_cast<size_t>(k)]);
-    exec_.arm(t);
-    // The next phase, or the end, waits for every party's part of this one.
-    exec_.depend(k + 1 < r.phases ? r.barriers[static_cast<size_t>(k + 1)] : r.done, t);
-  }
   // Every party's stream continues after the whole operation: a peer may still be reading this
   // party's send buffer until then. For the same reason the buffers live until then: a party's
   // own phase tasks may finish first (a deferred exchange's receivers pull from the senders'
@@ -96,10 +77,32 @@ void Engine::wire_party(Rendezvous& r, StreamState& s, OpId id, const EventState
   r.done->keep.insert(r.done->keep.end(), uses.begin(), uses.end());
   op.task = r.done;
   s.last_task = r.done;
-  if (r.joined + 1 == r.parties) {
-    for (auto& b : r.barriers) exec_.arm(b);
-    exec_.arm(r.done);
+  r.payload_bytes += op.bytes;
+  r.waiting.push_back({seq, s.device, s.name, op.name, std::move(bodies), std::move(uses)});
+  if (r.joined + 1 < r.parties) return;
+  // A small operation runs every party's part on one worker, the first party's: waking a worker
+  // per party cost more than the bytes (P thread switches per phase on a host with fewer cores
+  // than emulated GPUs: a 64-byte all-to-all of 8 ranks took 370 us, 92 us on one worker). One
+  // thread can do every part alone: a part waits only for a role another thread holds
+  // (Exchange::run), and the bytes are the same whoever copies them.
+  WorkerPool* shared = r.payload_bytes <= kOneWorkerRendezvousBytes
+                           ? devices_[static_cast<size_t>(r.waiting.front().device)].pool
+                           : nullptr;
+  for (Rendezvous::Party& p : r.waiting) {
+    WorkerPool* pool = shared ? shared : devices_[static_cast<size_t>(p.device)].pool;
+    for (int k = 0; k < r.phases; ++k) {
+      auto t = exec_.make(p.seq, p.device, p.stream, p.name,
+                          std::move(p.bodies[static_cast<size_t>(k)]), pool);
+      t->keep = p.uses;
+      exec_.depend(t, r.barriers[static_cast<size_t>(k)]);
+      exec_.arm(t);
+      // The next phase, or the end, waits for every party's part of this one.
+      exec_.depend(k + 1 < r.phases ? r.barriers[static_cast<size_t>(k + 1)] : r.done, t);
+    }
   }
+  r.waiting.clear();
+  for (auto& b : r.barriers) exec_.arm(b);
+  exec_.arm(r.done);
 }
 
 void Engine::drain_functional(bool final) {
@@ -190,11 +193,8 @@ std::string Engine::describe_wait(OpId id) const {
       cur = op.waits_for;
     } else if (!op.dispatched) {
       // Its stream is ready but its hardware queue is not: the operation launched ahead of it
-      // into the same queue has not started (one queue: CUDA_DEVICE_MAX_CONNECTIONS=1). Found by
-      // a scan: this runs once, when the run is already lost.
-      OpId ahead = kNoOp;
-      for (OpId o = 0; o < ops_.size() && ahead == kNoOp; ++o)
-        if (ops_[o].queue_next == cur) ahead = o;
+      // into the same queue has not started (one queue: CUDA_DEVICE_MAX_CONNECTIONS=1).
+      const OpId ahead = op.queue_prev;
       if (ahead == kNoOp || ops_[ahead].complete()) break;
       cur = ahead;
     } else {
@@ -202,6 +202,24 @@ std::string Engine::describe_wait(OpId id) const {
     }
   }
   return cur == id ? describe_op(id) : describe_op(id) + ", behind " + describe_op(cur);
+}
+
+void Engine::serve_watchdog() {
+  std::map<std::uint32_t, std::string> open;
+  for (std::size_t id = 0; id < rvs_.size(); ++id) {
+    const Rendezvous& r = rvs_[id];
+    if (r.joined == r.parties) continue;
+    std::string who;
+    for (OpId m : r.members) who += (who.empty() ? "" : ", ") + actors_[ops_[m].host].name;
+    open[std::uint32_t(id)] = r.label + ": issued by " + (who.empty() ? "none yet" : who) + "; " +
+                              std::to_string(r.parties - r.joined) + " of " +
+                              std::to_string(r.parties) + " never issued it";
+  }
+  std::vector<std::string> waits;
+  for (const Actor& a : actors_)
+    if (a.state == Actor::State::Blocked && a.waiting_on != kNoOp)
+      waits.push_back(a.name + " waits on " + describe_wait(a.waiting_on));
+  watchdog_.supply(std::move(open), std::move(waits));
 }
 
 std::string Engine::deadlock_report() const {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 
 #include "devices/check.hpp"
 
@@ -33,47 +34,67 @@ void HangWatchdog::open(std::uint32_t id, std::string label) {
   open_.push_back({id, std::move(label), std::chrono::steady_clock::now()});
 }
 
-void HangWatchdog::update(std::uint32_t id, std::string label) {
-  if (!on()) return;
-  std::lock_guard lk(mu_);
-  auto it = std::find_if(open_.begin(), open_.end(), [&](const Open& o) { return o.id == id; });
-  if (it != open_.end()) it->label = std::move(label);
-}
-
 void HangWatchdog::close(std::uint32_t id) {
   if (!on()) return;
   std::lock_guard lk(mu_);
   std::erase_if(open_, [&](const Open& o) { return o.id == id; });
 }
 
-void HangWatchdog::set_wait(int actor, std::string what) {
-  if (!on()) return;
-  std::lock_guard lk(mu_);
-  if (waits_.size() <= static_cast<std::size_t>(actor))
-    waits_.resize(static_cast<std::size_t>(actor) + 1);
-  waits_[static_cast<std::size_t>(actor)] = std::move(what);
+void HangWatchdog::supply(std::map<std::uint32_t, std::string> rendezvous,
+                          std::vector<std::string> waits) {
+  {
+    std::lock_guard lk(mu_);
+    described_ = std::move(rendezvous);
+    waits_ = std::move(waits);
+    supplied_ = true;
+    wants_report_.store(false, std::memory_order_relaxed);
+  }
+  cv_.notify_all();
 }
 
 void HangWatchdog::watch() {
+  using Clock = std::chrono::steady_clock;
   const auto limit = std::chrono::duration<double>(timeout_s_);
   const auto period = std::chrono::duration<double>(std::min(0.1, timeout_s_ / 4));
+  // How long a report waits for the engine's texts: a host that keeps calling in answers within
+  // one of its calls; one stuck outside NodeEmu never will.
+  const auto grace = std::chrono::duration<double>(std::clamp(timeout_s_, 0.1, 1.0));
   std::unique_lock lk(mu_);
-  while (!cv_.wait_for(lk, period, [&] { return stop_; })) {
-    const auto now = std::chrono::steady_clock::now();
-    for (const Open& o : open_) {
-      if (now - o.since < limit) continue;
-      std::string waits;
-      for (const std::string& w : waits_)
-        if (!w.empty()) waits += "; " + w;
-      std::fprintf(stderr,
-                   "nodeemu: hang: %s, for more than %.3g s of wall-clock time%s. A rank skipped "
-                   "or reordered a collective: make every rank of the group issue the same "
-                   "collectives in the same order.\n",
-                   o.label.c_str(), timeout_s_, waits.c_str());
-      std::fflush(stderr);
-      // As NCCL's watchdog does: a collective that will never complete ends the job.
-      std::_Exit(3);
+  std::optional<Open> overdue;
+  Clock::time_point asked;
+  for (;;) {
+    cv_.wait_for(lk, period, [&] { return stop_ || supplied_; });
+    if (stop_) return;
+    const auto now = Clock::now();
+    if (overdue && std::none_of(open_.begin(), open_.end(),
+                                [&](const Open& o) { return o.id == overdue->id; })) {
+      overdue.reset();  // it completed after all: slow, not hung
+      supplied_ = false;
+      wants_report_.store(false, std::memory_order_relaxed);
     }
+    if (!overdue) {
+      for (const Open& o : open_)
+        if (now - o.since >= limit) {
+          overdue = o;
+          break;
+        }
+      if (!overdue) continue;
+      asked = now;
+      wants_report_.store(true, std::memory_order_relaxed);
+    }
+    if (!supplied_ && now - asked < grace) continue;
+    std::string label = overdue->label, waits;
+    if (auto it = described_.find(overdue->id); it != described_.end()) label = it->second;
+    for (const std::string& w : waits_)
+      if (!w.empty()) waits += "; " + w;
+    std::fprintf(stderr,
+                 "nodeemu: hang: %s, for more than %.3g s of wall-clock time%s. A rank skipped "
+                 "or reordered a collective: make every rank of the group issue the same "
+                 "collectives in the same order.\n",
+                 label.c_str(), timeout_s_, waits.c_str());
+    std::fflush(stderr);
+    // As NCCL's watchdog does: a collective that will never complete ends the job.
+    std::_Exit(3);
   }
 }
 

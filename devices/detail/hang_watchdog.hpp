@@ -5,17 +5,27 @@
 // report naming it and what every blocked host waits on, and ends the process with status 3, as
 // NCCL's watchdog tears a job down. It never decides anything about the timeline.
 //
-// Thread safety: the engine (the actor holding the baton) writes through the methods below; the
+// The report's text is asked for, not kept up to date: describing who joined a rendezvous and
+// what a blocked host waits on walks the engine's state, which cost more than the collective
+// itself when it was rebuilt at every join and every block (a 64-byte all-to-all of 8 ranks took
+// 2.5 ms, three quarters of it describing waits nobody read). So an overdue rendezvous raises
+// `wants_report()`; the engine, on its own thread at its next call (a hung run has a host that
+// keeps calling in, or the detector would have caught it), describes its state and `supply()`s
+// the texts; after a grace period without them the report goes out with the labels given at
+// open().
+//
+// Thread safety: the engine (the actor holding the baton) calls the methods below; the
 // watchdog's own thread reads under the same mutex.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
-#include <utility>
 #include <vector>
 
 namespace nodeemu::detail {
@@ -35,13 +45,17 @@ class HangWatchdog {
   // hung). Also done by the destructor.
   void stop();
 
-  // A rendezvous `id` was opened, or some of its parties have joined: `label` says who is missing.
+  // A rendezvous `id` was opened; `label` names it (the report's text when none is supplied).
   void open(std::uint32_t id, std::string label);
-  void update(std::uint32_t id, std::string label);
   // Every party has joined.
   void close(std::uint32_t id);
-  // What host `actor` is blocked on (for the report); an empty text clears it.
-  void set_wait(int actor, std::string what);
+
+  // True once a rendezvous is overdue and the report waits for the engine's texts (one relaxed
+  // load: cheap enough for every call into the engine).
+  bool wants_report() const { return wants_report_.load(std::memory_order_relaxed); }
+  // The engine's texts for the report: the open rendezvous by id (who issued them, who did not)
+  // and what each blocked host waits on.
+  void supply(std::map<std::uint32_t, std::string> rendezvous, std::vector<std::string> waits);
 
  private:
   void watch();
@@ -52,10 +66,13 @@ class HangWatchdog {
     std::chrono::steady_clock::time_point since;
   };
   double timeout_s_ = 0;
+  std::atomic<bool> wants_report_{false};
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<Open> open_;          // rendezvous not yet joined by all parties
-  std::vector<std::string> waits_;  // per actor, while blocked
+  std::vector<Open> open_;  // rendezvous not yet joined by all parties
+  bool supplied_ = false;
+  std::map<std::uint32_t, std::string> described_;
+  std::vector<std::string> waits_;
   bool stop_ = false;
   std::thread thread_;
 };
