@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/channel.hpp"
 #include "comm/communicator.hpp"
 #include "devices/node.hpp"
 
@@ -324,6 +325,7 @@ void BM_SmallAllToAll(benchmark::State& state) {
   state.counters["us_per_collective"] = median(per_collective) * 1e6;
   state.counters["run_overhead_us"] = median(empty_run) * 1e6;
   state.counters["vs_empty_run"] = median(per_collective) / median(empty_run);
+  state.counters["rings"] = double(comm.channels().rings());
 }
 
 // Virtual time of one all_to_all in meta mode on the shipped dgx_h100 topology: 8 GPUs (one node,

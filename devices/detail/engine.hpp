@@ -77,6 +77,8 @@ inline constexpr RendezvousId kNoRendezvous = UINT32_MAX;
 // bench_comm on 2 cores (bench/README): one worker was faster for 2 x 1 MiB (2 MiB in all) and
 // 8 x 64 KiB (3.5 MiB), slower for 8 x 256 KiB (14 MiB).
 inline constexpr double kOneWorkerRendezvousBytes = 4.0 * 1024 * 1024;
+// ... and one of at most this much runs inline, on the thread that makes it ready.
+inline constexpr double kInlineRendezvousBytes = 64.0 * 1024;
 
 // Device memory the host has let go of, returned to the account once every operation that used
 // it (on any stream) has completed: record_stream semantics.

@@ -80,16 +80,21 @@ void Engine::wire_party(Rendezvous& r, StreamState& s, OpId id, const EventState
   r.payload_bytes += op.bytes;
   r.waiting.push_back({seq, s.device, s.name, op.name, std::move(bodies), std::move(uses)});
   if (r.joined + 1 < r.parties) return;
-  // A small operation runs every party's part on one worker, the first party's: waking a worker
-  // per party cost more than the bytes (P thread switches per phase on a host with fewer cores
-  // than emulated GPUs: a 64-byte all-to-all of 8 ranks took 370 us, 92 us on one worker). One
-  // thread can do every part alone: a part waits only for a role another thread holds
-  // (Exchange::run), and the bytes are the same whoever copies them.
-  WorkerPool* shared = r.payload_bytes <= kOneWorkerRendezvousBytes
-                           ? devices_[static_cast<size_t>(r.waiting.front().device)].pool
-                           : nullptr;
+  // A small operation runs every party's part on one thread: waking a worker per party cost more
+  // than the bytes (P thread switches per phase on a host with fewer cores than emulated GPUs: a
+  // 64-byte all-to-all of 8 ranks took 370 us). One thread can do every part alone: a part waits
+  // only for a role another thread holds (Exchange::run), and the bytes are the same whoever
+  // copies them. A tiny one runs inline (no pool: on the thread that makes it ready, often this
+  // host, which would otherwise hand it to a worker and wait); a larger one on the first party's
+  // worker, so that the host goes on issuing while it is copied.
+  enum class Where { Inline, OneWorker, OwnWorkers };
+  const Where where = r.payload_bytes <= kInlineRendezvousBytes      ? Where::Inline
+                      : r.payload_bytes <= kOneWorkerRendezvousBytes ? Where::OneWorker
+                                                                     : Where::OwnWorkers;
   for (Rendezvous::Party& p : r.waiting) {
-    WorkerPool* pool = shared ? shared : devices_[static_cast<size_t>(p.device)].pool;
+    const int device = where == Where::OneWorker ? r.waiting.front().device : p.device;
+    WorkerPool* pool =
+        where == Where::Inline ? nullptr : devices_[static_cast<size_t>(device)].pool;
     for (int k = 0; k < r.phases; ++k) {
       auto t = exec_.make(p.seq, p.device, p.stream, p.name,
                           std::move(p.bodies[static_cast<size_t>(k)]), pool);
