@@ -9,10 +9,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "bench/fma_peak.hpp"
 #include "devices/node.hpp"
 #include "emu/recipe_views.hpp"
 #include "emu/training.hpp"
@@ -49,8 +50,8 @@ double bare_engine_ops_per_s(int ranks, std::uint64_t ops) {
   return double(node.engine_ops()) / seconds_since(t0);
 }
 
-void run_recipe(benchmark::State& state, const std::string& name,
-                const std::vector<std::string>& overrides, int iterations) {
+nodeemu::emu::RunReport run_recipe(benchmark::State& state, const std::string& name,
+                                   const std::vector<std::string>& overrides, int iterations) {
   const Recipe r = Recipe::load(
       std::string(NODEEMU_SOURCE_DIR) + "/configs/recipes/" + name + ".yaml", overrides);
   nodeemu::emu::RunReport rep;
@@ -64,6 +65,10 @@ void run_recipe(benchmark::State& state, const std::string& name,
   state.counters["ops_per_s"] = ops_per_s;
   state.counters["virtual_step_ms"] = rep.step_time_s * 1e3;
   state.counters["vs_engine"] = ops_per_s / bare_engine_ops_per_s(rep.world, rep.device_ops);
+  // Peak host memory of the case: train() starts a new peak (Linux's VmHWM) and reports it.
+  state.counters["peak_rss_mib"] =
+      rep.peak_host_bytes ? double(*rep.peak_host_bytes) / (1 << 20) : -1;
+  return rep;
 }
 
 void BM_TinyRecipeEndToEnd(benchmark::State& state) {
@@ -77,31 +82,37 @@ void BM_Qwen3MetaFullStep(benchmark::State& state) {
 }
 BENCHMARK(BM_Qwen3MetaFullStep)->UseManualTime()->Unit(benchmark::kSecond)->Iterations(1);
 
-// Peak host memory of one case: Linux's high-water mark (VmHWM) is reset before the run (writing
-// 5 to /proc/self/clear_refs) and read after it. -1 where the kernel offers neither.
-bool reset_peak_rss() {
-  std::ofstream f("/proc/self/clear_refs");
-  return bool(f << "5");
+// Issue 19, item 5: functional mode on a model larger than the tiny one, as a new user would
+// scale it (8 layers, hidden 512, 16 experts, sequence 512, 8 GPUs, global batch 16), two
+// iterations on every core the node may use. gflops: the FLOPs its kernels declare over the
+// wall time; vs_fma_peak: that over the FMA peak of those cores (one core's, measured in the
+// same process, times the thread budget); host memory per emulated GPU from the peak RSS.
+void BM_FunctionalMidSize(benchmark::State& state) {
+  const auto rep =
+      run_recipe(state, "tiny_moe",
+                 {"emulator.gpus_per_node=8", "model.expert_model_parallel_size=8",
+                  "model.num_layers=8", "model.hidden_size=512", "model.num_moe_experts=16",
+                  "train.seq_length=512", "train.global_batch_size=16"},
+                 2);
+  const double cores = std::thread::hardware_concurrency();
+  const double gflops = rep.functional_kernel_flops / rep.wall_time_s / 1e9;
+  state.counters["gflops"] = gflops;
+  state.counters["vs_fma_peak"] = gflops * 1e9 / (nodeemu::measure_fma_peak() * cores);
+  state.counters["host_mib_per_gpu"] =
+      rep.peak_host_bytes ? double(*rep.peak_host_bytes) / (1 << 20) / rep.world : -1;
 }
-double peak_rss_mib() {
-  std::ifstream f("/proc/self/status");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;  // kB
-  return -1;
-}
+BENCHMARK(BM_FunctionalMidSize)->UseManualTime()->Unit(benchmark::kSecond)->Iterations(1);
 
 // Issue 19's scale table: one meta step of a recipe widened by data parallelism to `gpus`
 // emulated GPUs (nodes = gpus / 8, one micro-batch per data-parallel rank), one core. ops_per_s
 // should stay flat as the GPUs grow; peak_rss_mib is the whole process's peak during the case.
 void BM_MetaScale(benchmark::State& state, const std::string& recipe) {
   const int gpus = static_cast<int>(state.range(0));
-  const bool peak_ok = reset_peak_rss();
   run_recipe(state, recipe,
              {"emulator.thread_budget=1", "nodes=" + std::to_string(gpus / 8),
               "train.global_batch_size=" + std::to_string(gpus)},
              1);
   state.counters["gpus"] = gpus;
-  state.counters["peak_rss_mib"] = peak_ok ? peak_rss_mib() : -1;
 }
 // Qwen3-30B-A3B as shipped (EP16, 48 layers) and the DeepSeek-V3-like proxy (EP16, 4 layers of
 // DeepSeek-V3's MoE with 256 experts and the group-limited router); both with one micro-batch

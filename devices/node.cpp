@@ -170,6 +170,10 @@ std::uint64_t Node::engine_ops() const {
   return impl_->engine->ops_issued();
 }
 
+double Node::functional_kernel_flops() const {
+  return impl_->functional_kernel_flops;
+}
+
 int Node::host_device(int host) const {
   return impl_->engine->layout().host_device.at(std::size_t(host));
 }

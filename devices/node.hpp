@@ -102,6 +102,9 @@ class Node {
   std::uint64_t timeline_hash() const;
   std::uint64_t timeline_records() const;
   std::uint64_t engine_ops() const;  // device operations issued so far
+  // FLOPs (as each kernel's Work declares them) of the kernels run for real so far: 0 in meta
+  // mode. Over a wall time, the functional plane's achieved FLOP/s.
+  double functional_kernel_flops() const;
   // Kernels that no table of the GPU profile priced (the roofline fallback did), as
   // "name (what it is)": the run summary warns about each.
   std::vector<std::string> unpriced_kernels() const;

@@ -51,6 +51,8 @@ void Stream::launch(Kernel k) {
   const GpuSpec& g = device_->spec();
   const double t = node.price_book().seconds(g, k.work, k.name);
   auto uses = states_of(k.uses);
+  if (e.mode() == Mode::Functional && k.body)
+    detail::NodeAccess::functional_kernel_flops(node) += k.work.flops;
   e.launch(*state_, OpKind::Kernel, detail::ResourceKind::Sm, t, k.work.sms, std::move(k.name),
            e.mode() == Mode::Functional ? std::move(k.body) : nullptr, uses, g.kernel_launch_host_s,
            g.launch_latency_s, op_class(k.work.shape));

@@ -175,6 +175,22 @@ void print_summary(const RunReport& r, std::ostream& os) {
      << ", timeline hash " << hex(r.timeline_hash) << "\n";
   os << "wall time " << std::fixed << std::setprecision(2) << r.wall_time_s << " s for "
      << r.device_ops << " device operations\n";
+  if (r.functional_kernel_flops > 0)
+    os << "functional work: " << std::setprecision(2) << r.functional_kernel_flops / 1e9
+       << " GFLOP of kernels, " << r.functional_kernel_flops / 1e9 / r.wall_time_s
+       << " GFLOP/s over the wall time\n";
+  if (r.peak_host_bytes && r.world > 0) {
+    os << "host memory: peak " << gib(*r.peak_host_bytes) << " GiB resident, "
+       << gib(*r.peak_host_bytes / std::uint64_t(r.world)) << " GiB per emulated GPU";
+    if (r.mode == "meta") {
+      os << " (meta mode: device memory is accounted, not held)\n";
+    } else {
+      std::uint64_t device_peaks = 0;
+      for (const auto& d : r.devices) device_peaks += d.peak_mem_bytes;
+      os << " (device memory at its peak: " << gib(device_peaks / std::uint64_t(r.world))
+         << " GiB per GPU; the rest is the emulator and the host side)\n";
+    }
+  }
 }
 
 void write_summary_json(const RunReport& r, const Recipe& recipe, std::ostream& os) {
@@ -236,6 +252,9 @@ void write_summary_json(const RunReport& r, const Recipe& recipe, std::ostream& 
     os << (i ? ", " : "") << json_string(r.unpriced_kernels[i]);
   os << "],\n";
   os << "  \"wall_time_s\": " << num(r.wall_time_s) << ",\n";
+  os << "  \"functional_kernel_flops\": " << num(r.functional_kernel_flops) << ",\n";
+  os << "  \"peak_host_bytes\": "
+     << (r.peak_host_bytes ? std::to_string(*r.peak_host_bytes) : std::string("null")) << ",\n";
   os << "  \"config\": {";
   bool first = true;
   for (const auto& [k, v] : recipe.flattened()) {

@@ -17,6 +17,7 @@
 #include "devices/errors.hpp"
 #include "devices/host_topology.hpp"
 #include "devices/node.hpp"
+#include "devices/process_memory.hpp"
 #include "emu/optimizer.hpp"
 #include "emu/over_budget.hpp"
 #include "emu/recipe_views.hpp"
@@ -96,6 +97,8 @@ std::string cpu_list(const std::vector<int>& pus) {
 
 RunReport train(const Recipe& recipe, const TrainOptions& options) {
   const auto wall_start = std::chrono::steady_clock::now();
+  // The run's own peak, not an earlier case's of the same process (compare runs several).
+  const bool peak_reset = reset_peak_resident();
   NodeOptions node_opts = node_options(recipe);
   node_opts.record_trace = !options.trace_path.empty();
   const int world = node_opts.nodes * node_opts.topology->gpus;
@@ -349,6 +352,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
   rep.topology = node.topology().name;
   rep.world = world;
   rep.device_ops = node.engine_ops();
+  rep.functional_kernel_flops = node.functional_kernel_flops();
   const GpuSpec& gpu = node.topology().gpu;
   rep.gpu_profile = gpu.profile ? gpu.profile->provenance() : "no profile: datasheet roofline";
   rep.unpriced_kernels = node.unpriced_kernels();
@@ -451,6 +455,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
   if (!options.trace_path.empty()) node.write_chrome_trace(options.trace_path);
   rep.wall_time_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  if (peak_reset) rep.peak_host_bytes = peak_resident_bytes();
   return rep;
 }
 

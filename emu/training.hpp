@@ -82,6 +82,11 @@ struct RunReport {
   std::uint64_t timeline_hash = 0;
   std::uint64_t device_ops = 0;  // operations the engine laid out
   double wall_time_s = 0;
+  // The functional plane's work (0 in meta mode): the FLOPs its kernels declare, all iterations.
+  double functional_kernel_flops = 0;
+  // The process's peak resident memory during the run (train() starts a new peak): the host
+  // memory the emulated node cost. Nothing where Linux does not say.
+  std::optional<std::uint64_t> peak_host_bytes;
   std::vector<std::string> warnings;
   // "key=value" for each key of keys_without_effect() the recipe sets (the summary says so).
   std::vector<std::string> keys_without_effect;

@@ -1,5 +1,6 @@
 #include "layers/dtype.hpp"
 
+#include <immintrin.h>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -75,6 +76,54 @@ float f16_to_f32(std::uint16_t h) {
   return std::bit_cast<float>(sign | ((e + 112u) << 23) | (m << 13));
 }
 
+namespace {
+
+// The bf16 conversions with AVX2, 8 values a step, the same integer arithmetic as
+// f32_to_bf16 / bf16_to_f32 (devices/bf16.hpp): the same bits. A functional run spent 14 % of its
+// time in the scalar loops (the build targets baseline x86-64, so they ran 4 or 1 at a time).
+const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
+
+__attribute__((target("avx2"))) std::size_t bf16_to_f32_avx2(const std::uint16_t* h, float* dst,
+                                                             std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i));
+    const __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), w);
+  }
+  return i;
+}
+
+__attribute__((target("avx2"))) __m256i round_to_bf16_avx2(__m256i u) {
+  const __m256i exp = _mm256_set1_epi32(0x7f800000), man = _mm256_set1_epi32(0x007fffff);
+  const __m256i is_nan =
+      _mm256_andnot_si256(_mm256_cmpeq_epi32(_mm256_and_si256(u, man), _mm256_setzero_si256()),
+                          _mm256_cmpeq_epi32(_mm256_and_si256(u, exp), exp));
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
+  return _mm256_blendv_epi8(rounded, quiet, is_nan);
+}
+
+__attribute__((target("avx2"))) std::size_t f32_to_bf16_avx2(const float* src, std::uint16_t* h,
+                                                             std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i a =
+        round_to_bf16_avx2(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+    const __m256i b =
+        round_to_bf16_avx2(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 8)));
+    // Both halves hold values below 2^16, so the saturating pack is exact; it packs within each
+    // 128-bit lane, and the permute puts the four 64-bit pieces back in order.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(h + i), packed);
+  }
+  return i;
+}
+
+}  // namespace
+
 void to_f32(DType t, const void* src, float* dst, std::size_t n) {
   NE_CHECK(t != DType::I32 && t != DType::I64, "to_f32 of an index tensor");
   if (t == DType::F32) {
@@ -83,7 +132,8 @@ void to_f32(DType t, const void* src, float* dst, std::size_t n) {
   }
   const auto* h = static_cast<const std::uint16_t*>(src);
   if (t == DType::BF16)
-    for (std::size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
+    for (std::size_t i = kHaveAvx2 ? bf16_to_f32_avx2(h, dst, n) : 0; i < n; ++i)
+      dst[i] = bf16_to_f32(h[i]);
   else
     for (std::size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(h[i]);
 }
@@ -96,7 +146,8 @@ void from_f32(DType t, const float* src, void* dst, std::size_t n) {
   }
   auto* h = static_cast<std::uint16_t*>(dst);
   if (t == DType::BF16)
-    for (std::size_t i = 0; i < n; ++i) h[i] = f32_to_bf16(src[i]);
+    for (std::size_t i = kHaveAvx2 ? f32_to_bf16_avx2(src, h, n) : 0; i < n; ++i)
+      h[i] = f32_to_bf16(src[i]);
   else
     for (std::size_t i = 0; i < n; ++i) h[i] = f32_to_f16(src[i]);
 }

@@ -26,6 +26,9 @@ struct NodeImpl {
   std::deque<Device> devices;
   TraceRecorder recorder;
   PriceBook prices;
+  // FLOPs of the kernels launched with a body in functional mode (their Work), for the run
+  // summary's functional FLOP/s. Launches come from the host programs, one at a time.
+  double functional_kernel_flops = 0;
 
   ~NodeImpl() {
     if (engine) engine->drain_functional(true);
@@ -37,6 +40,7 @@ struct NodeImpl {
 struct NodeAccess {
   static Engine& engine(Node& n) { return *n.impl_->engine; }
   static std::shared_ptr<Engine> engine_ptr(Node& n) { return n.impl_->engine; }
+  static double& functional_kernel_flops(Node& n) { return n.impl_->functional_kernel_flops; }
 };
 
 }  // namespace nodeemu::detail

@@ -185,5 +185,21 @@ TEST(Memory, ABlockGoesBackToItsStreamsPoolWhenTheHostDropsIt) {
   EXPECT_EQ(held_for(&h2d).second, 0u);
 }
 
+// The run summary's functional FLOP/s counts the FLOPs each kernel declares, for the kernels
+// that ran for real: none in meta mode, and not a bodiless kernel (nothing ran).
+TEST(Kernels, FunctionalFlopsCountTheKernelsThatRanForReal) {
+  for (Mode mode : {Mode::Functional, Mode::Meta}) {
+    Node node(testing::options(testing::round_h100(), 8, 1, mode));
+    Stream s = node.device(0).default_stream();
+    int ran = 0;
+    s.launch({"a", Work{.flops = 1e6, .fixed_s = 1e-6}, [&] { ++ran; }});
+    s.launch({"b", Work{.flops = 2e6, .fixed_s = 1e-6}, [&] { ++ran; }});
+    s.launch({"bodiless", Work{.flops = 4e6, .fixed_s = 1e-6}});
+    node.device(0).synchronize();
+    EXPECT_EQ(node.functional_kernel_flops(), mode == Mode::Functional ? 3e6 : 0.0);
+    EXPECT_EQ(ran, mode == Mode::Functional ? 2 : 0);
+  }
+}
+
 }  // namespace
 }  // namespace nodeemu

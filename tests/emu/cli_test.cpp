@@ -193,7 +193,8 @@ TEST(Cli, RunWritesItsSummaryTraceAndTable) {
   // Progress on stderr, the table on stdout.
   EXPECT_NE(r.err.find("iter 2/2"), std::string::npos) << r.err;
   for (const char* s : {"steady mean step", "1 warm-up iteration excluded", "exposed",
-                        "compute utilisation", "peak mem GiB", "numerics hash 0x"})
+                        "compute utilisation", "peak mem GiB", "numerics hash 0x",
+                        "GFLOP/s over the wall time", "GiB per emulated GPU"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
   const std::string json = read_file(summary);
   for (const char* key :
@@ -201,7 +202,8 @@ TEST(Cli, RunWritesItsSummaryTraceAndTable) {
         "\"iterations\": [{\"iter\": 1, \"loss\": ", "\"warmup_iterations\": 1", "\"step_time_s\"",
         "\"exposed_comm_s\"", "\"total_comm_s\"", "\"exposed_offload_s\"", "\"total_offload_s\"",
         "\"devices\"", "\"peak_mem_bytes\"", "\"compute_busy_s\"", "\"comm_busy_s\"",
-        "\"offload_bytes\"", "\"numerics_hash\": \"0x", "\"timeline_hash\"", "\"wall_time_s\""})
+        "\"offload_bytes\"", "\"numerics_hash\": \"0x", "\"timeline_hash\"", "\"wall_time_s\"",
+        "\"functional_kernel_flops\": ", "\"peak_host_bytes\": "})
     EXPECT_NE(json.find(key), std::string::npos) << key;
   const std::string t = read_file(trace);
   EXPECT_NE(t.find("\"traceEvents\""), std::string::npos);
