@@ -31,7 +31,6 @@ class AlltoallDispatcher {
                      std::optional<std::size_t> capacity_per_expert = std::nullopt);
 
   int local_experts() const { return local_experts_; }
-  bool syncs_host() const { return !capacity_; }
   // The splits member `me` of a group of `members` gets from counts [members][num_experts]
   // (row-major): what it sends each member, and receives from each for each local expert.
   static AlltoallSplits splits(const std::int64_t* counts, int members, int num_experts, int me);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <climits>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -95,6 +96,11 @@ Value convert(const KeySpec& k, const YAML::Node& n, const std::string& where,
   auto bad = [&](const std::string& got) -> ConfigError {
     return ConfigError(where, k.key, "wants " + std::string(type_name(k.type)) + ", got " + got);
   };
+  auto int32_item = [&](std::int64_t x) {
+    if (x < INT32_MIN || x > INT32_MAX)
+      throw bad("an integer out of range (" + std::to_string(x) + ")");
+    return x;
+  };
   if (!n || n.IsNull()) {
     // A key with a default has no unset state: below the schema every reader relies on a value.
     if (!k.default_yaml.empty())
@@ -109,7 +115,7 @@ Value convert(const KeySpec& k, const YAML::Node& n, const std::string& where,
     if (n.IsScalar()) {
       std::int64_t every = 0;
       if (YAML::convert<std::int64_t>::decode(n, every)) {
-        v.list = {std::to_string(every)};
+        v.list = {std::to_string(int32_item(every))};
       } else if (auto l = expand_pattern(n.Scalar())) {
         v.list = std::move(*l);
       } else {
@@ -121,7 +127,7 @@ Value convert(const KeySpec& k, const YAML::Node& n, const std::string& where,
       std::int64_t x = 0;
       if (!e.IsScalar() || !YAML::convert<std::int64_t>::decode(e, x))
         throw bad("a list of non-integers");
-      v.list.push_back(std::to_string(x));
+      v.list.push_back(std::to_string(int32_item(x)));
     }
     return v;
   }
@@ -147,8 +153,11 @@ Value convert(const KeySpec& k, const YAML::Node& n, const std::string& where,
       case ValueType::IntList:
         for (const auto& e : n) {
           if (!e.IsScalar()) throw bad("a nested value");
-          if (k.type == ValueType::IntList) (void)e.as<std::int64_t>();
-          v.list.push_back(e.Scalar());
+          // Integers are kept in decimal (YAML also reads 0x10 and 1_000), within int32: the
+          // readers take them as int.
+          v.list.push_back(k.type == ValueType::IntList
+                               ? std::to_string(int32_item(e.as<std::int64_t>()))
+                               : e.Scalar());
         }
         break;
     }

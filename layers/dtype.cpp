@@ -6,7 +6,6 @@
 #include <cstring>
 
 #include "devices/check.hpp"
-#include "devices/errors.hpp"
 
 namespace nodeemu::layers {
 
@@ -40,12 +39,6 @@ const char* dtype_name(DType t) {
   return "?";
 }
 
-DType parse_dtype(const std::string& s) {
-  if (s == "fp32" || s == "float32") return DType::F32;
-  if (s == "bf16" || s == "bfloat16") return DType::BF16;
-  if (s == "fp16" || s == "float16") return DType::F16;
-  throw UsageError("dtype '" + s + "': use fp32, bf16 or fp16");
-}
 
 std::uint16_t f32_to_f16(float f) {
   const std::uint32_t u = std::bit_cast<std::uint32_t>(f);

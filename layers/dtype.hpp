@@ -14,8 +14,6 @@ enum class DType { F32, BF16, F16, I32, I64 };
 
 std::size_t dtype_bytes(DType t);
 const char* dtype_name(DType t);
-// "fp32"/"float32", "bf16"/"bfloat16", "fp16"/"float16"; throws UsageError otherwise.
-DType parse_dtype(const std::string& s);
 
 // Round-to-nearest-even conversions. NaN stays NaN (quiet); overflow goes to infinity.
 using ::nodeemu::bf16_to_f32;

@@ -400,9 +400,6 @@ void OffloadEngine::end_iteration() {
   begin_iteration();
 }
 
-bool OffloadEngine::warming_up() const {
-  return !impl_->warm;
-}
 const OffloadPlan& OffloadEngine::plan() const {
   return impl_->plan;
 }
@@ -414,12 +411,6 @@ const std::vector<IterationStats>& OffloadEngine::iterations() const {
 }
 const OffloadConfig& OffloadEngine::config() const {
   return impl_->cfg;
-}
-Stream OffloadEngine::d2h_stream() const {
-  return impl_->d2h;
-}
-Stream OffloadEngine::h2d_stream() const {
-  return impl_->h2d;
 }
 const PinnedHostPool& OffloadEngine::host_pool() const {
   return impl_->pool;

@@ -63,13 +63,10 @@ class OffloadEngine final : public layers::ActivationHooks {
   // After the host synchronized the device. Throws OffloadHazard when a reload's checksum did not
   // match. The first call ends the warm-up and fixes the plan.
   void end_iteration();
-  bool warming_up() const;
   const OffloadPlan& plan() const;     // empty until warm-up ends
   const WarmupRecord& warmup() const;  // the chunk handlers and groups the warm-up saw
   const std::vector<IterationStats>& iterations() const;  // one per finished iteration
   const OffloadConfig& config() const;
-  Stream d2h_stream() const;
-  Stream h2d_stream() const;
   const PinnedHostPool& host_pool() const;
 
   // For tests: a deliberately broken engine, for the hazard checker to catch.

@@ -30,14 +30,11 @@ PinnedHostPool::Lease PinnedHostPool::acquire(std::size_t bytes) {
     reserved_ += cls;
     if (real_numa_ < 0) real_numa_ = lease.buffer.real_numa();
   }
-  in_use_ += cls;
-  peak_ = std::max(peak_, in_use_);
   return lease;
 }
 
 void PinnedHostPool::release(Lease lease) {
   const std::size_t cls = lease.buffer.bytes();
-  in_use_ -= cls;
   free_.emplace(cls, std::move(lease));
 }
 

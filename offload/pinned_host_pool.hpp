@@ -41,14 +41,12 @@ class PinnedHostPool {
   int numa() const;       // emulated NUMA node
   int real_numa() const;  // where the bytes really are (-1 unknown or meta)
   std::uint64_t reserved_bytes() const { return reserved_; }  // pinned in all
-  std::uint64_t peak_in_use_bytes() const { return peak_; }
-  std::uint64_t in_use_bytes() const { return in_use_; }
 
  private:
   static std::size_t size_class(std::size_t bytes);
   Device& device_;
   std::multimap<std::size_t, Lease> free_;  // by size class
-  std::uint64_t reserved_ = 0, in_use_ = 0, peak_ = 0;
+  std::uint64_t reserved_ = 0;
   int real_numa_ = -1;
 };
 
