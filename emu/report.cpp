@@ -26,27 +26,6 @@ std::string gib(std::uint64_t b) {
   return o.str();
 }
 
-std::string json_string(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      o += buf;
-      continue;
-    }
-    o += c;
-  }
-  return o + "\"";
-}
-
-std::string num(double v) {
-  std::ostringstream o;
-  o << std::setprecision(17) << v;
-  return o.str();
-}
-
 std::uint64_t peak_of(const RunReport& r) {
   std::uint64_t p = 0;
   for (const auto& d : r.devices) p = std::max(p, d.peak_mem_bytes);
@@ -73,10 +52,6 @@ std::uint64_t mean_offload_bytes(const RunReport& r) {
   std::uint64_t b = 0;
   for (const auto& d : r.devices) b += d.offload_bytes;
   return r.devices.empty() ? 0 : b / r.devices.size();
-}
-
-std::string opt_bytes(const std::optional<std::uint64_t>& b) {
-  return b ? std::to_string(*b) : "null";
 }
 
 }  // namespace
@@ -191,77 +166,6 @@ void print_summary(const RunReport& r, std::ostream& os) {
          << " GiB per GPU; the rest is the emulator and the host side)\n";
     }
   }
-}
-
-void write_summary_json(const RunReport& r, const Recipe& recipe, std::ostream& os) {
-  os << "{\n";
-  os << "  \"recipe\": " << json_string(r.recipe) << ",\n";
-  os << "  \"mode\": " << json_string(r.mode) << ",\n";
-  os << "  \"gemm_kernel\": " << json_string(r.gemm_kernel) << ",\n";
-  os << "  \"schedule\": " << json_string(r.schedule) << ",\n";
-  os << "  \"topology\": " << json_string(r.topology) << ",\n";
-  os << "  \"world\": " << r.world << ",\n";
-  os << "  \"iterations\": [";
-  for (std::size_t i = 0; i < r.iterations.size(); ++i) {
-    const auto& it = r.iterations[i];
-    os << (i ? ", " : "") << "{\"iter\": " << it.iter
-       << ", \"loss\": " << (it.loss ? num(*it.loss) : "null")
-       << (it.mtp_loss ? ", \"mtp_loss\": " + num(*it.mtp_loss) : std::string())
-       << ", \"step_time_s\": " << num(it.step_time_s) << "}";
-  }
-  os << "],\n";
-  os << "  \"warmup_iterations\": " << r.warmup_iterations << ",\n";
-  os << "  \"step_time_s\": " << num(r.step_time_s) << ",\n";
-  os << "  \"exposed_comm_s\": " << num(r.exposed_comm_s) << ",\n";
-  os << "  \"total_comm_s\": " << num(r.total_comm_s) << ",\n";
-  os << "  \"exposed_offload_s\": " << num(r.exposed_offload_s) << ",\n";
-  os << "  \"total_offload_s\": " << num(r.total_offload_s) << ",\n";
-  os << "  \"recompute_s\": " << num(r.recompute_s) << ",\n";
-  os << "  \"offload\": " << (r.offload ? "true" : "false") << ",\n";
-  os << "  \"recompute\": " << (r.recompute ? "true" : "false") << ",\n";
-  os << "  \"over_budget_reruns\": " << r.over_budget_reruns << ",\n";
-  os << "  \"bindpcie\": " << (r.bindpcie ? "true" : "false") << ",\n";
-  os << "  \"compute_utilisation\": " << num(r.compute_utilisation) << ",\n";
-  os << "  \"devices\": [";
-  for (std::size_t i = 0; i < r.devices.size(); ++i) {
-    const auto& d = r.devices[i];
-    os << (i ? ",\n    " : "\n    ") << "{\"id\": " << d.id
-       << ", \"peak_mem_bytes\": " << d.peak_mem_bytes << ", \"parameters\": " << d.parameters
-       << ", \"optimizer_state_bytes\": " << d.optimizer_state_bytes
-       << ", \"compute_busy_s\": " << num(d.compute_busy_s)
-       << ", \"comm_busy_s\": " << num(d.comm_busy_s)
-       << ", \"exposed_comm_s\": " << num(d.exposed_comm_s)
-       << ", \"offload_bytes\": " << d.offload_bytes
-       << ", \"offload_busy_s\": " << num(d.offload_busy_s)
-       << ", \"exposed_offload_s\": " << num(d.exposed_offload_s)
-       << ", \"recompute_s\": " << num(d.recompute_s)
-       << ", \"peak_mem_without_savers_bytes\": " << opt_bytes(d.peak_mem_without_savers_bytes)
-       << ", \"gpu_numa\": " << d.gpu_numa << ", \"host_numa\": " << d.host_numa
-       << ", \"host_real_numa\": " << d.host_real_numa
-       << ", \"host_cpus\": " << json_string(d.host_cpus)
-       << ", \"pinned_host_bytes\": " << d.pinned_host_bytes << "}";
-  }
-  os << "],\n";
-  os << "  \"numerics_hash\": " << (r.numerics_hash ? json_string(hex(*r.numerics_hash)) : "null")
-     << ",\n";
-  os << "  \"timeline_hash\": " << json_string(hex(r.timeline_hash)) << ",\n";
-  os << "  \"device_ops\": " << r.device_ops << ",\n";
-  os << "  \"gpu_profile\": " << json_string(r.gpu_profile) << ",\n";
-  os << "  \"unpriced_kernels\": [";
-  for (std::size_t i = 0; i < r.unpriced_kernels.size(); ++i)
-    os << (i ? ", " : "") << json_string(r.unpriced_kernels[i]);
-  os << "],\n";
-  os << "  \"wall_time_s\": " << num(r.wall_time_s) << ",\n";
-  os << "  \"functional_kernel_flops\": " << num(r.functional_kernel_flops) << ",\n";
-  os << "  \"peak_host_bytes\": "
-     << (r.peak_host_bytes ? std::to_string(*r.peak_host_bytes) : std::string("null")) << ",\n";
-  os << "  \"config\": {";
-  bool first = true;
-  for (const auto& [k, v] : recipe.flattened()) {
-    os << (first ? "\n    " : ",\n    ") << json_string(k) << ": " << json_string(v);
-    first = false;
-  }
-  os << "\n  }\n}\n";
 }
 
 void write_file_atomically(const std::string& path, const std::string& text,

@@ -1,6 +1,8 @@
 // End-to-end: the nodeemu binary as a user runs it.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -101,6 +103,23 @@ TEST(Cli, BadValueNamesTheKey) {
   EXPECT_NE(r.err.find("gpu.sms"), std::string::npos) << r.err;
 }
 
+// Every subcommand explains itself: its options and an example, on stdout, exit 0, before any
+// argument is checked (a help request with a missing recipe still helps).
+TEST(Cli, HelpWorksForEverySubcommand) {
+  for (const char* c :
+       {"info", "demo", "validate", "run", "compare", "layer", "cost", "calibrate"}) {
+    for (const char* flag : {"--help", "-h"}) {
+      Result r = run(std::string(c) + " " + flag);
+      EXPECT_EQ(r.code, 0) << c << " " << flag << ": " << r.err;
+      EXPECT_EQ(r.out.rfind(std::string("usage: nodeemu ") + c + " ", 0), 0u) << r.out;
+      EXPECT_NE(r.out.find("example:\n  nodeemu " + std::string(c)), std::string::npos) << r.out;
+    }
+  }
+  Result all = run("help");
+  EXPECT_EQ(all.code, 0);
+  EXPECT_NE(all.out.find("nodeemu <command> --help"), std::string::npos);
+}
+
 TEST(Cli, UnknownOptionAndCommandAreErrors) {
   Result r = run("info --topologyy x");
   EXPECT_EQ(r.code, 2);
@@ -192,19 +211,30 @@ TEST(Cli, RunWritesItsSummaryTraceAndTable) {
   ASSERT_EQ(r.code, 0) << r.err;
   // Progress on stderr, the table on stdout.
   EXPECT_NE(r.err.find("iter 2/2"), std::string::npos) << r.err;
-  for (const char* s : {"steady mean step", "1 warm-up iteration excluded", "exposed",
-                        "compute utilisation", "peak mem GiB", "numerics hash 0x",
-                        "GFLOP/s over the wall time", "GiB per emulated GPU"})
+  for (const char* s :
+       {"steady mean step", "1 warm-up iteration excluded", "exposed", "compute utilisation",
+        "peak mem GiB", "numerics hash 0x", "GFLOP/s over the wall time", "GiB per emulated GPU"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
-  const std::string json = read_file(summary);
-  for (const char* key :
-       {"\"recipe\": \"tiny_moe\"", "\"mode\": \"functional\"", "\"gemm_kernel\"",
-        "\"iterations\": [{\"iter\": 1, \"loss\": ", "\"warmup_iterations\": 1", "\"step_time_s\"",
-        "\"exposed_comm_s\"", "\"total_comm_s\"", "\"exposed_offload_s\"", "\"total_offload_s\"",
-        "\"devices\"", "\"peak_mem_bytes\"", "\"compute_busy_s\"", "\"comm_busy_s\"",
-        "\"offload_bytes\"", "\"numerics_hash\": \"0x", "\"timeline_hash\"", "\"wall_time_s\"",
-        "\"functional_kernel_flops\": ", "\"peak_host_bytes\": "})
-    EXPECT_NE(json.find(key), std::string::npos) << key;
+  // The summary is JSON a script can read: read it back with a JSON library.
+  const auto json = nlohmann::json::parse(read_file(summary));
+  EXPECT_EQ(json["recipe"], "tiny_moe");
+  EXPECT_EQ(json["mode"], "functional");
+  EXPECT_EQ(json["warmup_iterations"], 1);
+  ASSERT_EQ(json["iterations"].size(), 2u);
+  EXPECT_EQ(json["iterations"][0]["iter"], 1);
+  EXPECT_TRUE(json["iterations"][0]["loss"].is_number());
+  EXPECT_GT(json["step_time_s"].get<double>(), 0);
+  ASSERT_EQ(json["devices"].size(), 4u);
+  for (const auto& d : json["devices"])
+    for (const char* key : {"peak_mem_bytes", "compute_busy_s", "comm_busy_s", "offload_bytes"})
+      EXPECT_TRUE(d[key].is_number()) << key;
+  for (const char* key : {"gemm_kernel", "exposed_comm_s", "total_comm_s", "exposed_offload_s",
+                          "total_offload_s", "timeline_hash", "wall_time_s"})
+    EXPECT_TRUE(json.contains(key)) << key;
+  EXPECT_EQ(json["numerics_hash"].get<std::string>().rfind("0x", 0), 0u);
+  EXPECT_GT(json["functional_kernel_flops"].get<double>(), 0);
+  EXPECT_GT(json["peak_host_bytes"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(json["config"]["model.num_layers"], "4");
   const std::string t = read_file(trace);
   EXPECT_NE(t.find("\"traceEvents\""), std::string::npos);
   EXPECT_NE(t.find("dispatch"), std::string::npos);
