@@ -54,6 +54,78 @@ std::uint64_t mean_offload_bytes(const RunReport& r) {
   return r.devices.empty() ? 0 : b / r.devices.size();
 }
 
+// One row of the per-GPU table without its GPU column.
+std::string device_row(const DeviceReport& d, bool savers) {
+  std::ostringstream os;
+  os << std::setw(14) << ms(d.compute_busy_s) << std::setw(14) << ms(d.comm_busy_s) << std::setw(14)
+     << ms(d.exposed_comm_s) << std::setw(14) << gib(d.peak_mem_bytes) << std::setw(14)
+     << gib(d.optimizer_state_bytes);
+  if (savers)
+    os << std::setw(14)
+       << (d.peak_mem_without_savers_bytes ? gib(*d.peak_mem_without_savers_bytes) : "-")
+       << std::setw(13) << mib(d.offload_bytes) << std::setw(13) << ms(d.exposed_offload_s)
+       << std::setw(14) << ms(d.recompute_s);
+  return os.str();
+}
+
+// The per-GPU table. GPUs in a row with the same figures share one line ("0-15"), so a
+// symmetric run of 1024 GPUs is a few lines; when more than kMaxDeviceRows lines would remain,
+// each column's minimum, median and maximum over the GPUs stand for them (every GPU is in the
+// --summary JSON).
+constexpr std::size_t kMaxDeviceRows = 16;
+
+void print_device_table(const RunReport& r, std::ostream& os) {
+  const bool savers = r.offload || r.recompute;
+  struct Line {
+    std::string gpus, row;
+  };
+  std::vector<Line> lines;
+  for (std::size_t i = 0; i < r.devices.size();) {
+    const std::string row = device_row(r.devices[i], savers);
+    std::size_t j = i + 1;
+    while (j < r.devices.size() && device_row(r.devices[j], savers) == row) ++j;
+    const std::string first = std::to_string(r.devices[i].id);
+    lines.push_back({j - i == 1 ? first : first + "-" + std::to_string(r.devices[j - 1].id), row});
+    i = j;
+  }
+  if (lines.size() > kMaxDeviceRows) {
+    // Column by column: each figure's order statistics over the GPUs.
+    auto stat = [&](double q) {
+      DeviceReport s;
+      auto pick = [&](auto field) {
+        std::vector<decltype(field(r.devices[0]))> v;
+        for (const auto& d : r.devices) v.push_back(field(d));
+        std::sort(v.begin(), v.end());
+        return v[std::size_t(q * double(v.size() - 1) + 0.5)];
+      };
+      s.compute_busy_s = pick([](const DeviceReport& d) { return d.compute_busy_s; });
+      s.comm_busy_s = pick([](const DeviceReport& d) { return d.comm_busy_s; });
+      s.exposed_comm_s = pick([](const DeviceReport& d) { return d.exposed_comm_s; });
+      s.peak_mem_bytes = pick([](const DeviceReport& d) { return d.peak_mem_bytes; });
+      s.optimizer_state_bytes = pick([](const DeviceReport& d) { return d.optimizer_state_bytes; });
+      if (std::all_of(r.devices.begin(), r.devices.end(),
+                      [](const DeviceReport& d) { return d.peak_mem_without_savers_bytes; }))
+        s.peak_mem_without_savers_bytes =
+            pick([](const DeviceReport& d) { return *d.peak_mem_without_savers_bytes; });
+      s.offload_bytes = pick([](const DeviceReport& d) { return d.offload_bytes; });
+      s.exposed_offload_s = pick([](const DeviceReport& d) { return d.exposed_offload_s; });
+      s.recompute_s = pick([](const DeviceReport& d) { return d.recompute_s; });
+      return device_row(s, savers);
+    };
+    os << "\n"
+       << r.devices.size() << " GPUs in " << lines.size()
+       << " different rows: each column's spread over the GPUs (--summary has every GPU)";
+    lines = {{"min", stat(0)}, {"median", stat(0.5)}, {"max", stat(1)}};
+  }
+  std::size_t w = 3;
+  for (const auto& l : lines) w = std::max(w, l.gpus.size());
+  os << "\n  " << std::setw(int(w)) << "GPU"
+     << "    compute ms       comm ms    exposed ms  peak mem GiB  optim st GiB";
+  if (savers) os << "  w/o offl+rec  offload MiB  offl exp ms  recompute ms";
+  os << "\n";
+  for (const auto& l : lines) os << "  " << std::setw(int(w)) << l.gpus << l.row << "\n";
+}
+
 }  // namespace
 
 std::string fixed(double v, int digits) {
@@ -108,21 +180,7 @@ void print_summary(const RunReport& r, std::ostream& os) {
     os << "sync-free budget: " << r.over_budget_reruns << " of " << r.iterations.size()
        << " steps dropped pairs and ran again dropless"
        << (r.over_budget_reruns ? " (raise moe_expert_rank_capacity_factor)" : "") << "\n";
-  os << "\n  GPU    compute ms       comm ms    exposed ms  peak mem GiB  optim st GiB";
-  const bool savers = r.offload || r.recompute;
-  if (savers) os << "  w/o offl+rec  offload MiB  offl exp ms  recompute ms";
-  os << "\n";
-  for (const auto& d : r.devices) {
-    os << "  " << std::setw(3) << d.id << std::setw(14) << ms(d.compute_busy_s) << std::setw(14)
-       << ms(d.comm_busy_s) << std::setw(14) << ms(d.exposed_comm_s) << std::setw(14)
-       << gib(d.peak_mem_bytes) << std::setw(14) << gib(d.optimizer_state_bytes);
-    if (savers)
-      os << std::setw(14)
-         << (d.peak_mem_without_savers_bytes ? gib(*d.peak_mem_without_savers_bytes) : "-")
-         << std::setw(13) << mib(d.offload_bytes) << std::setw(13) << ms(d.exposed_offload_s)
-         << std::setw(14) << ms(d.recompute_s);
-    os << "\n";
-  }
+  print_device_table(r, os);
   if (r.offload || r.bindpcie) {
     // Where each rank's host side lives: bindpcie puts it on the GPU's own NUMA node.
     os << "\nhost side (" << (r.bindpcie ? "bindpcie" : "unbound: the default policy")
@@ -190,26 +248,57 @@ void write_summary_file(const RunReport& r, const Recipe& recipe, const std::str
 }
 
 void print_compare(const std::vector<Case>& cases, std::ostream& os) {
-  std::size_t w = 4;
-  for (const auto& c : cases) w = std::max(w, c.name.size());
-  os << std::left << std::setw(int(w)) << "case" << std::right << " | " << std::setw(26)
-     << "schedule"
-     << " | steady mean ms | vs first | exposed comm ms | peak mem GiB | w/o offl+rec | "
-        "offload MiB | offl exp/total ms | recompute ms | numerics hash\n";
+  // Each column: its header and its text per case; a column whose every case shows `empty` (no
+  // offload, no recompute, no baseline, meta mode's missing hash) is left out.
+  struct Column {
+    std::string header, empty;
+    std::vector<std::string> cells;
+  };
   const double base = cases.empty() ? 1 : cases.front().report.step_time_s;
+  std::vector<Column> cols = {
+      {"schedule", "", {}},        {"steady mean ms", "", {}},
+      {"speedup", "", {}},         {"exposed comm ms", "", {}},
+      {"peak mem GiB", "", {}},    {"w/o offl+rec", "-", {}},
+      {"offload MiB", mib(0), {}}, {"offl exp/total ms", ms(0) + "/" + ms(0), {}},
+      {"recompute ms", ms(0), {}}, {"numerics hash", "-", {}}};
   for (const auto& c : cases) {
     const RunReport& r = c.report;
-    std::ostringstream rel;
-    rel << std::fixed << std::setprecision(3) << r.step_time_s / base << "x";
-    os << std::left << std::setw(int(w)) << c.name << std::right << " | " << std::setw(26)
-       << r.schedule << " | " << std::setw(14) << ms(r.step_time_s) << " | " << std::setw(8)
-       << rel.str() << " | " << std::setw(15) << ms(r.exposed_comm_s) << " | " << std::setw(12)
-       << gib(peak_of(r)) << " | " << std::setw(12) << baseline_peak(r) << " | " << std::setw(11)
-       << mib(mean_offload_bytes(r)) << " | " << std::setw(17)
-       << (ms(r.exposed_offload_s) + "/" + ms(r.total_offload_s)) << " | " << std::setw(12)
-       << ms(r.recompute_s) << " | " << (r.numerics_hash ? hex(*r.numerics_hash) : std::string("-"))
-       << "\n";
+    std::ostringstream speedup;
+    speedup << std::fixed << std::setprecision(3) << base / r.step_time_s << "x";
+    const std::vector<std::string> cells = {
+        r.schedule,
+        ms(r.step_time_s),
+        speedup.str(),
+        ms(r.exposed_comm_s),
+        gib(peak_of(r)),
+        baseline_peak(r),
+        mib(mean_offload_bytes(r)),
+        ms(r.exposed_offload_s) + "/" + ms(r.total_offload_s),
+        ms(r.recompute_s),
+        r.numerics_hash ? hex(*r.numerics_hash) : std::string("-")};
+    for (std::size_t i = 0; i < cols.size(); ++i) cols[i].cells.push_back(cells[i]);
   }
+  std::erase_if(cols, [](const Column& c) {
+    return !c.empty.empty() &&
+           std::all_of(c.cells.begin(), c.cells.end(), [&](const auto& x) { return x == c.empty; });
+  });
+  std::size_t w = 4;
+  for (const auto& c : cases) w = std::max(w, c.name.size());
+  os << std::left << std::setw(int(w)) << "case" << std::right;
+  for (auto& c : cols) {
+    std::size_t cw = c.header.size();
+    for (const auto& x : c.cells) cw = std::max(cw, x.size());
+    c.header = std::string(cw - c.header.size(), ' ') + c.header;
+    for (auto& x : c.cells) x = std::string(cw - x.size(), ' ') + x;
+    os << " | " << c.header;
+  }
+  os << "\n";
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    os << std::left << std::setw(int(w)) << cases[i].name << std::right;
+    for (const auto& c : cols) os << " | " << c.cells[i];
+    os << "\n";
+  }
+  os << "speedup = the first case's steady step / this case's (above 1: faster)\n";
 }
 
 }  // namespace nodeemu::emu

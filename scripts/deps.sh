@@ -13,9 +13,20 @@ nodeemu_install_missing() {
   echo "nodeemu: installing missing packages: ${missing[*]}" >&2
   local sudo=()
   [ "$(id -u)" -ne 0 ] && sudo=(sudo)
-  "${sudo[@]}" apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
-    "${missing[@]}" >&2
+  # The package manager's log is shown only when it fails: a working install is one line.
+  local log
+  log=$(mktemp)
+  if "${sudo[@]}" apt-get update -qq >"$log" 2>&1 &&
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
+      "${missing[@]}" >>"$log" 2>&1; then
+    rm -f "$log"
+    echo "nodeemu: installed ${missing[*]}" >&2
+  else
+    cat "$log" >&2
+    rm -f "$log"
+    echo "nodeemu: installing ${missing[*]} failed (the package manager's log is above)" >&2
+    return 1
+  fi
 }
 
 # Configures (once) and builds one CMake preset incrementally with the machine's cores.

@@ -246,11 +246,14 @@ TEST(Cli, CompareRunsTheCasesSideBySide) {
                  "--overlap-moe-expert-parallel-comm --delay-wgrad-compute");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("case       | "), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("steady mean ms | vs first | exposed comm ms | peak mem GiB"),
+  EXPECT_NE(r.out.find("steady mean ms | speedup | exposed comm ms | peak mem GiB"),
             std::string::npos);
-  EXPECT_NE(r.out.find("no_overlap |                 sequential |"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("overlap    |  combined-1f1b-a2a-overlap |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("no_overlap |                sequential |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("overlap    | combined-1f1b-a2a-overlap |"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("1.000x"), std::string::npos);
+  // What the ratio means, and no column that is empty in every case (neither offloads).
+  EXPECT_NE(r.out.find("speedup = the first case's steady step / this case's"), std::string::npos);
+  EXPECT_EQ(r.out.find("offload MiB"), std::string::npos) << r.out;
 }
 
 }  // namespace
