@@ -1,7 +1,11 @@
 // `nodeemu validate`, `nodeemu run` and `nodeemu compare`: the subcommands that take a recipe.
 #include <ostream>
 
+#include <unistd.h>
 #include "devices/errors.hpp"
+
+#include <iostream>
+
 #include "emu/cli.hpp"
 #include "emu/layer_timing.hpp"
 #include "emu/megatron_flags.hpp"
@@ -86,6 +90,11 @@ RecipeArgs parse(const std::string& command, const std::vector<std::string>& arg
   return out;
 }
 
+// The process's own stderr, on a terminal: progress may rewrite a line in place there.
+bool is_terminal(const std::ostream& err) {
+  return &err == &std::cerr && isatty(STDERR_FILENO);
+}
+
 int int_option(const RecipeArgs& a, const std::string& key, int fallback) {
   auto it = a.options.find(key);
   if (it == a.options.end()) return fallback;
@@ -146,6 +155,7 @@ int run_command(const std::vector<std::string>& args, std::ostream& out, std::os
   TrainOptions o;
   o.iterations = int_option(a, "iterations", 0);
   o.progress = &err;
+  o.progress_terminal = is_terminal(err);
   if (auto t = a.options.find("trace"); t != a.options.end()) o.trace_path = t->second;
   RunReport rep = train(*r, o);
   const auto baseline = a.options.find("baseline");
@@ -193,6 +203,7 @@ int compare_command(const std::vector<std::string>& args, std::ostream& out, std
     TrainOptions o;
     o.iterations = int_option(a, "iterations", 0);
     o.progress = &err;
+    o.progress_terminal = is_terminal(err);
     RunReport rep = train(r, o);
     // Peak memory without offload and recompute: from an earlier case that is this one with
     // both off, else from a baseline run.

@@ -224,6 +224,7 @@ void StepContext::Impl::release(PlanId id) {
     throw UsageError("schedule: " + describe(id) + " is released with a receive not waited for");
   plans_.erase(key);
   released_[key] = true;
+  if (on_release_) on_release_();
 }
 
 void StepContext::Impl::check_finished(const std::string& schedule) const {

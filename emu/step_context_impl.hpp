@@ -72,6 +72,8 @@ class StepContext::Impl {
   void recv_forward(PlanId id);
   void recv_backward(PlanId id);
   void release(PlanId id);
+  // Called after every release (a micro-batch step done on this rank): progress reports.
+  void on_release(std::function<void()> f) { on_release_ = std::move(f); }
   // Throws UsageError naming the schedule's omission when a micro-batch's forward or backward
   // never ran.
   void check_finished(const std::string& schedule) const;
@@ -104,6 +106,7 @@ class StepContext::Impl {
   std::map<Key, Event> fwd_pending_, bwd_pending_;
   std::set<Key> fwd_arrived_, bwd_arrived_;
   std::optional<Event> comm_send_in_flight_;  // the comm stream's last forward send
+  std::function<void()> on_release_;
 };
 
 }  // namespace nodeemu::emu

@@ -20,6 +20,7 @@
 #include "devices/process_memory.hpp"
 #include "emu/optimizer.hpp"
 #include "emu/over_budget.hpp"
+#include "emu/progress.hpp"
 #include "emu/recipe_views.hpp"
 #include "emu/step_context_impl.hpp"
 #include "emu/timeline_stats.hpp"
@@ -138,6 +139,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
   std::vector<int> all_ranks(static_cast<std::size_t>(world));
   std::iota(all_ranks.begin(), all_ranks.end(), 0);
   std::vector<int> over_budget_slots(2 * static_cast<std::size_t>(world), 0);
+  Progress progress(options.progress, options.progress_terminal, iterations, microbatches * vpp);
 
   node.run([&](Host& host) {
     const int r = host.rank();
@@ -263,6 +265,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
                   layers::synthetic_microbatch(cfg, mbs, seq, seed, 0, index), cp.size, cp.rank);
             },
             loss_scale, layers::Shape{mbs * seq / (tp.size * cp.size), cfg.hidden_size});
+        if (r == 0) impl->on_release([&progress, it] { progress.step_done(it); });
         StepContext step(*impl);
         {
           // full_iteration: the whole forward-backward of every micro-batch is one captured
@@ -328,7 +331,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
         line << "iter " << it + 1 << "/" << iterations << ": virtual " << std::fixed
              << std::setprecision(3) << host.now_s() * 1e3 << " ms";
         if (functional && last_stage && pp == 1) line << ", rank-0 loss share " << loss;
-        *options.progress << line.str() << "\n" << std::flush;
+        progress.iteration_done(line.str());
       }
     }
     if (ddp_cfg.overlap_param_gather) {

@@ -19,7 +19,10 @@ namespace nodeemu::emu {
 struct TrainOptions {
   int iterations = 0;                // 0 = train.train_iters
   std::string trace_path;            // write the Chrome/Perfetto trace here ("" = none)
-  std::ostream* progress = nullptr;  // one line per iteration
+  std::ostream* progress = nullptr;  // one line per iteration (emu/progress.hpp)
+  // `progress` is a terminal: a line rewritten in place shows the micro-batches inside an
+  // iteration.
+  bool progress_terminal = false;
   // A custom schedule; empty = make_schedule(recipe).
   std::function<std::unique_ptr<Schedule>(const Recipe&)> schedule;
 };
