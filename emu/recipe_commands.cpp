@@ -1,11 +1,10 @@
 // `nodeemu validate`, `nodeemu run` and `nodeemu compare`: the subcommands that take a recipe.
-#include <ostream>
-
 #include <unistd.h>
-#include "devices/errors.hpp"
 
 #include <iostream>
+#include <ostream>
 
+#include "devices/errors.hpp"
 #include "emu/cli.hpp"
 #include "emu/layer_timing.hpp"
 #include "emu/megatron_flags.hpp"

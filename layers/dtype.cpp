@@ -39,7 +39,6 @@ const char* dtype_name(DType t) {
   return "?";
 }
 
-
 std::uint16_t f32_to_f16(float f) {
   const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
   const std::uint32_t sign = (u >> 16) & 0x8000u;

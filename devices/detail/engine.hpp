@@ -32,7 +32,8 @@
 // stream, one task per party and phase on the party's worker pool, a barrier between phases, and
 // a completion marker that every party's stream continues from. No task ever waits for another
 // thread, so any number of ranks run on any number of worker tokens. A small rendezvous runs
-// every party's tasks on one pool (kOneWorkerRendezvousBytes).
+// every party's tasks on one thread: inline (kInlineRendezvousBytes) or on one worker
+// (kOneWorkerRendezvousBytes).
 //
 // Parts (devices/detail/, each one concept with its own tests; SimGrid's kernel models are the
 // example): the Actors (host programs, the runnable set, the hand-over), the Calendar (virtual
@@ -257,8 +258,8 @@ class Engine {
   // One party's part, issued by that party's host on its stream like a launch. `sms`: SMs the
   // party's kernel holds from its start to the end of the transfer (0 for copy-engine or
   // NIC-driven transfers). `alpha_s` and `loads` add to the transfer's latency (the largest
-  // wins) and to its link loads. phase_bodies[k] runs on the party's pool in phase k (every
-  // party's on the first party's pool when the whole operation is small).
+  // wins) and to its link loads. phase_bodies[k] runs on the party's pool in phase k (when the
+  // whole operation is small, every party's on one thread: see kOneWorkerRendezvousBytes).
   // `payload_bytes`: what this party sends to the others, for the trace (OpRecord::bytes).
   OpId join_rendezvous(RendezvousId rv, StreamState& s, std::string name, int sms,
                        double host_cost_s, double latency_s, double alpha_s,
