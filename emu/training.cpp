@@ -18,6 +18,8 @@
 #include "devices/host_topology.hpp"
 #include "devices/node.hpp"
 #include "devices/process_memory.hpp"
+#include "emu/detail/rank_result.hpp"
+#include "emu/detail/run_report.hpp"
 #include "emu/optimizer.hpp"
 #include "emu/over_budget.hpp"
 #include "emu/progress.hpp"
@@ -32,18 +34,9 @@ namespace nodeemu::emu {
 
 namespace {
 
-// FNV-1a, 64 bits: the numerics hash is over exact bytes.
-struct Fnv {
-  std::uint64_t h = 1469598103934665603ull;
-  void add(const void* data, std::size_t n) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  }
-  template <class T>
-  void add(const T& v) {
-    add(&v, sizeof v);
-  }
-};
+using detail::Fnv;
+using detail::GradDigest;
+using detail::RankResult;
 
 // A gradient's checksum: the sum (mod 2^64) of a bijective mix of each element's index and bits,
 // so that it does not depend on how the elements are cut up: the distributed optimizer's ranks
@@ -60,33 +53,6 @@ std::uint64_t element_checksum(const float* g, std::int64_t begin, std::int64_t 
   }
   return sum;
 }
-
-// One parameter's gradient after the data-parallel reduction: dense weights from the DP x CP
-// ranks that hold it reduced (rank 0, or each its shard with the distributed optimizer), expert
-// weights likewise over expert DP (one digest per EP shard). Layouts that differ only in
-// pipelining or in the optimizer give the same set.
-struct GradDigest {
-  int iter;
-  std::string name;
-  int shard;
-  std::uint64_t hash;  // a partial element_checksum: the records of one key add up
-  bool operator<(const GradDigest& o) const {
-    return std::tie(iter, name, shard) < std::tie(o.iter, o.name, o.shard);
-  }
-};
-
-struct RankResult {
-  std::vector<double> end_s;     // virtual time at the end of each iteration
-  std::vector<double> loss;      // this rank's share of each iteration's loss (last stage only)
-  std::vector<double> mtp_loss;  // the same for the MTP loss
-  std::vector<GradDigest> digests;
-  std::uint64_t peak_mem = 0, parameters = 0, optimizer_state = 0;
-  int reruns = 0;  // steps run twice: the sync-free budget dropped pairs on some rank
-  std::vector<std::uint64_t> offload_bytes;  // per iteration
-  int host_real_numa = -1;
-  std::uint64_t pinned_host_bytes = 0;
-  std::string host_cpus;
-};
 
 std::string cpu_list(const std::vector<int>& pus) {
   std::string s;
@@ -347,113 +313,10 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     }
   });
 
-  RunReport rep;
-  rep.recipe = recipe.name();
-  rep.mode = functional ? "functional" : "meta";
-  rep.schedule = schedule_name;
-  rep.gemm_kernel = layers::gemm_kernel_name();
-  rep.topology = node.topology().name;
-  rep.world = world;
-  rep.device_ops = node.engine_ops();
-  rep.functional_kernel_flops = node.functional_kernel_flops();
-  const GpuSpec& gpu = node.topology().gpu;
-  rep.gpu_profile = gpu.profile ? gpu.profile->provenance() : "no profile: datasheet roofline";
-  rep.unpriced_kernels = node.unpriced_kernels();
-  rep.offload = recipe.flag("model.fine_grained_activation_offloading");
-  rep.recompute = recompute_set(recipe).any();
-  rep.bindpcie = node.options().bindpcie;
-  {
-    const std::map<std::string, std::string> values = recipe.flattened();
-    // The recipe's own description is its text, not a setting: not worth a line.
-    for (const std::string& k : keys_without_effect())
-      if (recipe.value(k).origin != "default" && k != "description")
-        rep.keys_without_effect.push_back(k + "=" + values.at(k));
-    for (const std::string& f : recipe.flags_without_effect()) rep.keys_without_effect.push_back(f);
-  }
-  if (cfg.moe_expert_rank_capacity_factor > 0) rep.over_budget_reruns = results.front().reruns;
-  // Iteration ends are the slowest rank's.
-  std::vector<double> ends(static_cast<std::size_t>(iterations), 0.0);
-  for (const auto& res : results)
-    for (int it = 0; it < iterations; ++it)
-      ends[std::size_t(it)] = std::max(ends[std::size_t(it)], res.end_s[std::size_t(it)]);
-  for (int it = 0; it < iterations; ++it) {
-    IterationReport ir;
-    ir.iter = it + 1;
-    ir.step_time_s = ends[std::size_t(it)] - (it ? ends[std::size_t(it - 1)] : 0.0);
-    if (functional) {
-      // The last stage's ranks in data-parallel order: a fixed order of summation.
-      auto over_last_stage = [&](std::vector<double> RankResult::*per_rank) {
-        double sum = 0;
-        for (int d = 0; d < int(dp_size); ++d)
-          for (int r = 0; r < world; ++r)
-            if (pg.rank_in(GroupKind::PP, r) == pp - 1 && pg.rank_in(GroupKind::DP, r) == d)
-              sum += (results[std::size_t(r)].*per_rank)[std::size_t(it)];
-        return sum;
-      };
-      ir.loss = over_last_stage(&RankResult::loss);
-      if (cfg.mtp_num_layers > 0) ir.mtp_loss = over_last_stage(&RankResult::mtp_loss);
-    }
-    rep.iterations.push_back(ir);
-  }
-  rep.warmup_iterations =
-      std::clamp(recipe.int32("emulator.warmup_iterations"), 0, std::max(0, iterations - 1));
-  const int steady = iterations - rep.warmup_iterations;
-  const double steady_from =
-      rep.warmup_iterations ? ends[std::size_t(rep.warmup_iterations - 1)] : 0;
-  const double steady_to = ends.back();
-  rep.step_time_s = (steady_to - steady_from) / steady;
-  for (int dev = 0; dev < world; ++dev) {
-    const TimelineStats::Busy b = stats.busy(dev, steady_from, steady_to);
-    DeviceReport dr;
-    dr.id = dev;
-    dr.peak_mem_bytes = results[std::size_t(dev)].peak_mem;
-    dr.parameters = results[std::size_t(dev)].parameters;
-    dr.optimizer_state_bytes = results[std::size_t(dev)].optimizer_state;
-    dr.compute_busy_s = b.compute_s / steady;
-    dr.comm_busy_s = b.comm_s / steady;
-    dr.exposed_comm_s = b.exposed_comm_s / steady;
-    dr.offload_busy_s = b.offload_s / steady;
-    dr.exposed_offload_s = b.exposed_offload_s / steady;
-    dr.recompute_s = b.recompute_s / steady;
-    const RankResult& res = results[std::size_t(dev)];
-    for (std::size_t it = std::size_t(rep.warmup_iterations); it < res.offload_bytes.size(); ++it)
-      dr.offload_bytes += res.offload_bytes[it];
-    dr.offload_bytes /= std::uint64_t(steady);
-    const DevicePlacement& place = node.device(dev).placement();
-    dr.gpu_numa = place.emulated_numa;
-    dr.host_numa = place.process_numa;
-    dr.host_real_numa = res.host_real_numa;
-    dr.host_cpus = res.host_cpus;
-    dr.pinned_host_bytes = res.pinned_host_bytes;
-    rep.exposed_offload_s += dr.exposed_offload_s / world;
-    rep.total_offload_s += dr.offload_busy_s / world;
-    rep.recompute_s += dr.recompute_s / world;
-    rep.exposed_comm_s += dr.exposed_comm_s / world;
-    rep.total_comm_s += dr.comm_busy_s / world;
-    rep.compute_utilisation += dr.compute_busy_s / rep.step_time_s / world;
-    rep.devices.push_back(dr);
-  }
-  if (functional) {
-    std::vector<GradDigest> all;
-    for (const auto& res : results) all.insert(all.end(), res.digests.begin(), res.digests.end());
-    std::sort(all.begin(), all.end());
-    // The pieces of one weight add up.
-    std::vector<GradDigest> merged;
-    for (const auto& g : all)
-      if (!merged.empty() && !(merged.back() < g))
-        merged.back().hash += g.hash;
-      else
-        merged.push_back(g);
-    Fnv h;
-    for (const auto& ir : rep.iterations) h.add(*ir.loss);
-    for (const auto& g : merged) {
-      h.add(g.iter);
-      h.add(g.name.data(), g.name.size());
-      h.add(g.shard);
-      h.add(g.hash);
-    }
-    rep.numerics_hash = h.h;
-  }
+  RunReport rep =
+      detail::assemble_report({recipe, pg, iterations, functional, cfg.mtp_num_layers > 0,
+                               cfg.moe_expert_rank_capacity_factor > 0, schedule_name},
+                              results, stats, node);
   rep.timeline_hash = node.timeline_hash();
   if (!options.trace_path.empty()) node.write_chrome_trace(options.trace_path);
   rep.wall_time_s =
