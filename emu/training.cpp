@@ -60,263 +60,358 @@ std::string cpu_list(const std::vector<int>& pus) {
   return s;
 }
 
+// The run-wide values train() derives from the recipe, once, before any rank starts.
+struct RunSetup {
+  RunSetup(const Recipe& r, const TrainOptions& options)
+      : recipe(r),
+        node(node_options(r)),
+        world(node.nodes * node.topology->gpus),
+        cfg(model_config(r, node.topology->gpu)),
+        graphs(cuda_graphs(r)),
+        pg(parallel_layout(r, world)),
+        ddp(ddp_config(r, pg.layout().dp())),
+        pp(pipeline_size(r)),
+        vpp(virtual_chunks(r)),
+        stage_layers(layers_per_virtual_stage(r)),
+        microbatches(microbatches_per_rank(r, world)),
+        iterations(options.iterations > 0 ? options.iterations : r.int32("train.train_iters")),
+        mbs(r.integer("train.micro_batch_size")),
+        seq(r.integer("train.seq_length")),
+        dp_size(pg.layout().dp()),
+        seed(static_cast<std::uint64_t>(r.integer("emulator.seed"))),
+        functional(node.mode == Mode::Functional) {
+    node.record_trace = !options.trace_path.empty();
+    cfg.meta_routing = meta_routing(r, cfg, microbatches);
+    cfg.validate();
+    if (stage_layers.empty())
+      throw ConfigError(r.name(), "model.num_layers", "does not divide into the stages");
+    if (microbatches < 1)
+      throw ConfigError(r.name(), "train.global_batch_size",
+                        "is not a multiple of micro_batch_size x DP");
+    loss_scale = 1.0 / double(std::int64_t(microbatches) * dp_size * mbs * seq);
+  }
+  const Recipe& recipe;
+  NodeOptions node;
+  int world;
+  layers::ModelConfig cfg;
+  CudaGraphs graphs;
+  ProcessGroups pg;
+  layers::DdpConfig ddp;
+  int pp, vpp;
+  std::vector<int> stage_layers;
+  int microbatches, iterations;
+  std::int64_t mbs, seq, dp_size;
+  std::uint64_t seed;
+  bool functional;
+  double loss_scale = 0;
+};
+
+// What the ranks of one run share: the node, the results they hand back, the progress line.
+struct RunShared {
+  Node& node;
+  Communicator& comm;
+  const TrainOptions& options;
+  std::vector<RankResult>& results;
+  std::string schedule_name;
+  std::vector<int> all_ranks;
+  std::vector<int> over_budget_slots;
+  Progress progress;
+};
+
+// One rank's part of a run: its groups, model chunks, streams, data-parallel wrappers and
+// optimizer, built in the order Megatron builds them (group and stream creation order is part
+// of the timeline), then one training iteration at a time.
+class RankRun {
+ public:
+  RankRun(const RunSetup& s, RunShared& shared, Host& host)
+      : s_(s),
+        sh_(shared),
+        host_(host),
+        dev_(host.device()),
+        r_(host.rank()),
+        out_(shared.results[std::size_t(r_)]),
+        p_(s.pg.rank_in(GroupKind::PP, r_)),
+        d_(s.pg.rank_in(GroupKind::DP, r_)) {
+    build_model();
+    build_context();
+    build_data_parallel();
+  }
+  void iteration(int it);
+  void finish();
+
+ private:
+  void build_model();
+  void build_context();
+  void build_data_parallel();
+  void forward_backward(int it, std::optional<StepContext::Impl>& impl);
+  void digest_gradients(int it);
+  void record_losses(int it, const StepContext::Impl& impl);
+
+  const RunSetup& s_;
+  RunShared& sh_;
+  Host& host_;
+  Device& dev_;
+  const int r_;
+  RankResult& out_;
+  const int p_, d_;
+  Group ep_;
+  layers::TensorParallel tp_, etp_;
+  layers::ContextParallel cp_;
+  std::vector<std::unique_ptr<layers::ModelChunk>> chunks_;
+  layers::ExecContext ctx_;
+  std::unique_ptr<offload::OffloadEngine> offloader_;
+  std::unique_ptr<Schedule> schedule_;
+  std::optional<PipelineLinks> links_;
+  Group world_group_, stage_;
+  std::optional<Group> embedding_group_;
+  int shard_ = 0;
+  bool sync_free_ = false;
+  std::vector<std::unique_ptr<layers::DistributedDataParallel>> ddp_;
+  std::optional<Optimizer> optimizer_;
+};
+
+void RankRun::build_model() {
+  const ProcessGroups& pg = s_.pg;
+  Communicator& comm = sh_.comm;
+  ep_ = comm.group_of(pg, GroupKind::EP, r_);
+  if (pg.layout().tp > 1)
+    tp_ = layers::TensorParallel::of(comm.group_of(pg, GroupKind::TP, r_), r_);
+  if (pg.layout().expert_tp() > 1)
+    etp_ = layers::TensorParallel::of(comm.group_of(pg, GroupKind::ETP, r_), r_);
+  if (pg.layout().cp > 1)
+    cp_ = layers::ContextParallel::of(comm.group_of(pg, GroupKind::CP, r_),
+                                      comm.group_of(pg, GroupKind::TP_CP, r_), r_,
+                                      s_.cfg.cp_comm_type, dev_);
+  for (int v = 0; v < s_.vpp; ++v) {
+    const int vs = v * s_.pp + p_;
+    int first = 0;
+    for (int k = 0; k < vs; ++k) first += s_.stage_layers[std::size_t(k)];
+    chunks_.push_back(std::make_unique<layers::ModelChunk>(
+        s_.cfg,
+        layers::ChunkSpec{first, s_.stage_layers[std::size_t(vs)], vs == 0,
+                          vs == s_.pp * s_.vpp - 1},
+        dev_, s_.seed, ep_, r_, tp_, etp_, cp_));
+  }
+}
+
+void RankRun::build_context() {
+  const Recipe& recipe = s_.recipe;
+  ctx_ = layers::ExecContext{dev_.default_stream(),
+                             dev_.create_stream(comm_stream_priority(recipe), "comm")};
+  ctx_.delay_wgrad = recipe.flag("comm_overlap.delay_wgrad_compute");
+  ctx_.recompute = recompute_set(recipe);
+  ctx_.graphs = s_.graphs.layer;
+  if (auto oc = offload_config(recipe, p_)) {
+    offloader_ = std::make_unique<offload::OffloadEngine>(dev_, *oc);
+    ctx_.hooks = offloader_.get();
+  }
+  if (dev_.placement().process_bound)
+    out_.host_cpus = cpu_list(HostTopology::current_thread_binding());
+  if (recipe.flag("model.moe_shared_expert_overlap")) {
+    ctx_.shared_expert_overlap = true;
+    ctx_.shared_experts = dev_.create_stream(Priority::Normal, "shared_experts");
+  }
+  schedule_ = sh_.options.schedule ? sh_.options.schedule(recipe) : make_schedule(recipe);
+  if (r_ == 0) sh_.schedule_name = schedule_->name();  // one host program runs at a time
+  links_.emplace(sh_.comm, s_.pg, r_, dev_, pipeline_comm(recipe));
+}
+
+void RankRun::build_data_parallel() {
+  const ProcessGroups& pg = s_.pg;
+  Communicator& comm = sh_.comm;
+  // Dense gradients reduce over DP x CP: the CP ranks hold the same weights and different
+  // tokens (Megatron's dp-cp group).
+  Group dp = comm.group_of(pg, GroupKind::DP_CP, r_), edp = comm.group_of(pg, GroupKind::EDP, r_);
+  // An expert weight's shard: its EP rank's experts, and its ETP rank's columns of them.
+  shard_ = pg.rank_in(GroupKind::EP, r_) * etp_.size + etp_.rank;
+  // moe_expert_rank_capacity_factor: Megatron's PagedStashRunner checks every step.
+  sync_free_ = s_.cfg.moe_expert_rank_capacity_factor > 0;
+  if (sync_free_) world_group_ = comm.group(sh_.all_ranks, "world");
+  // With MTP on a pipeline, the last stage's copy of the word embedding and the first stage's
+  // sum their gradients (Megatron's embedding group: the first and last PP ranks).
+  if (s_.cfg.mtp_num_layers > 0 && s_.pp > 1 && (p_ == 0 || p_ == s_.pp - 1)) {
+    const std::vector<int>& pipeline = pg.group_of(GroupKind::PP, r_);
+    embedding_group_ = comm.group({pipeline.front(), pipeline.back()}, "embedding");
+  }
+  // Megatron wraps each chunk in its DistributedDataParallel; the optimizer then updates what
+  // they hand it (every weight, or this rank's shards with the distributed optimizer).
+  // overlap_grad_reduce: the buckets' reductions (and with overlap_param_gather the gathers)
+  // run on a stream of their own (NCCL's stream of the data-parallel communicator), started
+  // from the last micro-batch's backward (the first micro-batch's forward).
+  std::vector<layers::OptimizerTarget> targets;
+  const Stream dp_stream =
+      s_.ddp.overlap_grad_reduce ? dev_.create_stream(Priority::Normal, "dp_comm") : Stream();
+  for (auto& c : chunks_) {
+    const layers::Parameter* shared = embedding_group_ ? c->word_embedding() : nullptr;
+    ddp_.push_back(
+        std::make_unique<layers::DistributedDataParallel>(*c, dp, edp, s_.ddp, shared, dp_stream));
+    for (auto& t : ddp_.back()->optimizer_targets()) targets.push_back(t);
+  }
+  if (s_.ddp.overlap_grad_reduce) {
+    ctx_.microbatches = s_.microbatches;
+    ctx_.weights_ready = [this](const std::vector<layers::Parameter*>& params, Stream& st) {
+      for (auto& wrapped : ddp_) wrapped->weights_ready(params, st);
+    };
+  }
+  if (s_.ddp.overlap_param_gather)
+    ctx_.parameters_needed = [this](const std::vector<layers::Parameter*>& params, Stream& st) {
+      for (auto& wrapped : ddp_) wrapped->parameters_needed(params, st);
+    };
+  optimizer_.emplace(s_.recipe, std::move(targets), dev_, ctx_.compute);
+  out_.optimizer_state = optimizer_->state_bytes();
+  for (auto& c : chunks_)
+    for (const auto* prm : c->parameters()) out_.parameters += std::uint64_t(prm->value.numel());
+  // The expert bias's counts are summed over the stage's TP x CP x DP ranks (Megatron's
+  // tensor-and-data-parallel group with CP): every rank of this pipeline stage.
+  if (s_.cfg.router.enable_expert_bias) {
+    std::vector<int> members;
+    for (int q = 0; q < s_.world; ++q)
+      if (pg.rank_in(GroupKind::PP, q) == p_) members.push_back(q);
+    stage_ = comm.group(members, "stage" + std::to_string(p_));
+  }
+}
+
+void RankRun::forward_backward(int it, std::optional<StepContext::Impl>& impl) {
+  for (auto& wrapped : ddp_) wrapped->start_step(ctx_.compute);
+  for (auto& c : chunks_) c->zero_grad(ctx_.compute);
+  impl.reset();
+  impl.emplace(
+      ctx_, chunks_, *links_, s_.microbatches, p_, s_.pp,
+      [this, it](int mb) {
+        // Megatron's sampler: each global micro-batch step hands DP rank d its slice, so the
+        // sample does not depend on how the ranks are pipelined.
+        const int index = (it * s_.microbatches + mb) * int(s_.dp_size) + d_;
+        return layers::context_parallel_slice(
+            layers::synthetic_microbatch(s_.cfg, s_.mbs, s_.seq, s_.seed, 0, index), cp_.size,
+            cp_.rank);
+      },
+      s_.loss_scale, layers::Shape{s_.mbs * s_.seq / (tp_.size * cp_.size), s_.cfg.hidden_size});
+  if (r_ == 0) impl->on_release([this, it] { sh_.progress.step_done(it); });
+  StepContext step(*impl);
+  {
+    // full_iteration: the whole forward-backward of every micro-batch is one captured graph
+    // (megatron/core/full_cuda_graph.py FullCudaGraphWrapper); the optimizer is not in it.
+    std::optional<GraphReplay> whole;
+    if (s_.graphs.full_iteration) whole.emplace(sh_.node);
+    schedule_->run(step);
+  }
+  impl->check_finished(schedule_->name());
+}
+
+void RankRun::digest_gradients(int it) {
+  // Each reduced piece by the rank that holds it: whole weights without the distributed
+  // optimizer, this rank's shards with it; the pieces' checksums add up to the same.
+  for (const auto& wrapped : ddp_)
+    for (const layers::GradPiece& piece : wrapped->digest_pieces()) {
+      const layers::Parameter& prm = *piece.param;
+      // A weight every TP rank holds whole is digested once; a TP shard by its TP rank.
+      if (prm.sequence_parallel && tp_.rank != 0) continue;
+      out_.digests.push_back(
+          {it, prm.name, prm.expert ? shard_ : tp_.rank,
+           element_checksum(prm.main_grad.data<float>(), piece.begin, piece.end)});
+    }
+}
+
+void RankRun::iteration(int it) {
+  std::optional<StepContext::Impl> impl;
+  if (offloader_) offloader_->begin_iteration();
+  forward_backward(it, impl);
+  if (sync_free_ &&
+      ranks_over_budget(chunks_, world_group_, ctx_.compute, sh_.over_budget_slots, it) > 0) {
+    // Megatron's PagedStashRunner: the same step again, dropless.
+    ++out_.reruns;
+    prepare_for_rerun(chunks_);
+    forward_backward(it, impl);
+    restore_budget(chunks_);
+  }
+  for (std::size_t v = 0; v < chunks_.size(); ++v)
+    layers::finalize_gradients(*chunks_[v], *ddp_[v], ctx_.compute, tp_,
+                               embedding_group_ ? &*embedding_group_ : nullptr);
+  // finalize_model_grads' _update_router_expert_bias, after the gradients' reduction.
+  if (s_.cfg.router.enable_expert_bias)
+    for (auto& c : chunks_) c->update_expert_bias(stage_, ctx_.compute);
+  if (s_.functional) {
+    dev_.synchronize();
+    digest_gradients(it);
+  }
+  optimizer_->step(ctx_.compute);
+  // The distributed optimizer's all-gather of the updated shards: after the step without
+  // overlap_param_gather, in the next step's forward with it (DistributedOptimizer.step).
+  for (auto& wrapped : ddp_) wrapped->gather_parameters(ctx_.compute);
+  dev_.synchronize();
+  if (offloader_) {
+    offloader_->end_iteration();
+    out_.offload_bytes.push_back(offloader_->iterations().back().bytes_offloaded);
+  }
+  out_.end_s.push_back(host_.now_s());
+  record_losses(it, *impl);
+}
+
+void RankRun::record_losses(int it, const StepContext::Impl& impl) {
+  const bool last_stage = p_ == s_.pp - 1;
+  double loss = 0;
+  for (const auto& l : impl.loss_handles()) loss += *l * s_.loss_scale;
+  // Every TP rank computes the whole loss (the vocab-parallel cross-entropy); one counts it.
+  out_.loss.push_back(last_stage && tp_.rank == 0 ? loss : 0.0);
+  // MTP's positions: each sequence's last one is masked (its rolled-out label).
+  double mtp_loss = 0;
+  for (const auto& l : impl.mtp_loss_handles())
+    mtp_loss += *l * s_.loss_scale * double(s_.seq) / double(s_.seq - 1);
+  out_.mtp_loss.push_back(last_stage && tp_.rank == 0 ? mtp_loss : 0.0);
+  if (r_ == 0 && sh_.options.progress) {
+    std::ostringstream line;
+    line << "iter " << it + 1 << "/" << s_.iterations << ": virtual " << std::fixed
+         << std::setprecision(3) << host_.now_s() * 1e3 << " ms";
+    if (s_.functional && last_stage && s_.pp == 1) line << ", rank-0 loss share " << loss;
+    sh_.progress.iteration_done(line.str());
+  }
+}
+
+void RankRun::finish() {
+  if (s_.ddp.overlap_param_gather) {
+    // The last step's gathers, after its end: Megatron's disable_forward_pre_hook with
+    // param_sync when training ends (megatron/training/training.py, train()).
+    for (auto& wrapped : ddp_) wrapped->finish_parameters(ctx_.compute);
+    dev_.synchronize();
+  }
+  out_.peak_mem = dev_.memory().peak;
+  if (offloader_) {
+    out_.host_real_numa = offloader_->host_pool().real_numa();
+    out_.pinned_host_bytes = offloader_->host_pool().reserved_bytes();
+  }
+}
+
 }  // namespace
 
 RunReport train(const Recipe& recipe, const TrainOptions& options) {
   const auto wall_start = std::chrono::steady_clock::now();
   // The run's own peak, not an earlier case's of the same process (compare runs several).
   const bool peak_reset = reset_peak_resident();
-  NodeOptions node_opts = node_options(recipe);
-  node_opts.record_trace = !options.trace_path.empty();
-  const int world = node_opts.nodes * node_opts.topology->gpus;
-  const layers::ModelConfig cfg = [&] {
-    layers::ModelConfig c = model_config(recipe, node_opts.topology->gpu);
-    c.meta_routing = meta_routing(recipe, c, microbatches_per_rank(recipe, world));
-    return c;
-  }();
-  cfg.validate();
-  const CudaGraphs graphs = cuda_graphs(recipe);
-  const ProcessGroups pg(parallel_layout(recipe, world));
-  const layers::DdpConfig ddp_cfg = ddp_config(recipe, pg.layout().dp());
-  const int pp = pipeline_size(recipe), vpp = virtual_chunks(recipe);
-  const std::vector<int> stage_layers = layers_per_virtual_stage(recipe);
-  if (stage_layers.empty())
-    throw ConfigError(recipe.name(), "model.num_layers", "does not divide into the stages");
-  const int microbatches = microbatches_per_rank(recipe, world);
-  if (microbatches < 1)
-    throw ConfigError(recipe.name(), "train.global_batch_size",
-                      "is not a multiple of micro_batch_size x DP");
-  const int iterations =
-      options.iterations > 0 ? options.iterations : recipe.int32("train.train_iters");
-  const std::int64_t mbs = recipe.integer("train.micro_batch_size");
-  const std::int64_t seq = recipe.integer("train.seq_length");
-  const std::int64_t dp_size = pg.layout().dp();
-  const double loss_scale = 1.0 / double(std::int64_t(microbatches) * dp_size * mbs * seq);
-  const std::uint64_t seed = static_cast<std::uint64_t>(recipe.integer("emulator.seed"));
-  const bool functional = node_opts.mode == Mode::Functional;
-
-  TimelineStats stats(world);  // outlives the node, which reports to it
-  Node node(std::move(node_opts));
+  RunSetup setup(recipe, options);
+  TimelineStats stats(setup.world);  // outlives the node, which reports to it
+  Node node(NodeOptions(setup.node));
   node.add_observer(&stats);
   Communicator comm(node);
-  std::vector<RankResult> results(static_cast<std::size_t>(world));
-  std::string schedule_name;
-  std::mutex name_mutex;
-  std::vector<int> all_ranks(static_cast<std::size_t>(world));
-  std::iota(all_ranks.begin(), all_ranks.end(), 0);
-  std::vector<int> over_budget_slots(2 * static_cast<std::size_t>(world), 0);
-  Progress progress(options.progress, options.progress_terminal, iterations, microbatches * vpp);
-
+  std::vector<RankResult> results(static_cast<std::size_t>(setup.world));
+  RunShared shared{node,
+                   comm,
+                   options,
+                   results,
+                   {},
+                   std::vector<int>(static_cast<std::size_t>(setup.world)),
+                   std::vector<int>(2 * static_cast<std::size_t>(setup.world), 0),
+                   Progress(options.progress, options.progress_terminal, setup.iterations,
+                            setup.microbatches * setup.vpp)};
+  std::iota(shared.all_ranks.begin(), shared.all_ranks.end(), 0);
   node.run([&](Host& host) {
-    const int r = host.rank();
-    Device& dev = host.device();
-    RankResult& out = results[std::size_t(r)];
-    const int p = pg.rank_in(GroupKind::PP, r), d = pg.rank_in(GroupKind::DP, r);
-    Group ep = comm.group_of(pg, GroupKind::EP, r);
-    const layers::TensorParallel tp =
-        pg.layout().tp > 1 ? layers::TensorParallel::of(comm.group_of(pg, GroupKind::TP, r), r)
-                           : layers::TensorParallel{};
-    const layers::TensorParallel etp =
-        pg.layout().expert_tp() > 1
-            ? layers::TensorParallel::of(comm.group_of(pg, GroupKind::ETP, r), r)
-            : layers::TensorParallel{};
-    const layers::ContextParallel cp =
-        pg.layout().cp > 1 ? layers::ContextParallel::of(comm.group_of(pg, GroupKind::CP, r),
-                                                         comm.group_of(pg, GroupKind::TP_CP, r), r,
-                                                         cfg.cp_comm_type, dev)
-                           : layers::ContextParallel{};
-    std::vector<std::unique_ptr<layers::ModelChunk>> chunks;
-    for (int v = 0; v < vpp; ++v) {
-      const int vs = v * pp + p;
-      int first = 0;
-      for (int s = 0; s < vs; ++s) first += stage_layers[std::size_t(s)];
-      chunks.push_back(std::make_unique<layers::ModelChunk>(
-          cfg, layers::ChunkSpec{first, stage_layers[std::size_t(vs)], vs == 0, vs == pp * vpp - 1},
-          dev, seed, ep, r, tp, etp, cp));
-    }
-    layers::ExecContext ctx{dev.default_stream(),
-                            dev.create_stream(comm_stream_priority(recipe), "comm")};
-    ctx.delay_wgrad = recipe.flag("comm_overlap.delay_wgrad_compute");
-    ctx.recompute = recompute_set(recipe);
-    ctx.graphs = graphs.layer;
-    std::unique_ptr<offload::OffloadEngine> offloader;
-    if (auto oc = offload_config(recipe, p)) {
-      offloader = std::make_unique<offload::OffloadEngine>(dev, *oc);
-      ctx.hooks = offloader.get();
-    }
-    if (dev.placement().process_bound)
-      out.host_cpus = cpu_list(HostTopology::current_thread_binding());
-    if (recipe.flag("model.moe_shared_expert_overlap")) {
-      ctx.shared_expert_overlap = true;
-      ctx.shared_experts = dev.create_stream(Priority::Normal, "shared_experts");
-    }
-    std::unique_ptr<Schedule> schedule =
-        options.schedule ? options.schedule(recipe) : make_schedule(recipe);
-    if (r == 0) {
-      std::lock_guard<std::mutex> lock(name_mutex);
-      schedule_name = schedule->name();
-    }
-    PipelineLinks links(comm, pg, r, dev, pipeline_comm(recipe));
-    // Dense gradients reduce over DP x CP: the CP ranks hold the same weights and different
-    // tokens (Megatron's dp-cp group).
-    Group dp = comm.group_of(pg, GroupKind::DP_CP, r), edp = comm.group_of(pg, GroupKind::EDP, r);
-    // An expert weight's shard: its EP rank's experts, and its ETP rank's columns of them.
-    const int shard = pg.rank_in(GroupKind::EP, r) * etp.size + etp.rank;
-    const bool last_stage = p == pp - 1;
-    // moe_expert_rank_capacity_factor: Megatron's PagedStashRunner checks every step.
-    const bool sync_free = cfg.moe_expert_rank_capacity_factor > 0;
-    Group world_group = sync_free ? comm.group(all_ranks, "world") : Group();
-
-    // With MTP on a pipeline, the last stage's copy of the word embedding and the first stage's
-    // sum their gradients (Megatron's embedding group: the first and last PP ranks).
-    std::optional<Group> embedding_group;
-    if (cfg.mtp_num_layers > 0 && pp > 1 && (p == 0 || p == pp - 1)) {
-      const std::vector<int>& pipeline = pg.group_of(GroupKind::PP, r);
-      embedding_group = comm.group({pipeline.front(), pipeline.back()}, "embedding");
-    }
-
-    // Megatron wraps each chunk in its DistributedDataParallel; the optimizer then updates what
-    // they hand it (every weight, or this rank's shards with the distributed optimizer).
-    std::vector<std::unique_ptr<layers::DistributedDataParallel>> ddp;
-    std::vector<layers::OptimizerTarget> targets;
-    // overlap_grad_reduce: the buckets' reductions (and with overlap_param_gather the gathers)
-    // run on a stream of their own (NCCL's stream of the data-parallel communicator), started
-    // from the last micro-batch's backward (the first micro-batch's forward).
-    const Stream dp_stream =
-        ddp_cfg.overlap_grad_reduce ? dev.create_stream(Priority::Normal, "dp_comm") : Stream();
-    for (auto& c : chunks) {
-      const layers::Parameter* shared = embedding_group ? c->word_embedding() : nullptr;
-      ddp.push_back(std::make_unique<layers::DistributedDataParallel>(*c, dp, edp, ddp_cfg, shared,
-                                                                      dp_stream));
-      for (auto& t : ddp.back()->optimizer_targets()) targets.push_back(t);
-    }
-    if (ddp_cfg.overlap_grad_reduce) {
-      ctx.microbatches = microbatches;
-      ctx.weights_ready = [&ddp](const std::vector<layers::Parameter*>& params, Stream& s) {
-        for (auto& wrapped : ddp) wrapped->weights_ready(params, s);
-      };
-    }
-    if (ddp_cfg.overlap_param_gather)
-      ctx.parameters_needed = [&ddp](const std::vector<layers::Parameter*>& params, Stream& s) {
-        for (auto& wrapped : ddp) wrapped->parameters_needed(params, s);
-      };
-    Optimizer optimizer(recipe, std::move(targets), dev, ctx.compute);
-    out.optimizer_state = optimizer.state_bytes();
-    for (auto& c : chunks)
-      for (const auto* prm : c->parameters()) out.parameters += std::uint64_t(prm->value.numel());
-
-    // The expert bias's counts are summed over the stage's TP x CP x DP ranks (Megatron's
-    // tensor-and-data-parallel group with CP): every rank of this pipeline stage.
-    Group stage;
-    if (cfg.router.enable_expert_bias) {
-      std::vector<int> members;
-      for (int q = 0; q < world; ++q)
-        if (pg.rank_in(GroupKind::PP, q) == p) members.push_back(q);
-      stage = comm.group(members, "stage" + std::to_string(p));
-    }
-
-    for (int it = 0; it < iterations; ++it) {
-      std::optional<StepContext::Impl> impl;
-      auto forward_backward = [&] {
-        for (auto& wrapped : ddp) wrapped->start_step(ctx.compute);
-        for (auto& c : chunks) c->zero_grad(ctx.compute);
-        impl.reset();
-        impl.emplace(
-            ctx, chunks, links, microbatches, p, pp,
-            [&](int mb) {
-              // Megatron's sampler: each global micro-batch step hands DP rank d its
-              // slice, so the sample does not depend on how the ranks are pipelined.
-              const int index = (it * microbatches + mb) * int(dp_size) + d;
-              return layers::context_parallel_slice(
-                  layers::synthetic_microbatch(cfg, mbs, seq, seed, 0, index), cp.size, cp.rank);
-            },
-            loss_scale, layers::Shape{mbs * seq / (tp.size * cp.size), cfg.hidden_size});
-        if (r == 0) impl->on_release([&progress, it] { progress.step_done(it); });
-        StepContext step(*impl);
-        {
-          // full_iteration: the whole forward-backward of every micro-batch is one captured
-          // graph (megatron/core/full_cuda_graph.py FullCudaGraphWrapper); the optimizer is not
-          // in it.
-          std::optional<GraphReplay> whole;
-          if (graphs.full_iteration) whole.emplace(node);
-          schedule->run(step);
-        }
-        impl->check_finished(schedule->name());
-      };
-      if (offloader) offloader->begin_iteration();
-      forward_backward();
-      if (sync_free &&
-          ranks_over_budget(chunks, world_group, ctx.compute, over_budget_slots, it) > 0) {
-        // Megatron's PagedStashRunner: the same step again, dropless.
-        ++out.reruns;
-        prepare_for_rerun(chunks);
-        forward_backward();
-        restore_budget(chunks);
-      }
-      for (std::size_t v = 0; v < chunks.size(); ++v)
-        layers::finalize_gradients(*chunks[v], *ddp[v], ctx.compute, tp,
-                                   embedding_group ? &*embedding_group : nullptr);
-      // finalize_model_grads' _update_router_expert_bias, after the gradients' reduction.
-      if (cfg.router.enable_expert_bias)
-        for (auto& c : chunks) c->update_expert_bias(stage, ctx.compute);
-      if (functional) {
-        dev.synchronize();
-        // Each reduced piece by the rank that holds it: whole weights without the distributed
-        // optimizer, this rank's shards with it; the pieces' checksums add up to the same.
-        for (const auto& wrapped : ddp)
-          for (const layers::GradPiece& piece : wrapped->digest_pieces()) {
-            const layers::Parameter& prm = *piece.param;
-            // A weight every TP rank holds whole is digested once; a TP shard by its TP rank.
-            if (prm.sequence_parallel && tp.rank != 0) continue;
-            out.digests.push_back(
-                {it, prm.name, prm.expert ? shard : tp.rank,
-                 element_checksum(prm.main_grad.data<float>(), piece.begin, piece.end)});
-          }
-      }
-      optimizer.step(ctx.compute);
-      // The distributed optimizer's all-gather of the updated shards: after the step without
-      // overlap_param_gather, in the next step's forward with it (DistributedOptimizer.step).
-      for (auto& wrapped : ddp) wrapped->gather_parameters(ctx.compute);
-      dev.synchronize();
-      if (offloader) {
-        offloader->end_iteration();
-        out.offload_bytes.push_back(offloader->iterations().back().bytes_offloaded);
-      }
-      out.end_s.push_back(host.now_s());
-      double loss = 0;
-      for (const auto& l : impl->loss_handles()) loss += *l * loss_scale;
-      // Every TP rank computes the whole loss (the vocab-parallel cross-entropy); one counts it.
-      out.loss.push_back(last_stage && tp.rank == 0 ? loss : 0.0);
-      // MTP's positions: each sequence's last one is masked (its rolled-out label).
-      double mtp_loss = 0;
-      for (const auto& l : impl->mtp_loss_handles())
-        mtp_loss += *l * loss_scale * double(seq) / double(seq - 1);
-      out.mtp_loss.push_back(last_stage && tp.rank == 0 ? mtp_loss : 0.0);
-      if (r == 0 && options.progress) {
-        std::ostringstream line;
-        line << "iter " << it + 1 << "/" << iterations << ": virtual " << std::fixed
-             << std::setprecision(3) << host.now_s() * 1e3 << " ms";
-        if (functional && last_stage && pp == 1) line << ", rank-0 loss share " << loss;
-        progress.iteration_done(line.str());
-      }
-    }
-    if (ddp_cfg.overlap_param_gather) {
-      // The last step's gathers, after its end: Megatron's disable_forward_pre_hook with
-      // param_sync when training ends (megatron/training/training.py, train()).
-      for (auto& wrapped : ddp) wrapped->finish_parameters(ctx.compute);
-      dev.synchronize();
-    }
-    out.peak_mem = dev.memory().peak;
-    if (offloader) {
-      out.host_real_numa = offloader->host_pool().real_numa();
-      out.pinned_host_bytes = offloader->host_pool().reserved_bytes();
-    }
+    RankRun rank(setup, shared, host);
+    for (int it = 0; it < setup.iterations; ++it) rank.iteration(it);
+    rank.finish();
   });
-
-  RunReport rep =
-      detail::assemble_report({recipe, pg, iterations, functional, cfg.mtp_num_layers > 0,
-                               cfg.moe_expert_rank_capacity_factor > 0, schedule_name},
-                              results, stats, node);
+  RunReport rep = detail::assemble_report(
+      {recipe, setup.pg, setup.iterations, setup.functional, setup.cfg.mtp_num_layers > 0,
+       setup.cfg.moe_expert_rank_capacity_factor > 0, shared.schedule_name},
+      results, stats, node);
   rep.timeline_hash = node.timeline_hash();
   if (!options.trace_path.empty()) node.write_chrome_trace(options.trace_path);
   rep.wall_time_s =
