@@ -11,14 +11,14 @@ using layers::F32Scope;
 using layers::Tensor;
 using layers::View;
 
-Optimizer::Optimizer(const Recipe& r, std::vector<layers::OptimizerTarget> targets, Device& device,
-                     Stream& s)
-    : adam_(r.text("optimizer.optimizer") == "adam"),
-      lr_(r.real("optimizer.lr")),
-      weight_decay_(r.real("optimizer.weight_decay")),
-      beta1_(r.real("optimizer.adam_beta1")),
-      beta2_(r.real("optimizer.adam_beta2")),
-      eps_(r.real("optimizer.adam_eps")) {
+Optimizer::Optimizer(const OptimizerConfig& c, std::vector<layers::OptimizerTarget> targets,
+                     Device& device, Stream& s)
+    : adam_(c.adam),
+      lr_(c.lr),
+      weight_decay_(c.weight_decay),
+      beta1_(c.beta1),
+      beta2_(c.beta2),
+      eps_(c.eps) {
   for (auto& t : targets) {
     const layers::Shape shape{t.value.numel()};
     State st{t, Tensor::empty(device, shape, DType::F32), {}, {}};

@@ -11,17 +11,23 @@
 #include <vector>
 
 #include "devices/stream.hpp"
-#include "emu/recipe.hpp"
 #include "layers/distributed_data_parallel.hpp"
 
 namespace nodeemu::emu {
+
+// The optimizer's settings (the recipe's `optimizer.*` keys, read by optimizer_config in
+// recipe_views; their defaults are the schema's).
+struct OptimizerConfig {
+  bool adam = true;  // AdamW; false: SGD
+  double lr = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0;
+};
 
 class Optimizer {
  public:
   // Allocates the state on `device` and copies the targets' values into the fp32 masters (a
   // kernel on `s`).
-  Optimizer(const Recipe& recipe, std::vector<layers::OptimizerTarget> targets, Device& device,
-            Stream& s);
+  Optimizer(const OptimizerConfig& config, std::vector<layers::OptimizerTarget> targets,
+            Device& device, Stream& s);
   // One update of each target from its gradient, as kernels on `s`.
   void step(Stream& s);
   std::uint64_t state_bytes() const;  // the fp32 masters and moments

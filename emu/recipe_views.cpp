@@ -331,6 +331,17 @@ bool overlap_param_gather(const Recipe& r) {
                                                        : r.flag("ddp.overlap_param_gather");
 }
 
+OptimizerConfig optimizer_config(const Recipe& r) {
+  OptimizerConfig c;
+  c.adam = r.text("optimizer.optimizer") == "adam";
+  c.lr = r.real("optimizer.lr");
+  c.weight_decay = r.real("optimizer.weight_decay");
+  c.beta1 = r.real("optimizer.adam_beta1");
+  c.beta2 = r.real("optimizer.adam_beta2");
+  c.eps = r.real("optimizer.adam_eps");
+  return c;
+}
+
 layers::DdpConfig ddp_config(const Recipe& r, int dp) {
   layers::DdpConfig c{.use_distributed_optimizer = r.flag("ddp.use_distributed_optimizer"),
                       .overlap_grad_reduce = overlap_grad_reduce(r),

@@ -7,6 +7,7 @@
 
 #include "comm/parallel_layout.hpp"
 #include "devices/node.hpp"
+#include "emu/optimizer.hpp"
 #include "emu/recipe.hpp"
 #include "layers/distributed_data_parallel.hpp"
 #include "layers/model_config.hpp"
@@ -27,6 +28,7 @@ layers::ModelConfig model_config(const Recipe& r, const GpuSpec& gpu);
 // The ddp.* keys Megatron's DistributedDataParallelConfig holds and NodeEmu models; `dp`: the
 // data-parallel size (the default bucket size grows with it).
 layers::DdpConfig ddp_config(const Recipe& r, int dp);
+OptimizerConfig optimizer_config(const Recipe& r);
 // ddp.overlap_grad_reduce / ddp.overlap_param_gather, or Megatron-Bridge's comm_overlap values,
 // which override them (CommOverlapConfig._override_user_cfgs).
 bool overlap_grad_reduce(const Recipe& r);

@@ -70,6 +70,7 @@ struct RunSetup {
         graphs(cuda_graphs(r)),
         pg(parallel_layout(r, world)),
         ddp(ddp_config(r, pg.layout().dp())),
+        optimizer(optimizer_config(r)),
         pp(pipeline_size(r)),
         vpp(virtual_chunks(r)),
         stage_layers(layers_per_virtual_stage(r)),
@@ -97,6 +98,7 @@ struct RunSetup {
   CudaGraphs graphs;
   ProcessGroups pg;
   layers::DdpConfig ddp;
+  OptimizerConfig optimizer;
   int pp, vpp;
   std::vector<int> stage_layers;
   int microbatches, iterations;
@@ -257,7 +259,7 @@ void RankRun::build_data_parallel() {
     ctx_.parameters_needed = [this](const std::vector<layers::Parameter*>& params, Stream& st) {
       for (auto& wrapped : ddp_) wrapped->parameters_needed(params, st);
     };
-  optimizer_.emplace(s_.recipe, std::move(targets), dev_, ctx_.compute);
+  optimizer_.emplace(s_.optimizer, std::move(targets), dev_, ctx_.compute);
   out_.optimizer_state = optimizer_->state_bytes();
   for (auto& c : chunks_)
     for (const auto* prm : c->parameters()) out_.parameters += std::uint64_t(prm->value.numel());
