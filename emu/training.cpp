@@ -24,6 +24,7 @@
 #include "emu/over_budget.hpp"
 #include "emu/progress.hpp"
 #include "emu/recipe_views.hpp"
+#include "emu/run_plan.hpp"
 #include "emu/step_context_impl.hpp"
 #include "emu/timeline_stats.hpp"
 #include "layers/distributed_data_parallel.hpp"
@@ -60,54 +61,6 @@ std::string cpu_list(const std::vector<int>& pus) {
   return s;
 }
 
-// The run-wide values train() derives from the recipe, once, before any rank starts.
-struct RunSetup {
-  RunSetup(const Recipe& r, const TrainOptions& options)
-      : recipe(r),
-        node(node_options(r)),
-        world(node.nodes * node.topology->gpus),
-        cfg(model_config(r, node.topology->gpu)),
-        graphs(cuda_graphs(r)),
-        pg(parallel_layout(r, world)),
-        ddp(ddp_config(r, pg.layout().dp())),
-        optimizer(optimizer_config(r)),
-        pp(pipeline_size(r)),
-        vpp(virtual_chunks(r)),
-        stage_layers(layers_per_virtual_stage(r)),
-        microbatches(microbatches_per_rank(r, world)),
-        iterations(options.iterations > 0 ? options.iterations : r.int32("train.train_iters")),
-        mbs(r.integer("train.micro_batch_size")),
-        seq(r.integer("train.seq_length")),
-        dp_size(pg.layout().dp()),
-        seed(static_cast<std::uint64_t>(r.integer("emulator.seed"))),
-        functional(node.mode == Mode::Functional) {
-    node.record_trace = !options.trace_path.empty();
-    cfg.meta_routing = meta_routing(r, cfg, microbatches);
-    cfg.validate();
-    if (stage_layers.empty())
-      throw ConfigError(r.name(), "model.num_layers", "does not divide into the stages");
-    if (microbatches < 1)
-      throw ConfigError(r.name(), "train.global_batch_size",
-                        "is not a multiple of micro_batch_size x DP");
-    loss_scale = 1.0 / double(std::int64_t(microbatches) * dp_size * mbs * seq);
-  }
-  const Recipe& recipe;
-  NodeOptions node;
-  int world;
-  layers::ModelConfig cfg;
-  CudaGraphs graphs;
-  ProcessGroups pg;
-  layers::DdpConfig ddp;
-  OptimizerConfig optimizer;
-  int pp, vpp;
-  std::vector<int> stage_layers;
-  int microbatches, iterations;
-  std::int64_t mbs, seq, dp_size;
-  std::uint64_t seed;
-  bool functional;
-  double loss_scale = 0;
-};
-
 // What the ranks of one run share: the node, the results they hand back, the progress line.
 struct RunShared {
   Node& node;
@@ -125,7 +78,7 @@ struct RunShared {
 // of the timeline), then one training iteration at a time.
 class RankRun {
  public:
-  RankRun(const RunSetup& s, RunShared& shared, Host& host)
+  RankRun(const RunPlan& s, RunShared& shared, Host& host)
       : s_(s),
         sh_(shared),
         host_(host),
@@ -149,7 +102,7 @@ class RankRun {
   void digest_gradients(int it);
   void record_losses(int it, const StepContext::Impl& impl);
 
-  const RunSetup& s_;
+  const RunPlan& s_;
   RunShared& sh_;
   Host& host_;
   Device& dev_;
@@ -197,25 +150,23 @@ void RankRun::build_model() {
 }
 
 void RankRun::build_context() {
-  const Recipe& recipe = s_.recipe;
-  ctx_ = layers::ExecContext{dev_.default_stream(),
-                             dev_.create_stream(comm_stream_priority(recipe), "comm")};
-  ctx_.delay_wgrad = recipe.flag("comm_overlap.delay_wgrad_compute");
-  ctx_.recompute = recompute_set(recipe);
+  ctx_ = layers::ExecContext{dev_.default_stream(), dev_.create_stream(s_.comm_priority, "comm")};
+  ctx_.delay_wgrad = s_.delay_wgrad;
+  ctx_.recompute = s_.recompute;
   ctx_.graphs = s_.graphs.layer;
-  if (auto oc = offload_config(recipe, p_)) {
+  if (const auto& oc = s_.offload[std::size_t(p_)]) {
     offloader_ = std::make_unique<offload::OffloadEngine>(dev_, *oc);
     ctx_.hooks = offloader_.get();
   }
   if (dev_.placement().process_bound)
     out_.host_cpus = cpu_list(HostTopology::current_thread_binding());
-  if (recipe.flag("model.moe_shared_expert_overlap")) {
+  if (s_.shared_expert_overlap) {
     ctx_.shared_expert_overlap = true;
     ctx_.shared_experts = dev_.create_stream(Priority::Normal, "shared_experts");
   }
-  schedule_ = sh_.options.schedule ? sh_.options.schedule(recipe) : make_schedule(recipe);
+  schedule_ = sh_.options.schedule ? sh_.options.schedule(s_.recipe) : make_schedule(s_.recipe);
   if (r_ == 0) sh_.schedule_name = schedule_->name();  // one host program runs at a time
-  links_.emplace(sh_.comm, s_.pg, r_, dev_, pipeline_comm(recipe));
+  links_.emplace(sh_.comm, s_.pg, r_, dev_, s_.pipeline);
 }
 
 void RankRun::build_data_parallel() {
@@ -389,7 +340,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
   const auto wall_start = std::chrono::steady_clock::now();
   // The run's own peak, not an earlier case's of the same process (compare runs several).
   const bool peak_reset = reset_peak_resident();
-  RunSetup setup(recipe, options);
+  const RunPlan setup(recipe, options);
   TimelineStats stats(setup.world);  // outlives the node, which reports to it
   Node node(NodeOptions(setup.node));
   node.add_observer(&stats);
