@@ -29,7 +29,8 @@ struct ModelConfig {
   int vocab_size = 256;
   // RoPE's base and, with rope_type yarn, YaRN's scaling (kernels/attention.hpp).
   kernels::Rotary rotary;
-  double layernorm_epsilon = 1e-6;
+  // Megatron-Core's TransformerConfig default, and the recipe schema's (model.layernorm_epsilon).
+  double layernorm_epsilon = 1e-5;
   double init_method_std = 0.02;
   DType dtype = DType::F32;  // bf16: true -> BF16, fp16: true -> F16
 
