@@ -174,6 +174,21 @@ std::uint8_t block_byte(int src, int dst) {
   return static_cast<std::uint8_t>(src * 16 + dst + 1);
 }
 
+// Each rank's send and receive buffers of P blocks of `per` bytes, allocated (and touched) once,
+// outside any timing; the send block for peer d holds block_byte(rank, d).
+void allocate_blocks(Node& node, int P, std::size_t per, std::vector<Buffer>& send,
+                     std::vector<Buffer>& recv) {
+  send.assign(static_cast<size_t>(P), Buffer());
+  recv.assign(static_cast<size_t>(P), Buffer());
+  node.run([&](Host& h) {
+    const int r = h.rank();
+    send[size_t(r)] = h.device().allocate(per * size_t(P));
+    recv[size_t(r)] = h.device().allocate(per * size_t(P));
+    for (int d = 0; d < P; ++d)
+      std::memset(send[size_t(r)].as<std::byte>() + size_t(d) * per, block_byte(r, d), per);
+  });
+}
+
 // One node of P GPUs of the dgx_h100 topology (as the comm tests' comm_options does), run
 // functionally with two workers at once: the same two cores the memcpy baseline gets.
 NodeOptions functional_options(int ranks) {
@@ -206,14 +221,8 @@ void BM_AllToAll(benchmark::State& state) {
   const std::size_t per = static_cast<std::size_t>(state.range(1));
   Node node(functional_options(P));
   Communicator comm(node);
-  std::vector<Buffer> send(static_cast<size_t>(P)), recv(static_cast<size_t>(P));
-  node.run([&](Host& h) {
-    const int r = h.rank();
-    send[size_t(r)] = h.device().allocate(per * size_t(P));
-    recv[size_t(r)] = h.device().allocate(per * size_t(P));
-    for (int d = 0; d < P; ++d)
-      std::memset(send[size_t(r)].as<std::byte>() + size_t(d) * per, block_byte(r, d), per);
-  });
+  std::vector<Buffer> send, recv;
+  allocate_blocks(node, P, per, send, recv);
   // Each rank also notes when its call started and returned: the collective's own wall time,
   // first call to last return, without the node.run around it (in_run_GBps).
   std::vector<Clock::time_point> called(static_cast<size_t>(P)), returned(static_cast<size_t>(P));
@@ -284,14 +293,8 @@ void BM_SmallAllToAll(benchmark::State& state) {
   const std::size_t per = static_cast<std::size_t>(state.range(1));
   Node node(functional_options(P));
   Communicator comm(node);
-  std::vector<Buffer> send(static_cast<size_t>(P)), recv(static_cast<size_t>(P));
-  node.run([&](Host& h) {
-    const int r = h.rank();
-    send[size_t(r)] = h.device().allocate(per * size_t(P));
-    recv[size_t(r)] = h.device().allocate(per * size_t(P));
-    for (int d = 0; d < P; ++d)
-      std::memset(send[size_t(r)].as<std::byte>() + size_t(d) * per, block_byte(r, d), per);
-  });
+  std::vector<Buffer> send, recv;
+  allocate_blocks(node, P, per, send, recv);
   std::vector<Clock::time_point> called(static_cast<size_t>(P)), returned(static_cast<size_t>(P));
   auto program = [&](Host& h) {
     const int r = h.rank();
