@@ -189,6 +189,46 @@ void allocate_blocks(Node& node, int P, std::size_t per, std::vector<Buffer>& se
   });
 }
 
+// The per-rank program of the all-to-all cases: `repeats` all_to_alls in a row, each rank noting
+// when its first call started and its last returned, so that the collectives' own wall time
+// (first call to last return, without the node.run around them) can be read off.
+class TimedAllToAll {
+ public:
+  TimedAllToAll(Communicator& comm, int P, std::size_t per, std::vector<Buffer>& send,
+                std::vector<Buffer>& recv, int repeats)
+      : comm_(comm),
+        P_(P),
+        per_(per),
+        send_(send),
+        recv_(recv),
+        repeats_(repeats),
+        called_(static_cast<size_t>(P)),
+        returned_(static_cast<size_t>(P)) {}
+  void operator()(Host& h) {
+    const int r = h.rank();
+    Group g = comm_.group(all_ranks(P_), "a2a");
+    Stream s = h.device().default_stream();
+    called_[size_t(r)] = Clock::now();
+    for (int i = 0; i < repeats_; ++i) g.all_to_all(send_[size_t(r)], recv_[size_t(r)], per_, s);
+    returned_[size_t(r)] = Clock::now();
+  }
+  // Of the last node.run of this program.
+  double span_s() const {
+    return std::chrono::duration<double>(*std::max_element(returned_.begin(), returned_.end()) -
+                                         *std::min_element(called_.begin(), called_.end()))
+        .count();
+  }
+
+ private:
+  Communicator& comm_;
+  int P_;
+  std::size_t per_;
+  std::vector<Buffer>& send_;
+  std::vector<Buffer>& recv_;
+  int repeats_;
+  std::vector<Clock::time_point> called_, returned_;
+};
+
 // One node of P GPUs of the dgx_h100 topology (as the comm tests' comm_options does), run
 // functionally with two workers at once: the same two cores the memcpy baseline gets.
 NodeOptions functional_options(int ranks) {
@@ -223,17 +263,9 @@ void BM_AllToAll(benchmark::State& state) {
   Communicator comm(node);
   std::vector<Buffer> send, recv;
   allocate_blocks(node, P, per, send, recv);
-  // Each rank also notes when its call started and returned: the collective's own wall time,
-  // first call to last return, without the node.run around it (in_run_GBps).
-  std::vector<Clock::time_point> called(static_cast<size_t>(P)), returned(static_cast<size_t>(P));
-  auto program = [&](Host& h) {
-    const int r = h.rank();
-    Group g = comm.group(all_ranks(P), "a2a");
-    Stream s = h.device().default_stream();
-    called[size_t(r)] = Clock::now();
-    g.all_to_all(send[size_t(r)], recv[size_t(r)], per, s);
-    returned[size_t(r)] = Clock::now();
-  };
+  // Also the collective's own wall time, without the node.run around it (in_run_GBps).
+  TimedAllToAll timed(comm, P, per, send, recv, 1);
+  auto program = [&timed](Host& h) { timed(h); };
   node.run(program);  // warm-up: rings allocated, pages touched
   for (int r = 0; r < P; ++r)
     for (int src = 0; src < P; ++src) {
@@ -262,10 +294,7 @@ void BM_AllToAll(benchmark::State& state) {
     const double dt = seconds_since(t0);
     state.SetIterationTime(dt);
     t_a2a.push_back(dt);
-    t_in_run.push_back(
-        std::chrono::duration<double>(*std::max_element(returned.begin(), returned.end()) -
-                                      *std::min_element(called.begin(), called.end()))
-            .count());
+    t_in_run.push_back(timed.span_s());
     t_memcpy.push_back(copier.run(jobs));
   }
   const double moved = double(P - 1) * double(per);
@@ -295,15 +324,8 @@ void BM_SmallAllToAll(benchmark::State& state) {
   Communicator comm(node);
   std::vector<Buffer> send, recv;
   allocate_blocks(node, P, per, send, recv);
-  std::vector<Clock::time_point> called(static_cast<size_t>(P)), returned(static_cast<size_t>(P));
-  auto program = [&](Host& h) {
-    const int r = h.rank();
-    Group g = comm.group(all_ranks(P), "a2a");
-    Stream s = h.device().default_stream();
-    called[size_t(r)] = Clock::now();
-    for (int i = 0; i < kBackToBack; ++i) g.all_to_all(send[size_t(r)], recv[size_t(r)], per, s);
-    returned[size_t(r)] = Clock::now();
-  };
+  TimedAllToAll timed(comm, P, per, send, recv, kBackToBack);
+  auto program = [&timed](Host& h) { timed(h); };
   node.run(program);  // warm-up
   for (int r = 0; r < P; ++r)
     for (int src = 0; src < P; ++src)
@@ -314,11 +336,7 @@ void BM_SmallAllToAll(benchmark::State& state) {
   std::vector<double> per_collective, empty_run;
   for (auto _ : state) {
     node.run(program);
-    const double dt =
-        std::chrono::duration<double>(*std::max_element(returned.begin(), returned.end()) -
-                                      *std::min_element(called.begin(), called.end()))
-            .count() /
-        kBackToBack;
+    const double dt = timed.span_s() / kBackToBack;
     state.SetIterationTime(dt);
     per_collective.push_back(dt);
     const auto t0 = Clock::now();
