@@ -1,37 +1,14 @@
-// The typed exceptions that NodeEmu throws at its API boundaries. Every message is one line that
+// The typed exceptions that NodeEmu throws at its API boundaries (Error and ConfigError, their
+// root, are in schema/errors.hpp). Every message is one line that
 // names the file, key, device or operation involved and says what to do about it.
 #pragma once
 
 #include <cstdint>
-#include <stdexcept>
 #include <string>
-#include <utility>
+
+#include "schema/errors.hpp"
 
 namespace nodeemu {
-
-// Base of everything NodeEmu throws on purpose; catch this to report any NodeEmu failure.
-class Error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// A bad configuration file or key: "<file>: <key>: <what is wrong and what to set>".
-class ConfigError : public Error {
- public:
-  ConfigError(std::string file, std::string key, const std::string& what)
-      : Error(file + ": " + key + ": " + what),
-        file_(std::move(file)),
-        key_(std::move(key)),
-        detail_(what) {}
-  const std::string& file() const { return file_; }
-  const std::string& key() const { return key_; }
-  const std::string& detail() const { return detail_; }  // what is wrong, without file and key
-
- private:
-  std::string file_;
-  std::string key_;
-  std::string detail_;
-};
 
 // An allocation that does not fit the emulated device's memory.
 class OutOfMemory : public Error {

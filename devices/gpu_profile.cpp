@@ -11,12 +11,12 @@
 #include "devices/check.hpp"
 #include "devices/detail/builtin_profiles.hpp"
 #include "devices/detail/profile_models.hpp"
-#include "devices/detail/yaml_schema.hpp"
+#include "schema/yaml_schema.hpp"
 #include "devices/errors.hpp"
 
 namespace nodeemu {
 
-using namespace detail::yaml;
+using namespace schema;
 
 double Contention::with_sms_held(double fraction) const {
   if (fraction <= 0) return 1;

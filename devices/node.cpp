@@ -33,8 +33,12 @@ void check_options(const NodeOptions& o, const NodeTopology& t) {
     throw ConfigError(src, "thread_budget", "must be >= 0 (0 = the hardware threads)");
   if (o.workers_per_device < 0 || o.workers_per_device > 256)
     throw ConfigError(src, "workers_per_device", "must be between 0 (automatic) and 256");
-  if (!(o.collective_timeout_s >= 0))
-    throw ConfigError(src, "collective_timeout_s", "must be >= 0 seconds (0 = no watchdog)");
+  if (!(o.collective_timeout_s == 0 ||
+        o.collective_timeout_s >= NodeOptions::kMinCollectiveTimeoutS))
+    throw ConfigError(src, "collective_timeout_s",
+                      "must be 0 (no watchdog) or at least " +
+                          std::to_string(int(NodeOptions::kMinCollectiveTimeoutS)) +
+                          " s: a shorter wait for a slow peer on a loaded host is not a hang");
 }
 
 }  // namespace

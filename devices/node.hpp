@@ -59,6 +59,8 @@ struct NodeOptions {
   // (NCCL's watchdog default is 10 minutes). 0 disables. A hang in which every host is blocked
   // is reported at once as a DeadlockError, whatever this says.
   double collective_timeout_s = 600;
+  // Below this a wait for a slow peer on a loaded host would be reported as a hang.
+  static constexpr double kMinCollectiveTimeoutS = 1;
   // Megatron's --bindpcie: each rank's host actor and host memory on its GPU's PCIe-local NUMA
   // node (see DevicePlacement). Off, they follow the unbound default.
   bool bindpcie = false;

@@ -7,14 +7,14 @@
 #include <system_error>
 #include <utility>
 
-#include "devices/detail/yaml_schema.hpp"
+#include "schema/yaml_schema.hpp"
 #include "devices/errors.hpp"
 #include "devices/gpu_profile.hpp"
 
 namespace nodeemu {
 namespace {
 
-using namespace detail::yaml;
+using namespace schema;
 
 // The file format, as data (detail/yaml_schema.hpp walks it).
 

@@ -1,5 +1,7 @@
 #include "devices/trace.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <map>
 #include <ostream>
 
@@ -52,130 +54,107 @@ void TraceRecorder::on_host(const HostRecord& r) {
 
 namespace {
 
-void json_string(std::ostream& os, const std::string& s) {
-  os << '"';
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        os << "\\\"";
-        break;
-      case '\\':
-        os << "\\\\";
-        break;
-      case '\n':
-        os << "\\n";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          os << buf;
-        } else {
-          os << c;
-        }
-    }
-  }
-  os << '"';
-}
+using Json = nlohmann::ordered_json;
 
-// Virtual picoseconds as Chrome's microseconds, printed exactly (no float rounding).
-void us(std::ostream& os, VTime t) {
-  os << t / 1000000;
-  VTime frac = t % 1000000;
-  if (frac) {
-    char buf[16];
-    std::snprintf(buf, sizeof buf, ".%06lld", static_cast<long long>(frac));
-    os << buf;
-  }
+// Virtual picoseconds as Chrome's microseconds: the double nearest the exact quotient, which the
+// library prints in the fewest digits that read back to it, so a trace up to about 1,000 s of
+// virtual time shows every picosecond exactly (past that the last digit may round).
+double us(VTime t) {
+  return static_cast<double>(t) / 1e6;
 }
 
 constexpr int kHostPid = 1000000;  // hosts without a device get their own process
 constexpr int kHostTidBase = 100000;
 
+// Events go out one at a time, each built and written by the JSON library: a long run's trace
+// holds millions, and a whole document in memory would cost several times the recorder's own.
+class EventWriter {
+ public:
+  explicit EventWriter(std::ostream& os) : os_(os) {
+    os_ << "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n";
+  }
+  ~EventWriter() { os_ << "\n]}\n"; }
+  void operator()(const Json& e) {
+    if (!first_) os_ << ",\n";
+    first_ = false;
+    os_ << e.dump(-1, ' ', false, Json::error_handler_t::replace);
+  }
+
+ private:
+  std::ostream& os_;
+  bool first_ = true;
+};
+
+Json metadata(const char* name, int pid, Json args) {
+  return Json{{"ph", "M"}, {"name", name}, {"pid", pid}, {"args", std::move(args)}};
+}
+
 }  // namespace
 
 void TraceRecorder::write_chrome_json(std::ostream& os, const TimelineLayout& layout) const {
-  os << "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n";
-  bool first = true;
-  auto sep = [&] {
-    if (!first) os << ",\n";
-    first = false;
-  };
+  EventWriter put(os);
   for (size_t d = 0; d < layout.device_names.size(); ++d) {
-    sep();
-    os << "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":" << d << ",\"args\":{\"name\":";
-    json_string(os, layout.device_names[d]);
-    os << "}}";
-    sep();
-    os << "{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":" << d
-       << ",\"args\":{\"sort_index\":" << d << "}}";
+    put(metadata("process_name", int(d), {{"name", layout.device_names[d]}}));
+    put(metadata("process_sort_index", int(d), {{"sort_index", d}}));
   }
   for (auto& t : layout.tracks) {
-    sep();
-    os << "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":" << t.device << ",\"tid\":" << t.track
-       << ",\"args\":{\"name\":";
-    json_string(os, t.name);
-    os << "}}";
+    Json e = metadata("thread_name", t.device, {{"name", t.name}});
+    e["tid"] = t.track;
+    put(e);
   }
   bool any_free_host = false;
   for (size_t h = 0; h < layout.host_names.size(); ++h) {
-    int pid = layout.host_device[h] >= 0 ? layout.host_device[h] : kHostPid;
+    const int pid = layout.host_device[h] >= 0 ? layout.host_device[h] : kHostPid;
     any_free_host |= pid == kHostPid;
-    sep();
-    os << "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":" << pid
-       << ",\"tid\":" << kHostTidBase + static_cast<int>(h) << ",\"args\":{\"name\":";
-    json_string(os, "host " + layout.host_names[h]);
-    os << "}}";
+    Json e = metadata("thread_name", pid, {{"name", "host " + layout.host_names[h]}});
+    e["tid"] = kHostTidBase + static_cast<int>(h);
+    put(e);
   }
-  if (any_free_host) {
-    sep();
-    os << "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":" << kHostPid
-       << ",\"args\":{\"name\":\"host\"}}";
-  }
+  if (any_free_host) put(metadata("process_name", kHostPid, {{"name", "host"}}));
   std::map<std::uint64_t, const Op*> by_id;
   for (auto& o : ops_) by_id[o.id] = &o;
   for (auto& o : ops_) {
-    sep();
-    os << "{\"ph\":\"X\",\"cat\":\"" << to_string(o.kind) << "\",\"name\":";
-    json_string(os, o.name);
-    os << ",\"pid\":" << o.device << ",\"tid\":" << o.track << ",\"ts\":";
-    us(os, o.start);
-    os << ",\"dur\":";
-    us(os, o.end - o.start);
-    os << ",\"args\":{\"op\":" << o.id << ",\"host\":" << o.host << ",\"class\":\""
-       << to_string(o.cls) << "\"";
-    if (o.bytes > 0) os << ",\"bytes\":" << static_cast<std::uint64_t>(o.bytes);
-    os << "}}";
-    if (o.kind == OpKind::Wait && o.waits_for >= 0) {
-      auto it = by_id.find(static_cast<std::uint64_t>(o.waits_for));
-      if (it != by_id.end()) {
-        const Op& src = *it->second;
-        sep();
-        os << "{\"ph\":\"s\",\"cat\":\"event\",\"name\":\"event\",\"id\":" << o.id
-           << ",\"pid\":" << src.device << ",\"tid\":" << src.track << ",\"ts\":";
-        us(os, src.end);
-        os << "}";
-        sep();
-        os << "{\"ph\":\"f\",\"bp\":\"e\",\"cat\":\"event\",\"name\":\"event\",\"id\":" << o.id
-           << ",\"pid\":" << o.device << ",\"tid\":" << o.track << ",\"ts\":";
-        us(os, o.end);
-        os << "}";
-      }
-    }
+    Json args{{"op", o.id}, {"host", o.host}, {"class", to_string(o.cls)}};
+    if (o.bytes > 0) args["bytes"] = static_cast<std::uint64_t>(o.bytes);
+    put(Json{{"ph", "X"},
+             {"cat", to_string(o.kind)},
+             {"name", o.name},
+             {"pid", o.device},
+             {"tid", o.track},
+             {"ts", us(o.start)},
+             {"dur", us(o.end - o.start)},
+             {"args", std::move(args)}});
+    if (o.kind != OpKind::Wait || o.waits_for < 0) continue;
+    auto it = by_id.find(static_cast<std::uint64_t>(o.waits_for));
+    if (it == by_id.end()) continue;
+    // A flow arrow from the recorded event to the wait that consumed it.
+    const Op& src = *it->second;
+    put(Json{{"ph", "s"},
+             {"cat", "event"},
+             {"name", "event"},
+             {"id", o.id},
+             {"pid", src.device},
+             {"tid", src.track},
+             {"ts", us(src.end)}});
+    put(Json{{"ph", "f"},
+             {"bp", "e"},
+             {"cat", "event"},
+             {"name", "event"},
+             {"id", o.id},
+             {"pid", o.device},
+             {"tid", o.track},
+             {"ts", us(o.end)}});
   }
   for (auto& h : host_) {
-    int dev = layout.host_device[static_cast<size_t>(h.host)];
-    sep();
-    os << "{\"ph\":\"X\",\"cat\":\"host\",\"name\":";
-    json_string(os, h.name);
-    os << ",\"pid\":" << (dev >= 0 ? dev : kHostPid) << ",\"tid\":" << kHostTidBase + h.host
-       << ",\"ts\":";
-    us(os, h.start);
-    os << ",\"dur\":";
-    us(os, h.end - h.start);
-    os << "}";
+    const int dev = layout.host_device[static_cast<size_t>(h.host)];
+    put(Json{{"ph", "X"},
+             {"cat", "host"},
+             {"name", h.name},
+             {"pid", dev >= 0 ? dev : kHostPid},
+             {"tid", kHostTidBase + h.host},
+             {"ts", us(h.start)},
+             {"dur", us(h.end - h.start)}});
   }
-  os << "\n]}\n";
 }
 
 void TimelineHasher::mix(std::uint64_t v) {

@@ -3,17 +3,19 @@
 // hides it, then the experts), with real GEMMs on the functional plane. It prints the virtual
 // timeline of GPU 0 and every GPU's finish time.
 #include <cblas.h>
+#include <CLI/CLI.hpp>
 
 #include <cmath>
 #include <iomanip>
+#include <memory>
 #include <ostream>
 #include <sstream>
 
 #include "devices/errors.hpp"
 #include "devices/node.hpp"
 #include "devices/worker_pool.hpp"
-#include "emu/cli.hpp"
-#include "emu/node_flags.hpp"
+#include "emu/detail/commands.hpp"
+#include "emu/detail/node_args.hpp"
 
 namespace nodeemu::emu {
 
@@ -32,15 +34,15 @@ void gemm(const float* a, const float* b, float* c, int n) {
   });
 }
 
-}  // namespace
+struct DemoArgs {
+  detail::NodeArgs node;
+  int size = 256;
+  std::string trace;
+};
 
-int demo_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  Flags flags("demo", args,
-              {"topology", "nodes", "synthetic-host", "thread-budget", "workers", "max-connections",
-               "trace", "size"});
-  const int n = flags.get_int("size", 256);
-  if (n < 1 || n > 4096) throw ConfigError("nodeemu demo", "--size", "must be between 1 and 4096");
-  NodeOptions options = node_options_from(flags);
+int demo(const DemoArgs& args, std::ostream& out, std::ostream& err) {
+  const int n = args.size;
+  NodeOptions options = args.node.options();
   options.record_trace = true;  // the timeline printed below comes from the records
   Node node(std::move(options));
   const NodeTopology& topo = node.topology();
@@ -132,12 +134,24 @@ int demo_command(const std::vector<std::string>& args, std::ostream& out, std::o
   std::ostringstream hash;
   hash << std::hex << node.timeline_hash();
   out << "\ntimeline hash 0x" << hash.str() << " over " << node.timeline_records() << " records\n";
-  if (flags.has("trace")) {
-    node.write_chrome_trace(flags.get("trace", ""));
-    out << "trace written to " << flags.get("trace", "")
-        << " (open it in https://ui.perfetto.dev)\n";
+  if (!args.trace.empty()) {
+    node.write_chrome_trace(args.trace);
+    out << "trace written to " << args.trace << " (open it in https://ui.perfetto.dev)\n";
   }
   return 0;
+}
+
+}  // namespace
+
+detail::CommandBody detail::add_demo(CLI::App& app, Streams io) {
+  auto args = std::make_shared<DemoArgs>();
+  args->node.add_to(app);
+  args->node.add_max_connections(app);
+  app.add_option("--size", args->size, "the GEMMs' n (n x n x n)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--trace", args->trace, "write the Chrome trace here")->type_name("FILE");
+  return [args, io] { return demo(*args, io.out, io.err); };
 }
 
 }  // namespace nodeemu::emu

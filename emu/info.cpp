@@ -1,5 +1,10 @@
+// `nodeemu info`: the emulated node, how it maps onto this host, and the GEMM kernel in use;
+// and the node options it shares with `demo`.
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <iomanip>
+#include <memory>
 #include <ostream>
 #include <sstream>
 
@@ -8,7 +13,8 @@
 #include "devices/numa_memory.hpp"
 #include "devices/worker_pool.hpp"
 #include "emu/cli.hpp"
-#include "emu/node_flags.hpp"
+#include "emu/detail/commands.hpp"
+#include "emu/detail/node_args.hpp"
 #include "emu/report.hpp"
 
 namespace nodeemu::emu {
@@ -29,32 +35,8 @@ std::string ranges(const std::vector<int>& xs) {
   return s;
 }
 
-}  // namespace
-
-NodeOptions node_options_from(const Flags& f) {
-  NodeOptions o;
-  if (f.has("topology")) {
-    o.topology_path = f.get("topology", "");
-  } else {
-    o.topology = std::make_shared<const NodeTopology>(
-        NodeTopology::from_yaml(embedded_default_topology(), "<built-in dgx_h100.yaml>"));
-  }
-  o.nodes = f.get_int("nodes", 1);
-  o.synthetic_host = f.get("synthetic-host", "");
-  o.thread_budget = f.get_int("thread-budget", 0);
-  o.workers_per_device = f.get_int("workers", 0);
-  o.cuda_device_max_connections = f.get_int("max-connections", 8);
-  const std::string bind = f.get("bindpcie", "off");
-  if (bind != "on" && bind != "off")
-    throw ConfigError("command line", "--bindpcie", "is on or off, got '" + bind + "'");
-  o.bindpcie = bind == "on";
-  return o;
-}
-
-int info_command(const std::vector<std::string>& args, std::ostream& out, std::ostream&) {
-  Flags flags("info", args,
-              {"topology", "nodes", "synthetic-host", "thread-budget", "workers", "bindpcie"});
-  Node node(node_options_from(flags));
+int info(const detail::NodeArgs& args, std::ostream& out) {
+  Node node(args.options());
   const NodeTopology& t = node.topology();
   const GpuSpec& g = t.gpu;
 
@@ -143,5 +125,62 @@ int info_command(const std::vector<std::string>& args, std::ostream& out, std::o
   out << "      " << node.blas_kernel().config << "\n";
   return 0;
 }
+
+}  // namespace
+
+namespace detail {
+
+void NodeArgs::add_to(CLI::App& app) {
+  app.add_option("--topology", topology, "topology YAML (default: the DGX H100 built in)")
+      ->type_name("FILE");
+  app.add_option("--nodes", nodes, "emulated nodes of the topology")->capture_default_str();
+  app.add_option("--synthetic-host", synthetic_host,
+                 "an hwloc synthetic host to place the GPUs on, instead of this machine")
+      ->type_name("DESC");
+  app.add_option("--thread-budget", thread_budget,
+                 "workers running at once (0: this machine's hardware threads)")
+      ->capture_default_str();
+  app.add_option("--workers", workers, "worker threads per GPU (0: share each NUMA node's cores)")
+      ->capture_default_str();
+}
+
+void NodeArgs::add_max_connections(CLI::App& app) {
+  app.add_option("--max-connections", max_connections,
+                 "hardware queues per GPU (CUDA_DEVICE_MAX_CONNECTIONS, 1..32)")
+      ->capture_default_str();
+}
+
+void NodeArgs::add_bindpcie(CLI::App& app) {
+  app.add_option("--bindpcie", bindpcie,
+                 "on: each rank's host thread and pinned memory on its GPU's PCIe-local NUMA node")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+}
+
+NodeOptions NodeArgs::options() const {
+  NodeOptions o;
+  if (!topology.empty()) {
+    o.topology_path = topology;
+  } else {
+    o.topology = std::make_shared<const NodeTopology>(
+        NodeTopology::from_yaml(embedded_default_topology(), "<built-in dgx_h100.yaml>"));
+  }
+  o.nodes = nodes;
+  o.synthetic_host = synthetic_host;
+  o.thread_budget = thread_budget;
+  o.workers_per_device = workers;
+  o.cuda_device_max_connections = max_connections;
+  o.bindpcie = bindpcie == "on";
+  return o;
+}
+
+CommandBody add_info(CLI::App& app, Streams io) {
+  auto args = std::make_shared<NodeArgs>();
+  args->add_to(app);
+  args->add_bindpcie(app);
+  return [args, &out = io.out] { return info(*args, out); };
+}
+
+}  // namespace detail
 
 }  // namespace nodeemu::emu

@@ -12,7 +12,7 @@
 #include "devices/errors.hpp"
 #include "devices/host.hpp"
 #include "devices/node.hpp"
-#include "emu/recipe_views.hpp"
+#include "emu/recipe_keys.hpp"
 #include "emu/report.hpp"
 #include "layers/token_dispatcher.hpp"
 #include "layers/transformer_layer.hpp"
@@ -44,12 +44,12 @@ void busy_by_class(const std::vector<const TraceRecorder::Op*>& ops, LayerTiming
   }
 }
 
-LayerTiming time_one(const Recipe& r, const layers::ModelConfig& cfg, int layer,
+LayerTiming time_one(const RunPlan& p, const layers::ModelConfig& cfg, int layer,
                      const std::shared_ptr<const NodeTopology>& topo) {
   NodeOptions o;
   o.topology = topo;
   o.mode = Mode::Meta;
-  o.cuda_device_max_connections = r.int32("emulator.cuda_device_max_connections");
+  o.cuda_device_max_connections = p.node.cuda_device_max_connections;
   o.record_trace = true;
   Node node(o);
   Communicator comm(node);  // the TP and CP groups' collectives run for real (in meta mode)
@@ -60,9 +60,9 @@ LayerTiming time_one(const Recipe& r, const layers::ModelConfig& cfg, int layer,
     for (int i = 0; i < count; ++i) m.push_back(first + i * stride);
     return m;
   };
-  const CudaGraphs graphs = cuda_graphs(r);
-  const int ep = r.int32("model.expert_model_parallel_size");
-  const std::int64_t mbs = r.integer("train.micro_batch_size"), seq = r.integer("train.seq_length");
+  const CudaGraphs& graphs = p.graphs;
+  const int ep = p.pg.layout().ep;
+  const std::int64_t mbs = p.mbs, seq = p.seq;
   LayerTiming t;
   t.kind = cfg.is_moe_layer(layer) ? "moe" : "dense";
   t.layer = layer;
@@ -71,7 +71,7 @@ LayerTiming time_one(const Recipe& r, const layers::ModelConfig& cfg, int layer,
   node.run([&](Host& host) {
     Device& dev = host.device();
     layers::TransformerLayer L(
-        cfg, layer, dev, std::uint64_t(r.integer("emulator.seed")),
+        cfg, layer, dev, p.seed,
         cfg.is_moe_layer(layer) ? layers::TokenDispatcher::alone(cfg, ep) : nullptr,
         tp > 1 ? layers::TensorParallel::of(comm.group(members(host.rank() / tp * tp, 1, tp),
                                                        "tp" + std::to_string(host.rank() / tp)),
@@ -82,12 +82,11 @@ LayerTiming time_one(const Recipe& r, const layers::ModelConfig& cfg, int layer,
                                              comm.group(members(0, 1, tp * cp), "tp_cp"),
                                              host.rank(), cfg.cp_comm_type, dev)
                : layers::ContextParallel{});
-    layers::ExecContext ctx{dev.default_stream(),
-                            dev.create_stream(comm_stream_priority(r), "comm")};
-    ctx.delay_wgrad = r.flag("comm_overlap.delay_wgrad_compute");
-    ctx.recompute = recompute_set(r);
+    layers::ExecContext ctx{dev.default_stream(), dev.create_stream(p.comm_priority, "comm")};
+    ctx.delay_wgrad = p.delay_wgrad;
+    ctx.recompute = p.recompute;
     ctx.graphs = graphs.layer;
-    if (r.flag("model.moe_shared_expert_overlap")) {
+    if (p.shared_expert_overlap) {
       ctx.shared_expert_overlap = true;
       ctx.shared_experts = dev.create_stream(Priority::Normal, "shared_experts");
     }
@@ -149,18 +148,22 @@ LayerTiming time_one(const Recipe& r, const layers::ModelConfig& cfg, int layer,
 
 }  // namespace
 
-LayerReport time_layers(const Recipe& r) {
+LayerReport time_layers(const RunPlan& p) {
   // Rank 0 of the recipe's topology, with its GPU, profile and host costs; with TP, its TP group
   // (the first TP GPUs of a node).
-  auto topo = std::make_shared<NodeTopology>(*load_topology(r));
-  const layers::ModelConfig cfg = model_config(r, topo->gpu);
+  auto topo = std::make_shared<NodeTopology>(*p.node.topology);
+  // The model alone: forced balance, whatever routing the run would use.
+  layers::ModelConfig cfg = p.cfg;
+  cfg.meta_routing = nullptr;
+  const std::string& name = p.recipe.name();
   if (cfg.etp() > 1 && cfg.num_moe_experts > 0)
-    throw ConfigError(r.name(), "model.expert_tensor_parallel_size",
+    throw ConfigError(name, key::model_expert_tensor_parallel_size,
                       "nodeemu layer times experts without their expert-TP group; set it to 1 "
                       "here (nodeemu run times it)");
   if (cfg.tp() * cfg.cp() > topo->gpus)
     throw ConfigError(
-        r.name(), cfg.cp() > 1 ? "model.context_parallel_size" : "model.tensor_model_parallel_size",
+        name,
+        cfg.cp() > 1 ? key::model_context_parallel_size : key::model_tensor_model_parallel_size,
         "TP x CP = " + std::to_string(cfg.tp() * cfg.cp()) + " is larger than a node's " +
             std::to_string(topo->gpus) +
             " GPUs (nodeemu layer runs one TP x CP group inside a node)");
@@ -169,31 +172,34 @@ LayerReport time_layers(const Recipe& r) {
   topo->nic.per_node = topo->gpus;
   cfg.validate();
   LayerReport rep;
-  rep.recipe = r.name();
+  rep.recipe = name;
   rep.gpu = topo->gpu.name;
   rep.profile = topo->gpu.profile ? topo->gpu.profile->provenance() : "none";
   // The first MoE layer and the first dense one.
   int moe = -1, dense = -1;
   for (int l = cfg.num_layers - 1; l >= 0; --l) (cfg.is_moe_layer(l) ? moe : dense) = l;
-  if (moe >= 0) rep.layers.push_back(time_one(r, cfg, moe, topo));
-  if (dense >= 0) rep.layers.push_back(time_one(r, cfg, dense, topo));
+  if (moe >= 0) rep.layers.push_back(time_one(p, cfg, moe, topo));
+  if (dense >= 0) rep.layers.push_back(time_one(p, cfg, dense, topo));
   rep.notes.push_back(
-      "rank 0 of EP " + std::to_string(r.int32("model.expert_model_parallel_size")) +
+      "rank 0 of EP " + std::to_string(p.pg.layout().ep) +
       (cfg.tp() > 1 ? " and TP " + std::to_string(cfg.tp()) + " (its sequence-parallel share)"
                     : std::string()) +
       (cfg.cp() > 1 ? " and CP " + std::to_string(cfg.cp()) + " (its two chunks of each sequence)"
                     : std::string()) +
-      ", one micro-batch of " + std::to_string(r.integer("train.micro_batch_size")) + " x " +
-      std::to_string(r.integer("train.seq_length")) + " tokens");
+      ", one micro-batch of " + std::to_string(p.mbs) + " x " + std::to_string(p.seq) + " tokens");
   rep.notes.push_back(
       std::string(cfg.tp() > 1 ? "EP communication left out (TP's collectives run): "
                                : "communication left out: ") +
       "the tokens arrive and leave as if the all-to-alls had run; the dispatcher's local work is "
       "the alltoall dispatcher's (permute, sort, unsort, unpermute) and its count read-back stays "
       "(a host sync)");
-  if (cfg.num_moe_experts > 0 && !r.flag("model.moe_pad_expert_input_to_capacity"))
+  if (cfg.num_moe_experts > 0 && !cfg.router.pad_to_capacity)
     rep.notes.push_back("routing: forced balance (tokens x topk x EP / experts rows per expert)");
   return rep;
+}
+
+LayerReport time_layers(const Recipe& recipe) {
+  return time_layers(RunPlan(recipe, {}));
 }
 
 void print_layer_report(const LayerReport& r, std::ostream& os) {

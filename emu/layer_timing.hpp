@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "emu/recipe.hpp"
+#include "emu/run_plan.hpp"
 
 namespace nodeemu::emu {
 
@@ -37,8 +37,9 @@ struct LayerReport {
   std::vector<std::string> notes;  // what the measurement assumes
 };
 
-// Throws ConfigError for a recipe it cannot lay out (see `validate`).
-LayerReport time_layers(const Recipe& r);
+// Throws ConfigError for a layout it cannot time (expert TP; TP x CP past one node).
+LayerReport time_layers(const RunPlan& plan);
+LayerReport time_layers(const Recipe& recipe);  // of RunPlan(recipe, {})
 void print_layer_report(const LayerReport& r, std::ostream& os);
 // The JSON of `nodeemu layer --json`: {recipe, gpu, profile, layers: [{kind, layer, forward_s,
 // forward_backward_s, busy_s, forward_busy_s, host_issue_s, kernels, by_class, ...}], notes}.

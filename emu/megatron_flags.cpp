@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "devices/errors.hpp"
+#include "emu/recipe_keys.hpp"
 
 namespace nodeemu::emu {
 
@@ -28,7 +29,7 @@ const std::vector<MegatronFlag>& table() {
       {"swiglu", K::Model, 0, "", "SwiGLU MLPs and experts"},
       {"normalization", K::Model, 1, "RMSNorm", "RMSNorm"},
       {"disable-bias-linear", K::Model, 0, "", "linear layers without biases",
-       "model.add_bias_linear", "false"},
+       key::model_add_bias_linear, "false"},
       {"group-query-attention", K::Model, 0, "", "grouped-query attention (num_query_groups)"},
       {"untie-embeddings-and-output-weights", K::Model, 0, "",
        "an output layer with a weight of its own"},

@@ -1,11 +1,13 @@
 // `nodeemu cost` (what a GPU profile believes about any shape) and `nodeemu calibrate` (a folder
 // measured by tools/measure_gpu.py becomes a profile, with each table's leave-one-out error).
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <sstream>
@@ -13,7 +15,7 @@
 #include "devices/errors.hpp"
 #include "devices/gpu_profile.hpp"
 #include "devices/grouped_tiling.hpp"
-#include "emu/cli.hpp"
+#include "emu/detail/commands.hpp"
 #include "emu/report.hpp"
 
 namespace nodeemu::emu {
@@ -36,47 +38,14 @@ const std::pair<const char*, const char*> kTables[] = {
     {"overlap_contention", "overlap_contention.csv"},
 };
 
-// Options of a command that takes one positional argument; `switches` take no value.
-struct Args {
-  std::string positional;
-  std::map<std::string, std::string> options;
+struct CostArgs {
+  std::string gpu, table, out;
+  bool explain = false;
 };
 
-Args parse_args(const std::string& command, const std::vector<std::string>& args,
-                const std::vector<std::string>& valued, const std::vector<std::string>& switches,
-                const std::string& what) {
-  Args a;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& s = args[i];
-    if (s.rfind("--", 0) != 0) {
-      if (!a.positional.empty())
-        throw ConfigError("nodeemu " + command, s, "unexpected argument; give one " + what);
-      a.positional = s;
-      continue;
-    }
-    std::string key = s.substr(2), value;
-    const bool inline_value = key.find('=') != std::string::npos;
-    if (inline_value) value = key.substr(key.find('=') + 1), key = key.substr(0, key.find('='));
-    const bool is_switch = std::find(switches.begin(), switches.end(), key) != switches.end();
-    const bool has_value = std::find(valued.begin(), valued.end(), key) != valued.end();
-    if (!is_switch && !has_value) {
-      std::string list;
-      for (const auto& k : valued) list += (list.empty() ? "--" : ", --") + k + " VALUE";
-      for (const auto& k : switches) list += (list.empty() ? "--" : ", --") + k;
-      throw ConfigError("nodeemu " + command, "--" + key,
-                        "unknown option; '" + command + "' takes " + list);
-    }
-    if (has_value && !inline_value) {
-      if (i + 1 >= args.size())
-        throw ConfigError("nodeemu " + command, "--" + key, "needs a value");
-      value = args[++i];
-    }
-    a.options[key] = is_switch ? "on" : value;
-  }
-  if (a.positional.empty())
-    throw ConfigError("nodeemu " + command, what, "missing; see 'nodeemu help'");
-  return a;
-}
+struct CalibrateArgs {
+  std::string dir, out, name, errors;
+};
 
 std::string read_text(const std::string& path, const std::string& command) {
   std::error_code ec;
@@ -273,36 +242,27 @@ std::string readme(const std::string& name, const nlohmann::json& d) {
   return r.str();
 }
 
-}  // namespace
-
-int cost_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  const Args a = parse_args("cost", args, {"gpu", "out"}, {"explain"}, "TABLE.csv");
-  if (!a.options.count("gpu"))
-    throw ConfigError("nodeemu cost", "--gpu",
-                      "missing; name a profile (h100_sxm5) or a profile folder");
-  const auto profile = profile_named(a.options.at("gpu"));
-  const TablePrediction p = profile->predict_table(read_text(a.positional, "cost"), a.positional);
-  const bool explain = a.options.count("explain") > 0;
-  std::ostream& notes = a.options.count("out") ? out : err;
-  if (a.options.count("out"))
-    write_file_atomically(a.options.at("out"), p.csv, "--out");
+int cost(const CostArgs& a, std::ostream& out, std::ostream& err) {
+  const auto profile = profile_named(a.gpu);
+  const TablePrediction p = profile->predict_table(read_text(a.table, "cost"), a.table);
+  std::ostream& notes = a.out.empty() ? err : out;
+  if (!a.out.empty())
+    write_file_atomically(a.out, p.csv, "--out");
   else
     out << p.csv;
   notes << "# " << p.kind << " table predicted by GPU profile " << profile->provenance() << "\n";
-  if (explain)
+  if (a.explain)
     for (const auto& e : p.explanations) notes << "# " << e << "\n";
   return 0;
 }
 
-int calibrate_command(const std::vector<std::string>& args, std::ostream& out, std::ostream&) {
-  const Args a = parse_args("calibrate", args, {"out", "name", "errors"}, {}, "DIR");
+int calibrate(const CalibrateArgs& a, std::ostream& out) {
   // --errors FILE: every row's leave-one-out prediction as CSV (signed error: + is too slow),
   // written before anything else is put in place, so that a bad path leaves nothing behind.
   const auto write_errors = [&](const std::vector<LooStats>& loo) {
-    if (a.options.count("errors"))
-      write_file_atomically(a.options.at("errors"), loo_rows_csv(loo), "--errors");
+    if (!a.errors.empty()) write_file_atomically(a.errors, loo_rows_csv(loo), "--errors");
   };
-  const std::string dir = a.positional;
+  const std::string& dir = a.dir;
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     throw ConfigError(
@@ -310,7 +270,7 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out, s
   if (fs::exists(fs::path(dir) / "profile.yaml")) {
     // Already a profile: check it and report.
     const auto p = GpuProfile::load(dir);
-    if (a.options.count("out"))
+    if (!a.out.empty())
       throw ConfigError("nodeemu calibrate", "--out",
                         dir + " is already a profile; copy the folder to use it elsewhere");
     const auto loo = p->leave_one_out();
@@ -332,17 +292,16 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out, s
     throw ConfigError(device_json.string(), "gpu",
                       "needs 'gpu' (a string) and 'sms' (an integer >= 1); tools/measure_gpu.py "
                       "writes them");
-  const std::string name =
-      a.options.count("name") ? a.options.at("name") : slug(device["gpu"].get<std::string>());
+  const std::string name = !a.name.empty() ? a.name : slug(device["gpu"].get<std::string>());
   if (name.empty() ||
       name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos)
     throw ConfigError("nodeemu calibrate", "--name",
                       "'" + name + "': use lower-case letters, digits and '_' (a folder name)");
   // Written beside the destination, checked by loading it, and only then put in place: a
   // measurement that does not load leaves nothing behind.
-  const fs::path dest = a.options.count("out") ? fs::path(a.options.at("out"))
-                                               : fs::temp_directory_path() / ("nodeemu-" + name);
-  if (a.options.count("out") && fs::exists(dest))
+  const fs::path dest =
+      !a.out.empty() ? fs::path(a.out) : fs::temp_directory_path() / ("nodeemu-" + name);
+  if (!a.out.empty() && fs::exists(dest))
     throw ConfigError("nodeemu calibrate", "--out",
                       dest.string() + " exists; choose a new folder or remove it first");
   const fs::path tmp = dest.string() + ".tmp-calibrate";
@@ -357,7 +316,7 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out, s
     const auto p = GpuProfile::load(tmp.string());
     const auto loo = p->leave_one_out();
     write_errors(loo);
-    if (a.options.count("out")) {
+    if (!a.out.empty()) {
       fs::rename(tmp, dest);
       out << "wrote profile '" << name << "' to " << dest.string() << "\n";
     } else {
@@ -370,6 +329,35 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out, s
     throw;
   }
   return 0;
+}
+
+}  // namespace
+
+detail::CommandBody detail::add_cost(CLI::App& app, Streams io) {
+  auto a = std::make_shared<CostArgs>();
+  app.add_option("--gpu", a->gpu, "a GPU profile: a name (h100_sxm5) or a profile folder")
+      ->type_name("PROFILE")
+      ->required();
+  app.add_option("table", a->table, "a CSV table in one of the profile's formats")
+      ->type_name("FILE")
+      ->required();
+  app.add_flag("--explain", a->explain, "say which measured rows each prediction came from");
+  app.add_option("--out", a->out, "write the predicted table here (default: standard output)")
+      ->type_name("FILE");
+  return [a, io] { return cost(*a, io.out, io.err); };
+}
+
+detail::CommandBody detail::add_calibrate(CLI::App& app, Streams io) {
+  auto a = std::make_shared<CalibrateArgs>();
+  app.add_option("dir", a->dir, "the --out folder of tools/measure_gpu.py, or a profile folder")
+      ->type_name("DIR")
+      ->required();
+  app.add_option("--out", a->out, "write the profile to this new folder")->type_name("DIR");
+  app.add_option("--name", a->name, "the profile's name (default: from the GPU's name)")
+      ->type_name("NAME");
+  app.add_option("--errors", a->errors, "write every row's leave-one-out prediction as CSV here")
+      ->type_name("FILE");
+  return [a, &out = io.out] { return calibrate(*a, out); };
 }
 
 }  // namespace nodeemu::emu

@@ -13,6 +13,8 @@
 #include "devices/check.hpp"
 #include "devices/errors.hpp"
 #include "emu/megatron_flags.hpp"
+#include "emu/recipe_keys.hpp"
+#include "schema/yaml_schema.hpp"
 
 namespace nodeemu::emu {
 
@@ -89,12 +91,14 @@ std::string choices_text(const KeySpec& k) {
 }
 
 // Converts one YAML node to the key's type, or throws naming the key.
+// `at` leads every message: the value's line in a file ("line 4: "), "" for an override.
 Value convert(const KeySpec& k, const YAML::Node& n, const std::string& where,
-              const std::string& origin) {
+              const std::string& origin, const std::string& at = "") {
   Value v;
   v.origin = origin;
   auto bad = [&](const std::string& got) -> ConfigError {
-    return ConfigError(where, k.key, "wants " + std::string(type_name(k.type)) + ", got " + got);
+    return ConfigError(where, k.key,
+                       at + "wants " + std::string(type_name(k.type)) + ", got " + got);
   };
   auto int32_item = [&](std::int64_t x) {
     if (x < INT32_MIN || x > INT32_MAX)
@@ -106,7 +110,7 @@ Value convert(const KeySpec& k, const YAML::Node& n, const std::string& where,
     if (!k.default_yaml.empty())
       throw ConfigError(
           where, k.key,
-          "needs a value (its default is " + k.default_yaml + "; remove the key to use it)");
+          at + "needs a value (its default is " + k.default_yaml + "; remove the key to use it)");
     return v;  // unset
   }
   v.null = false;
@@ -168,27 +172,27 @@ Value convert(const KeySpec& k, const YAML::Node& n, const std::string& where,
     return k.choices.empty() || std::find(k.choices.begin(), k.choices.end(), s) != k.choices.end();
   };
   if (k.type == ValueType::String && !allowed(v.s))
-    throw ConfigError(where, k.key, "'" + v.s + "' is not one of " + choices_text(k));
+    throw ConfigError(where, k.key, at + "'" + v.s + "' is not one of " + choices_text(k));
   if (k.type == ValueType::StringList)
     for (const auto& s : v.list)
       if (!allowed(s))
-        throw ConfigError(where, k.key, "'" + s + "' is not one of " + choices_text(k));
+        throw ConfigError(where, k.key, at + "'" + s + "' is not one of " + choices_text(k));
   return v;
 }
 
 // Megatron launch flags whose names differ from the key's last part.
 const std::map<std::string, std::string>& flag_aliases() {
   static const std::map<std::string, std::string> m = {
-      {"num-experts", "model.num_moe_experts"},
+      {"num-experts", key::model_num_moe_experts},
       // Megatron-LM's --no-rope-fusion and --no-bias-swiglu-fusion (on by default there).
-      {"rope-fusion", "model.apply_rope_fusion"},
-      {"bias-swiglu-fusion", "model.bias_activation_fusion"},
-      {"num-virtual-stages-per-pipeline-rank", "model.virtual_pipeline_model_parallel_size"},
+      {"rope-fusion", key::model_apply_rope_fusion},
+      {"bias-swiglu-fusion", key::model_bias_activation_fusion},
+      {"num-virtual-stages-per-pipeline-rank", key::model_virtual_pipeline_model_parallel_size},
       {"microbatch-group-size-per-virtual-pipeline-stage",
-       "model.microbatch_group_size_per_vp_stage"},
-      {"lr", "optimizer.lr"},
-      {"seed", "emulator.seed"},
-      {"weight-decay", "optimizer.weight_decay"},
+       key::model_microbatch_group_size_per_vp_stage},
+      {"lr", key::optimizer_lr},
+      {"seed", key::emulator_seed},
+      {"weight-decay", key::optimizer_weight_decay},
   };
   return m;
 }
@@ -209,28 +213,17 @@ Recipe Recipe::parse(const std::string& yaml_text, const std::string& name,
                      const std::vector<std::string>& overrides) {
   Recipe r;
   r.name_ = name;
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(name, "", "not valid YAML: " + std::string(e.what()));
-  }
-  if (root && !root.IsNull() && !root.IsMap())
-    throw ConfigError(name, "", "a recipe is a YAML mapping of sections (model, train, ...)");
-  for (const auto& top : root) {
-    const std::string section = top.first.as<std::string>();
-    if (find_key(section)) {
-      r.values_[section] = convert(*find_key(section), top.second, name, "recipe");
-      continue;
-    }
-    if (!top.second.IsMap()) unknown_key(name, section);
-    for (const auto& kv : top.second) {
-      const std::string key = section + "." + kv.first.as<std::string>();
-      const KeySpec* spec = find_key(key);
-      if (!spec) unknown_key(name, key);
-      r.values_[key] = convert(*spec, kv.second, name, "recipe");
-    }
-  }
+  // The shared walker finds syntax errors, unknown and repeated keys and misplaced maps, with
+  // their lines; each key's value is converted here, by its KeySpec.
+  const YAML::Node root =
+      schema::load_document(yaml_text, name, "a map of sections (model, train, ...)",
+                            /*allow_empty=*/true);
+  if (!root.IsNull())
+    schema::validate(root, recipe_document_schema(), name,
+                     [&](const schema::Field&, const YAML::Node& n, const std::string& key,
+                         const std::string& at) {
+                       r.values_[key] = convert(*find_key(key), n, name, "recipe", at);
+                     });
   for (std::size_t i = 0; i < overrides.size();) {
     if (overrides[i].rfind("--", 0) == 0) {
       i += r.set_flag(overrides, i);
@@ -247,9 +240,10 @@ void Recipe::apply_megatron_defaults() {
   // Megatron-LM's validate_args turns --sequence-parallel off at TP 1 with a warning, so a
   // pasted launch script runs there; set as a recipe key it stays an error, as Megatron-Bridge
   // has it.
-  const Value& sp = values_["model.sequence_parallel"];
-  if (sp.b && sp.origin.rfind("--", 0) == 0 && integer("model.tensor_model_parallel_size") == 1) {
-    values_["model.sequence_parallel"].b = false;
+  const Value& sp = values_[key::model_sequence_parallel];
+  if (sp.b && sp.origin.rfind("--", 0) == 0 &&
+      integer(key::model_tensor_model_parallel_size) == 1) {
+    values_[key::model_sequence_parallel].b = false;
     flag_warnings_.push_back({sp.origin,
                               "turned off at tensor_model_parallel_size 1, as "
                               "Megatron-LM does (nothing to shard the sequence over)"});

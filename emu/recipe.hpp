@@ -5,18 +5,22 @@
 //   Recipe r = Recipe::load("configs/recipes/tiny_moe.yaml",
 //                           {"comm_overlap.overlap_moe_expert_parallel_comm=true",
 //                            "--delay-wgrad-compute"});
-//   int ep = r.integer("model.expert_model_parallel_size");
+//   int ep = r.integer("model.expert_model_parallel_size");  // or key::model_expert_...
 //
 // Every key has a type and a default in one schema (emu/recipe_schema.cpp). An unknown key, in the
 // file or on the command line, is a ConfigError that names it and suggests the nearest known one;
 // a value of the wrong type names the key and the type it wants. Keys are always the full dotted
-// name ("model.num_layers").
+// name ("model.num_layers"); emu/recipe_keys.hpp names each one.
 #pragma once
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
+
+namespace nodeemu::schema {
+struct Field;
+}
 
 namespace nodeemu::emu {
 
@@ -27,7 +31,7 @@ struct MegatronFlag;
 enum class ValueType { Bool, Int, Float, String, StringList, IntList, LayerPattern };
 
 struct KeySpec {
-  std::string key;  // "model.num_layers"
+  std::string key;  // key::model_num_layers
   ValueType type;
   std::string default_yaml;          // "" = unset (null) by default
   std::vector<std::string> choices;  // for strings: the allowed values (empty = any)
@@ -40,9 +44,15 @@ const KeySpec* find_key(const std::string& key);
 // The keys that never change the emulated run, by design: the recipe's text and the host's
 // resources. A run's summary names those a recipe sets.
 const std::vector<std::string>& keys_without_effect();
-// The schema key nearest to `key` (edit distance over the full dotted name and over the last
-// part, so a key in the wrong section is found too); "" when nothing is close.
+// The schema key nearest to `key` (schema/nearest_key.hpp: a sibling first, then the same name
+// in another section); "" when nothing is close.
 std::string nearest_key(const std::string& key);
+// The recipe file's shape for the schema walker (schema/yaml_schema.hpp): the sections as maps of
+// the keys, every key a custom leaf that Recipe converts by its KeySpec.
+const schema::Field& recipe_document_schema();
+// The recipe key of a layers::ModelConfig or ParallelLayout field, whose names are Megatron's
+// (a ConfigError from their validate() names the field): "num_layers" -> "model.num_layers".
+std::string model_key(const std::string& field);
 
 struct Value {
   bool null = true;

@@ -1,13 +1,17 @@
 // `nodeemu validate`, `nodeemu run` and `nodeemu compare`: the subcommands that take a recipe.
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <iostream>
+#include <limits>
+#include <memory>
 #include <ostream>
 
 #include "devices/errors.hpp"
-#include "emu/cli.hpp"
+#include "emu/detail/commands.hpp"
 #include "emu/layer_timing.hpp"
 #include "emu/megatron_flags.hpp"
+#include "emu/recipe_keys.hpp"
 #include "emu/recipe_views.hpp"
 #include "emu/report.hpp"
 #include "emu/training.hpp"
@@ -17,76 +21,59 @@ namespace nodeemu::emu {
 
 namespace {
 
-// RECIPE, then any mix of key=value overrides, Megatron flags and this command's own options
-// (--name VALUE). `--case NAME` starts a new group of overrides (compare).
+// RECIPE, then any mix of key=value overrides, Megatron flags and this command's own options.
+// CLI11 takes the options it knows; the rest stays in order in `tail`, where `--case NAME` starts
+// a new group of overrides (compare) and `--megatron-args FILE` stands for a launch script's
+// flags, so that a later override wins over an earlier one as on Megatron's command line.
 struct RecipeArgs {
   std::string recipe;
+  std::vector<std::string> tail;
   std::vector<std::string> overrides;  // before the first --case
   std::vector<std::pair<std::string, std::vector<std::string>>> cases;
-  std::map<std::string, std::string> options;
+  std::string mode, trace, summary, json, baseline = "on";
+  int iterations = 0;  // 0: the recipe's train_iters
+
+  void split_tail(const std::string& command);
 };
 
-RecipeArgs parse(const std::string& command, const std::vector<std::string>& args,
-                 const std::vector<std::string>& own_options) {
-  RecipeArgs out;
-  if (args.empty() || args[0].rfind("--", 0) == 0)
-    throw ConfigError("nodeemu " + command, "RECIPE",
-                      "name a recipe file first, e.g. configs/recipes/tiny_moe.yaml");
-  out.recipe = args[0];
-  auto overrides = [&]() -> std::vector<std::string>& {
-    return out.cases.empty() ? out.overrides : out.cases.back().second;
+void RecipeArgs::split_tail(const std::string& command) {
+  auto group = [&]() -> std::vector<std::string>& {
+    return cases.empty() ? overrides : cases.back().second;
   };
-  for (std::size_t i = 1; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a.rfind("--", 0) == 0) {
-      std::string key = a.substr(2), value;
-      bool inline_value = false;
-      if (auto eq = key.find('='); eq != std::string::npos) {
-        value = key.substr(eq + 1);
-        key = key.substr(0, eq);
-        inline_value = true;
-      }
-      if (key == "megatron-args") {
-        // A launch script's flags, as if typed here.
-        if (!inline_value) {
-          if (i + 1 >= args.size())
-            throw ConfigError("nodeemu " + command, "--megatron-args", "needs a file");
-          value = args[++i];
-        }
-        for (auto& w : read_megatron_args(value)) overrides().push_back(std::move(w));
-        continue;
-      }
-      const bool own = key == "case" ||
-                       std::find(own_options.begin(), own_options.end(), key) != own_options.end();
-      if (own) {
-        if (!inline_value) {
-          if (i + 1 >= args.size())
-            throw ConfigError("nodeemu " + command, "--" + key, "needs a value");
-          value = args[++i];
-        }
-        if (key == "case") {
-          if (command != "compare")
-            throw ConfigError("nodeemu " + command, "--case", "only 'compare' takes cases");
-          out.cases.push_back({value, {}});
-        } else {
-          out.options[key] = value;
-        }
-        continue;
-      }
-      // A Megatron flag: it and its values (the words up to the next flag or override) go to the
-      // recipe, which knows whether the flag takes a value.
-      overrides().push_back(a);
-      while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0 &&
-             args[i + 1].find('=') == std::string::npos)
-        overrides().push_back(args[++i]);
+  for (std::size_t i = 0; i < tail.size(); ++i) {
+    const std::string& a = tail[i];
+    if (a.rfind("--", 0) != 0) {
+      if (a.find('=') == std::string::npos)
+        throw ConfigError("nodeemu " + command, a,
+                          "unexpected argument; overrides are section.key=value");
+      group().push_back(a);
       continue;
     }
-    if (a.find('=') == std::string::npos)
-      throw ConfigError("nodeemu " + command, a,
-                        "unexpected argument; overrides are section.key=value");
-    overrides().push_back(a);
+    std::string key = a.substr(2), value;
+    const auto eq = key.find('=');
+    if (eq != std::string::npos) value = key.substr(eq + 1), key.resize(eq);
+    const auto take_value = [&](const char* what) {
+      if (eq != std::string::npos) return;
+      if (i + 1 >= tail.size()) throw ConfigError("nodeemu " + command, "--" + key, what);
+      value = tail[++i];
+    };
+    if (key == "megatron-args") {
+      take_value("needs a file");
+      for (auto& w : read_megatron_args(value)) group().push_back(std::move(w));
+    } else if (key == "case") {
+      if (command != "compare")
+        throw ConfigError("nodeemu " + command, "--case", "only 'compare' takes cases");
+      take_value("needs a name");
+      cases.push_back({value, {}});
+    } else {
+      // A Megatron flag: it and its values (the words up to the next flag or override) go to
+      // the recipe, which knows whether the flag takes a value.
+      group().push_back(a);
+      while (i + 1 < tail.size() && tail[i + 1].rfind("--", 0) != 0 &&
+             tail[i + 1].find('=') == std::string::npos)
+        group().push_back(tail[++i]);
+    }
   }
-  return out;
 }
 
 // The process's own stderr, on a terminal: progress may rewrite a line in place there.
@@ -94,27 +81,42 @@ bool is_terminal(const std::ostream& err) {
   return &err == &std::cerr && isatty(STDERR_FILENO);
 }
 
-int int_option(const RecipeArgs& a, const std::string& key, int fallback) {
-  auto it = a.options.find(key);
-  if (it == a.options.end()) return fallback;
-  try {
-    std::size_t used = 0;
-    const int v = std::stoi(it->second, &used);
-    if (used == it->second.size() && v > 0) return v;
-  } catch (const std::exception&) {
-  }
-  throw ConfigError("command line", "--" + key,
-                    "wants a positive integer, got '" + it->second + "'");
+// The options every recipe command takes; `own` adds the command's.
+std::shared_ptr<RecipeArgs> add_recipe_args(CLI::App& app) {
+  auto a = std::make_shared<RecipeArgs>();
+  app.add_option("recipe", a->recipe, "the recipe file (configs/recipes/*.yaml)")
+      ->type_name("FILE")
+      ->required();
+  // Overrides, Megatron flags, --megatron-args and --case are kept in order for split_tail.
+  app.allow_extras();
+  return a;
+}
+
+void add_mode(CLI::App& app, RecipeArgs& a) {
+  app.add_option("--mode", a.mode, "functional or meta, for this run (the recipe's emulator.mode)")
+      ->type_name("MODE")
+      ->check(CLI::IsMember({"functional", "meta"}));
+}
+
+void add_iterations(CLI::App& app, RecipeArgs& a) {
+  app.add_option("--iterations", a.iterations, "iterations to run (default: train.train_iters)")
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
+}
+
+// The remaining words of the command line, split (CLI11 has parsed the rest by now).
+RecipeArgs& finish(CLI::App& app, RecipeArgs& a, const std::string& command) {
+  a.tail = app.remaining();
+  a.split_tail(command);
+  return a;
 }
 
 // Loads, applies Megatron-Bridge's flex backend rule and validates. Prints every finding; returns
 // the recipe, or nothing when it has errors.
 std::optional<Recipe> prepared(const std::string& path, const std::vector<std::string>& overrides,
-                               const std::map<std::string, std::string>& options, std::ostream& err,
-                               const std::string& label, bool apply_flex) {
+                               const std::string& mode, std::ostream& err, const std::string& label,
+                               bool apply_flex) {
   std::vector<std::string> all = overrides;
-  if (auto m = options.find("mode"); m != options.end())
-    all.push_back("emulator.mode=" + m->second);
+  if (!mode.empty()) all.push_back(std::string(key::emulator_mode) + "=" + mode);
   Recipe r = Recipe::load(path, all);
   const auto topo = load_topology(r);
   std::vector<Finding> findings;
@@ -128,55 +130,45 @@ std::optional<Recipe> prepared(const std::string& path, const std::vector<std::s
   return r;
 }
 
-}  // namespace
-
-int validate_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  const RecipeArgs a = parse("validate", args, {"mode"});
+int validate(const RecipeArgs& a, std::ostream& out, std::ostream& err) {
   // A validate does not apply the flex fallback: an unsupported backend is an error here.
-  const auto r = prepared(a.recipe, a.overrides, a.options, err, "", false);
+  const auto r = prepared(a.recipe, a.overrides, a.mode, err, "", false);
   if (!r) return 2;
-  const auto topo = load_topology(*r);
-  const int world = r->int32("nodes") * topo->gpus;
-  out << "ok: " << a.recipe << " is valid: " << world << " GPUs of " << topo->name << ", "
-      << parallel_layout(*r, world).dp() << "-way data parallel, "
-      << microbatches_per_rank(*r, world) << " micro-batches per rank, schedule "
-      << make_schedule(*r)->name() << "\n";
+  const RunPlan plan(*r, {});
+  out << "ok: " << a.recipe << " is valid: " << plan.world << " GPUs of "
+      << plan.node.topology->name << ", " << plan.dp_size << "-way data parallel, "
+      << plan.microbatches << " micro-batches per rank, schedule "
+      << make_schedule(plan.schedule)->name() << "\n";
   return 0;
 }
 
-int run_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  const RecipeArgs a = parse("run", args, {"mode", "trace", "summary", "iterations", "baseline"});
-  const auto r = prepared(a.recipe, a.overrides, a.options, err, "", true);
+int run(const RecipeArgs& a, std::ostream& out, std::ostream& err) {
+  const auto r = prepared(a.recipe, a.overrides, a.mode, err, "", true);
   if (!r) {
     err << "nodeemu run: refused; nothing was started\n";
     return 2;
   }
   TrainOptions o;
-  o.iterations = int_option(a, "iterations", 0);
+  o.iterations = a.iterations;
   o.progress = &err;
   o.progress_terminal = is_terminal(err);
-  if (auto t = a.options.find("trace"); t != a.options.end()) o.trace_path = t->second;
+  o.trace_path = a.trace;
   RunReport rep = train(*r, o);
-  const auto baseline = a.options.find("baseline");
-  if (baseline != a.options.end() && baseline->second != "on" && baseline->second != "off")
-    throw ConfigError("command line", "--baseline", "is on or off, got '" + baseline->second + "'");
-  const bool measure_baseline = baseline == a.options.end() || baseline->second == "on";
-  if (measure_baseline && has_memory_savers(*r)) {
+  if (a.baseline == "on" && has_memory_savers(*r)) {
     err << "baseline: the same recipe with offload and recompute off, for peak memory\n";
     measure_memory_baseline(*r, o, rep);
   }
   print_summary(rep, out);
   if (!o.trace_path.empty())
     out << "trace written to " << o.trace_path << " (open it in https://ui.perfetto.dev)\n";
-  if (auto s = a.options.find("summary"); s != a.options.end()) {
-    write_summary_file(rep, *r, s->second);
-    out << "summary written to " << s->second << "\n";
+  if (!a.summary.empty()) {
+    write_summary_file(rep, *r, a.summary);
+    out << "summary written to " << a.summary << "\n";
   }
   return 0;
 }
 
-int compare_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  const RecipeArgs a = parse("compare", args, {"mode", "iterations"});
+int compare(const RecipeArgs& a, std::ostream& out, std::ostream& err) {
   if (a.cases.empty())
     throw ConfigError("nodeemu compare", "--case",
                       "give at least one case: --case NAME key=value ...");
@@ -186,7 +178,7 @@ int compare_command(const std::vector<std::string>& args, std::ostream& out, std
   for (const auto& [name, overrides] : a.cases) {
     std::vector<std::string> all = a.overrides;
     all.insert(all.end(), overrides.begin(), overrides.end());
-    auto r = prepared(a.recipe, all, a.options, err, name, true);
+    auto r = prepared(a.recipe, all, a.mode, err, name, true);
     if (r)
       recipes.emplace_back(name, std::move(*r));
     else
@@ -200,7 +192,7 @@ int compare_command(const std::vector<std::string>& args, std::ostream& out, std
   for (const auto& [name, r] : recipes) {
     err << "case " << name << ":\n";
     TrainOptions o;
-    o.iterations = int_option(a, "iterations", 0);
+    o.iterations = a.iterations;
     o.progress = &err;
     o.progress_terminal = is_terminal(err);
     RunReport rep = train(r, o);
@@ -227,15 +219,48 @@ int compare_command(const std::vector<std::string>& args, std::ostream& out, std
   return 0;
 }
 
-int layer_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  const RecipeArgs a = parse("layer", args, {"json"});
-  const auto r = prepared(a.recipe, a.overrides, a.options, err, "", true);
+int layer(const RecipeArgs& a, std::ostream& out, std::ostream& err) {
+  const auto r = prepared(a.recipe, a.overrides, "", err, "", true);
   if (!r) return 2;
-  const LayerReport rep = time_layers(*r);
+  const LayerReport rep = time_layers(RunPlan(*r, {}));
   print_layer_report(rep, out);
-  if (auto j = a.options.find("json"); j != a.options.end())
-    write_file_atomically(j->second, layer_report_json(rep), "--json");
+  if (!a.json.empty()) write_file_atomically(a.json, layer_report_json(rep), "--json");
   return 0;
+}
+
+}  // namespace
+
+detail::CommandBody detail::add_validate(CLI::App& app, Streams io) {
+  auto a = add_recipe_args(app);
+  add_mode(app, *a);
+  return [a, &app, io] { return validate(finish(app, *a, "validate"), io.out, io.err); };
+}
+
+detail::CommandBody detail::add_run(CLI::App& app, Streams io) {
+  auto a = add_recipe_args(app);
+  add_mode(app, *a);
+  add_iterations(app, *a);
+  app.add_option("--trace", a->trace, "write the run's Chrome trace here")->type_name("FILE");
+  app.add_option("--summary", a->summary, "write the summary as JSON here")->type_name("FILE");
+  app.add_option("--baseline", a->baseline,
+                 "with offload or recompute on, also run without them for the peak memory they "
+                 "save")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  return [a, &app, io] { return run(finish(app, *a, "run"), io.out, io.err); };
+}
+
+detail::CommandBody detail::add_compare(CLI::App& app, Streams io) {
+  auto a = add_recipe_args(app);
+  add_mode(app, *a);
+  add_iterations(app, *a);
+  return [a, &app, io] { return compare(finish(app, *a, "compare"), io.out, io.err); };
+}
+
+detail::CommandBody detail::add_layer(CLI::App& app, Streams io) {
+  auto a = add_recipe_args(app);
+  app.add_option("--json", a->json, "write the report as JSON here")->type_name("FILE");
+  return [a, &app, io] { return layer(finish(app, *a, "layer"), io.out, io.err); };
 }
 
 }  // namespace nodeemu::emu

@@ -9,6 +9,7 @@
 #include "devices/node.hpp"
 #include "emu/optimizer.hpp"
 #include "emu/recipe.hpp"
+#include "emu/schedule.hpp"
 #include "layers/distributed_data_parallel.hpp"
 #include "layers/model_config.hpp"
 #include "layers/recompute.hpp"
@@ -47,6 +48,12 @@ int virtual_chunks(const Recipe& r);  // VPP, 1 when unset
 // The comm stream's priority: high with high_priority_a2a_comm_stream (Megatron's
 // pipeline_parallel/utils.py set_streams, from combined_1f1b.py), else the default.
 Priority comm_stream_priority(const Recipe& r);
+// The recipe's pipeline transfers: comm_overlap.overlap_p2p_comm and batch_p2p_comm where set,
+// otherwise Megatron-Bridge's choice for the layout.
+PipelineComm pipeline_comm(const Recipe& r);
+// The built-in schedule the recipe's layout and overlap keys choose. Throws ConfigError for the
+// EP-overlap schedule with PP > 1 and no VPP.
+ScheduleChoice schedule_choice(const Recipe& r);
 // Micro-batches run together through each virtual stage (microbatch_group_size_per_vp_stage,
 // PP when unset).
 int microbatch_group_size(const Recipe& r);

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "devices/errors.hpp"
+#include "emu/recipe_keys.hpp"
 
 namespace nodeemu::emu {
 
@@ -70,17 +71,17 @@ layers::RecordedLoads load_routing_trace(const std::string& path, int experts) {
         files.push_back(e.path());
     std::sort(files.begin(), files.end());
     if (files.empty())
-      throw ConfigError(path, "emulator.routing_trace",
+      throw ConfigError(path, key::emulator_routing_trace,
                         "has no router_trace_rank*.jsonl files (Megatron's "
                         "--moe-routing-trace-path writes them)");
   } else if (fs::is_regular_file(path, ec)) {
     files.push_back(path);
   } else {
-    throw ConfigError(path, "emulator.routing_trace", "no such file or folder");
+    throw ConfigError(path, key::emulator_routing_trace, "no such file or folder");
   }
   for (const auto& f : files) read_file(f, experts, out);
   if (out.by_layer.empty())
-    throw ConfigError(path, "emulator.routing_trace", "holds no decoder router records");
+    throw ConfigError(path, key::emulator_routing_trace, "holds no decoder router records");
   return out;
 }
 

@@ -1,6 +1,9 @@
 #include "emu/run_plan.hpp"
 
+#include <algorithm>
+
 #include "devices/errors.hpp"
+#include "emu/recipe_keys.hpp"
 
 namespace nodeemu::emu {
 
@@ -17,24 +20,27 @@ RunPlan::RunPlan(const Recipe& r, const TrainOptions& options)
       vpp(virtual_chunks(r)),
       stage_layers(layers_per_virtual_stage(r)),
       microbatches(microbatches_per_rank(r, world)),
-      iterations(options.iterations > 0 ? options.iterations : r.int32("train.train_iters")),
-      mbs(r.integer("train.micro_batch_size")),
-      seq(r.integer("train.seq_length")),
+      iterations(options.iterations > 0 ? options.iterations : r.int32(key::train_train_iters)),
+      warmup_iterations(
+          std::clamp(r.int32(key::emulator_warmup_iterations), 0, std::max(0, iterations - 1))),
+      mbs(r.integer(key::train_micro_batch_size)),
+      seq(r.integer(key::train_seq_length)),
       dp_size(pg.layout().dp()),
-      seed(static_cast<std::uint64_t>(r.integer("emulator.seed"))),
+      seed(static_cast<std::uint64_t>(r.integer(key::emulator_seed))),
       functional(node.mode == Mode::Functional),
       comm_priority(comm_stream_priority(r)),
-      delay_wgrad(r.flag("comm_overlap.delay_wgrad_compute")),
-      shared_expert_overlap(r.flag("model.moe_shared_expert_overlap")),
+      delay_wgrad(r.flag(key::comm_overlap_delay_wgrad_compute)),
+      shared_expert_overlap(r.flag(key::model_moe_shared_expert_overlap)),
       recompute(recompute_set(r)),
-      pipeline(pipeline_comm(r)) {
+      pipeline(pipeline_comm(r)),
+      schedule(schedule_choice(r)) {
   node.record_trace = !options.trace_path.empty();
   cfg.meta_routing = meta_routing(r, cfg, microbatches);
   cfg.validate();
   if (stage_layers.empty())
-    throw ConfigError(r.name(), "model.num_layers", "does not divide into the stages");
+    throw ConfigError(r.name(), key::model_num_layers, "does not divide into the stages");
   if (microbatches < 1)
-    throw ConfigError(r.name(), "train.global_batch_size",
+    throw ConfigError(r.name(), key::train_global_batch_size,
                       "is not a multiple of micro_batch_size x DP");
   loss_scale = 1.0 / double(std::int64_t(microbatches) * dp_size * mbs * seq);
   for (int p = 0; p < pp; ++p) offload.push_back(offload_config(r, p));

@@ -37,6 +37,7 @@ struct RunPlan {
   int pp, vpp;
   std::vector<int> stage_layers;  // per virtual stage
   int microbatches, iterations;
+  int warmup_iterations;  // left out of the steady-state figures, at most iterations - 1
   std::int64_t mbs, seq, dp_size;
   std::uint64_t seed;
   bool functional;
@@ -46,7 +47,9 @@ struct RunPlan {
   bool delay_wgrad, shared_expert_overlap;
   layers::RecomputeSet recompute;
   PipelineComm pipeline;
+  ScheduleChoice schedule;  // unless TrainOptions::schedule gives one
   std::vector<std::optional<offload::OffloadConfig>> offload;  // per pipeline stage
+  bool offloads() const { return !offload.empty() && offload.front().has_value(); }
 };
 
 }  // namespace nodeemu::emu

@@ -12,9 +12,9 @@ namespace {
 
 // The run as a whole: what ran, on what, and the recipe keys that cannot change it.
 void describe_run(const RunFacts& run, Node& node, RunReport& rep) {
-  const Recipe& recipe = run.recipe;
+  const Recipe& recipe = run.plan.recipe;
   rep.recipe = recipe.name();
-  rep.mode = run.functional ? "functional" : "meta";
+  rep.mode = run.plan.functional ? "functional" : "meta";
   rep.schedule = run.schedule;
   rep.gemm_kernel = layers::gemm_kernel_name();
   rep.topology = node.topology().name;
@@ -24,8 +24,8 @@ void describe_run(const RunFacts& run, Node& node, RunReport& rep) {
   const GpuSpec& gpu = node.topology().gpu;
   rep.gpu_profile = gpu.profile ? gpu.profile->provenance() : "no profile: datasheet roofline";
   rep.unpriced_kernels = node.unpriced_kernels();
-  rep.offload = recipe.flag("model.fine_grained_activation_offloading");
-  rep.recompute = recompute_set(recipe).any();
+  rep.offload = run.plan.offloads();
+  rep.recompute = run.plan.recompute.any();
   rep.bindpcie = node.options().bindpcie;
   const std::map<std::string, std::string> values = recipe.flattened();
   // The recipe's own description is its text, not a setting: not worth a line.
@@ -37,22 +37,22 @@ void describe_run(const RunFacts& run, Node& node, RunReport& rep) {
 
 // Each iteration's end: the slowest rank's.
 std::vector<double> iteration_ends(const RunFacts& run, const std::vector<RankResult>& results) {
-  std::vector<double> ends(static_cast<std::size_t>(run.iterations), 0.0);
+  std::vector<double> ends(static_cast<std::size_t>(run.plan.iterations), 0.0);
   for (const auto& res : results)
-    for (int it = 0; it < run.iterations; ++it)
+    for (int it = 0; it < run.plan.iterations; ++it)
       ends[std::size_t(it)] = std::max(ends[std::size_t(it)], res.end_s[std::size_t(it)]);
   return ends;
 }
 
 void add_iterations(const RunFacts& run, const std::vector<RankResult>& results,
                     const std::vector<double>& ends, RunReport& rep) {
-  const ProcessGroups& pg = run.groups;
+  const ProcessGroups& pg = run.plan.pg;
   const int world = int(results.size()), pp = pg.layout().pp, dp = pg.layout().dp();
-  for (int it = 0; it < run.iterations; ++it) {
+  for (int it = 0; it < run.plan.iterations; ++it) {
     IterationReport ir;
     ir.iter = it + 1;
     ir.step_time_s = ends[std::size_t(it)] - (it ? ends[std::size_t(it - 1)] : 0.0);
-    if (run.functional) {
+    if (run.plan.functional) {
       // The last stage's ranks in data-parallel order: a fixed order of summation.
       auto over_last_stage = [&](std::vector<double> RankResult::*per_rank) {
         double sum = 0;
@@ -63,7 +63,7 @@ void add_iterations(const RunFacts& run, const std::vector<RankResult>& results,
         return sum;
       };
       ir.loss = over_last_stage(&RankResult::loss);
-      if (run.mtp) ir.mtp_loss = over_last_stage(&RankResult::mtp_loss);
+      if (run.plan.cfg.mtp_num_layers > 0) ir.mtp_loss = over_last_stage(&RankResult::mtp_loss);
     }
     rep.iterations.push_back(ir);
   }
@@ -101,9 +101,8 @@ void add_steady_state(const RunFacts& run, const std::vector<RankResult>& result
                       const std::vector<double>& ends, const TimelineStats& stats, Node& node,
                       RunReport& rep) {
   const int world = int(results.size());
-  rep.warmup_iterations = std::clamp(run.recipe.int32("emulator.warmup_iterations"), 0,
-                                     std::max(0, run.iterations - 1));
-  const int steady = run.iterations - rep.warmup_iterations;
+  rep.warmup_iterations = run.plan.warmup_iterations;
+  const int steady = run.plan.iterations - rep.warmup_iterations;
   const double from = rep.warmup_iterations ? ends[std::size_t(rep.warmup_iterations - 1)] : 0;
   const double to = ends.back();
   rep.step_time_s = (to - from) / steady;
@@ -149,11 +148,12 @@ RunReport assemble_report(const RunFacts& run, const std::vector<RankResult>& re
                           const TimelineStats& stats, Node& node) {
   RunReport rep;
   describe_run(run, node, rep);
-  if (run.sync_free) rep.over_budget_reruns = results.front().reruns;
+  if (run.plan.cfg.moe_expert_rank_capacity_factor > 0)
+    rep.over_budget_reruns = results.front().reruns;
   const std::vector<double> ends = iteration_ends(run, results);
   add_iterations(run, results, ends, rep);
   add_steady_state(run, results, ends, stats, node, rep);
-  if (run.functional) rep.numerics_hash = numerics_hash(results, rep);
+  if (run.plan.functional) rep.numerics_hash = numerics_hash(results, rep);
   return rep;
 }
 

@@ -147,12 +147,16 @@ int megatron_warmup(int pp, int rank, int chunks, int microbatches, int group, b
 void run_pipelined(StepContext& step, int warmup, bool combined, const OverlapOptions& o,
                    int group);
 
-// The recipe's pipeline transfers: comm_overlap.overlap_p2p_comm and batch_p2p_comm where set,
-// otherwise Megatron-Bridge's choice for the layout.
-PipelineComm pipeline_comm(const Recipe& recipe);
+// Which built-in schedule a run uses (schedule_choice() reads it from the recipe).
+struct ScheduleChoice {
+  bool ep_overlap = false;  // overlap_moe_expert_parallel_comm: the combined 1F1B
+  OverlapOptions overlap;
+  int pp = 1, vpp = 1;
+  int group = 1;  // micro-batches run together through each virtual stage
+};
 
 // sequential (PP = 1: gradient accumulation), 1f1b (PP > 1), interleaved-1f1b (VPP), and
-// combined-1f1b-a2a-overlap (overlap_moe_expert_parallel_comm, PP = 1 or VPP).
-std::unique_ptr<Schedule> make_schedule(const Recipe& recipe);
+// combined-1f1b-a2a-overlap (ep_overlap, PP = 1 or VPP).
+std::unique_ptr<Schedule> make_schedule(const ScheduleChoice& choice);
 
 }  // namespace nodeemu::emu

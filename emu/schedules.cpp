@@ -270,29 +270,10 @@ class CombinedOverlap : public Schedule {
 
 }  // namespace
 
-PipelineComm pipeline_comm(const Recipe& r) {
-  // Megatron-Bridge training/comm_overlap.py (CommOverlapConfig._get_model_comm_overlap_cfgs):
-  // with PP > 1, VPP overlaps the transfers and does not batch them; without VPP, the reverse.
-  const bool pp = pipeline_size(r) > 1, vpp = virtual_chunks(r) > 1;
-  PipelineComm c{.overlap = pp && vpp, .batch = pp && !vpp};
-  if (r.is_set("comm_overlap.overlap_p2p_comm"))
-    c.overlap = r.flag("comm_overlap.overlap_p2p_comm");
-  if (r.is_set("comm_overlap.batch_p2p_comm")) c.batch = r.flag("comm_overlap.batch_p2p_comm");
-  return c;
-}
-
-std::unique_ptr<Schedule> make_schedule(const Recipe& r) {
-  const int pp = pipeline_size(r), vpp = virtual_chunks(r);
-  if (r.flag("comm_overlap.overlap_moe_expert_parallel_comm")) {
-    if (pp > 1 && vpp == 1)
-      throw ConfigError(r.name(), "model.virtual_pipeline_model_parallel_size",
-                        "the EP-overlap schedule with PP > 1 needs VPP");
-    return std::make_unique<CombinedOverlap>(
-        OverlapOptions{r.flag("model.ep_overlap_early_attn_memory_release")},
-        microbatch_group_size(r));
-  }
-  if (pp == 1) return std::make_unique<Sequential>();
-  return std::make_unique<OneFOneB>(vpp > 1, microbatch_group_size(r));
+std::unique_ptr<Schedule> make_schedule(const ScheduleChoice& c) {
+  if (c.ep_overlap) return std::make_unique<CombinedOverlap>(c.overlap, c.group);
+  if (c.pp == 1) return std::make_unique<Sequential>();
+  return std::make_unique<OneFOneB>(c.vpp > 1, c.group);
 }
 
 }  // namespace nodeemu::emu

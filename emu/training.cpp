@@ -164,7 +164,7 @@ void RankRun::build_context() {
     ctx_.shared_expert_overlap = true;
     ctx_.shared_experts = dev_.create_stream(Priority::Normal, "shared_experts");
   }
-  schedule_ = sh_.options.schedule ? sh_.options.schedule(s_.recipe) : make_schedule(s_.recipe);
+  schedule_ = sh_.options.schedule ? sh_.options.schedule(s_.recipe) : make_schedule(s_.schedule);
   if (r_ == 0) sh_.schedule_name = schedule_->name();  // one host program runs at a time
   links_.emplace(sh_.comm, s_.pg, r_, dev_, s_.pipeline);
 }
@@ -361,10 +361,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     for (int it = 0; it < setup.iterations; ++it) rank.iteration(it);
     rank.finish();
   });
-  RunReport rep = detail::assemble_report(
-      {recipe, setup.pg, setup.iterations, setup.functional, setup.cfg.mtp_num_layers > 0,
-       setup.cfg.moe_expert_rank_capacity_factor > 0, shared.schedule_name},
-      results, stats, node);
+  RunReport rep = detail::assemble_report({setup, shared.schedule_name}, results, stats, node);
   rep.timeline_hash = node.timeline_hash();
   if (!options.trace_path.empty()) node.write_chrome_trace(options.trace_path);
   rep.wall_time_s =

@@ -3,6 +3,7 @@
 #include "devices/errors.hpp"
 #include "emu/detail/validation_rules.hpp"
 #include "emu/flex_backend_support.hpp"
+#include "emu/recipe_keys.hpp"
 #include "emu/recipe_views.hpp"
 #include "emu/schedule.hpp"
 
@@ -15,24 +16,24 @@ void Rules::layout() {
     l.validate();
   } catch (const ConfigError& e) {
     // ParallelLayout names Megatron's key; recipes keep those under model.
-    std::string key = e.key() == "world" ? "nodes" : "model." + e.key();
+    std::string key = e.key() == "world" ? "nodes" : model_key(e.key());
     error(key, e.detail() + " (world = " + std::to_string(world) + " GPUs: nodes x " +
                    std::to_string(gpus_per_node_) + ")");
     return;
   }
-  const int pp = pipeline_size(r_), vpp = virtual_chunks(r_), layers = i("model.num_layers");
-  if (set("model.virtual_pipeline_model_parallel_size") && pp < 2)
-    error("model.virtual_pipeline_model_parallel_size",
+  const int pp = pipeline_size(r_), vpp = virtual_chunks(r_), layers = i(key::model_num_layers);
+  if (set(key::model_virtual_pipeline_model_parallel_size) && pp < 2)
+    error(key::model_virtual_pipeline_model_parallel_size,
           "the interleaved schedule needs pipeline_model_parallel_size > 1; unset it");
-  const char* uneven[] = {"model.num_layers_in_first_pipeline_stage",
-                          "model.num_layers_in_last_pipeline_stage"};
+  const char* uneven[] = {key::model_num_layers_in_first_pipeline_stage,
+                          key::model_num_layers_in_last_pipeline_stage};
   const bool uneven_set = set(uneven[0]) || set(uneven[1]);
-  if (uneven_set && set("emulator.pipeline_layout"))
-    error("emulator.pipeline_layout",
+  if (uneven_set && set(key::emulator_pipeline_layout))
+    error(key::emulator_pipeline_layout,
           "and num_layers_in_first/last_pipeline_stage both place layers; keep one");
   else if (layers_per_virtual_stage(r_).empty()) {
-    if (set("emulator.pipeline_layout"))
-      error("emulator.pipeline_layout",
+    if (set(key::emulator_pipeline_layout))
+      error(key::emulator_pipeline_layout,
             "must list " + std::to_string(pp * vpp) +
                 " non-negative layer counts (PP x VPP virtual stages) summing to num_layers = " +
                 std::to_string(layers));
@@ -43,80 +44,85 @@ void Rules::layout() {
                      "rank's count that does not divide over its " +
                          std::to_string(vpp) + " virtual stages");
     else
-      error("model.num_layers", std::to_string(layers) + " layers do not divide into PP x VPP = " +
-                                    std::to_string(pp * vpp) +
-                                    " stages; change num_layers or set emulator.pipeline_layout");
+      error(key::model_num_layers,
+            std::to_string(layers) +
+                " layers do not divide into PP x VPP = " + std::to_string(pp * vpp) +
+                " stages; change num_layers or set emulator.pipeline_layout");
   }
-  if (set("model.num_moe_experts")) {
-    const int e = i("model.num_moe_experts"), ep = l.ep;
+  if (set(key::model_num_moe_experts)) {
+    const int e = i(key::model_num_moe_experts), ep = l.ep;
     if (e % ep)
-      error("model.num_moe_experts", std::to_string(e) +
-                                         " experts do not divide over EP = " + std::to_string(ep) +
-                                         "; set expert_model_parallel_size to a divisor");
-    if (i("model.moe_router_topk") > e)
-      error("model.moe_router_topk", "is larger than num_moe_experts");
+      error(key::model_num_moe_experts,
+            std::to_string(e) + " experts do not divide over EP = " + std::to_string(ep) +
+                "; set expert_model_parallel_size to a divisor");
+    if (i(key::model_moe_router_topk) > e)
+      error(key::model_moe_router_topk, "is larger than num_moe_experts");
   } else if (l.ep > 1) {
-    error("model.expert_model_parallel_size", "EP > 1 needs experts; set num_moe_experts");
+    error(key::model_expert_model_parallel_size, "EP > 1 needs experts; set num_moe_experts");
   }
-  const int mbs = i("train.micro_batch_size"), dp = l.dp();
-  const std::int64_t gbs = set("train.global_batch_size") ? r_.integer("train.global_batch_size")
-                                                          : std::int64_t(mbs) * dp;
+  const int mbs = i(key::train_micro_batch_size), dp = l.dp();
+  const std::int64_t gbs = set(key::train_global_batch_size)
+                               ? r_.integer(key::train_global_batch_size)
+                               : std::int64_t(mbs) * dp;
   if (gbs % (std::int64_t(mbs) * dp))
-    error("train.global_batch_size", std::to_string(gbs) +
-                                         " is not a multiple of micro_batch_size x DP = " +
-                                         std::to_string(mbs) + " x " + std::to_string(dp));
+    error(key::train_global_batch_size, std::to_string(gbs) +
+                                            " is not a multiple of micro_batch_size x DP = " +
+                                            std::to_string(mbs) + " x " + std::to_string(dp));
   else if (vpp > 1)
     microbatch_groups(gbs / (std::int64_t(mbs) * dp), pp);
-  if (set("model.microbatch_group_size_per_vp_stage") && vpp == 1)
-    error("model.microbatch_group_size_per_vp_stage",
+  if (set(key::model_microbatch_group_size_per_vp_stage) && vpp == 1)
+    error(key::model_microbatch_group_size_per_vp_stage,
           "has no effect without virtual_pipeline_model_parallel_size; unset it");
-  if (b("model.bf16") && b("model.fp16")) error("model.fp16", "bf16 and fp16 are exclusive");
+  if (b(key::model_bf16) && b(key::model_fp16))
+    error(key::model_fp16, "bf16 and fp16 are exclusive");
   // Sequence parallelism splits each sequence evenly over the TP ranks (Megatron asserts
   // seq_length % TP == 0 with sequence_parallel).
-  const std::int64_t seq = r_.integer("train.seq_length");
+  const std::int64_t seq = r_.integer(key::train_seq_length);
   if (l.cp > 1) {
     context_parallel(l);
     if (seq % (2 * l.cp) == 0 && l.tp > 1 && (seq / l.cp) % l.tp)
-      error("train.seq_length",
+      error(key::train_seq_length,
             "must split over context_parallel_size x "
             "tensor_model_parallel_size = " +
                 std::to_string(l.cp) + " x " + std::to_string(l.tp) +
                 " (sequence parallelism of each CP rank's positions)");
   } else if (l.tp > 1 && seq % l.tp) {
-    error("train.seq_length", "must split over tensor_model_parallel_size = " +
-                                  std::to_string(l.tp) + " (sequence parallelism)");
+    error(key::train_seq_length, "must split over tensor_model_parallel_size = " +
+                                     std::to_string(l.tp) + " (sequence parallelism)");
   }
-  if (l.cp == 1 && set("model.cp_comm_type"))
-    error("model.cp_comm_type", "has no effect without context_parallel_size > 1; unset it");
+  if (l.cp == 1 && set(key::model_cp_comm_type))
+    error(key::model_cp_comm_type, "has no effect without context_parallel_size > 1; unset it");
 }
 
 // Context parallelism (layers/context_parallel.hpp), as Megatron and Transformer Engine allow it.
 void Rules::context_parallel(const ParallelLayout& l) {
   const std::string cp = std::to_string(l.cp);
   // get_batch_on_this_cp_rank cuts each sequence into 2 x CP chunks.
-  if (r_.integer("train.seq_length") % (2 * l.cp))
-    error("train.seq_length", "must split into 2 x context_parallel_size = " +
-                                  std::to_string(2 * l.cp) + " chunks (CP's load-balanced split)");
+  if (r_.integer(key::train_seq_length) % (2 * l.cp))
+    error(key::train_seq_length,
+          "must split into 2 x context_parallel_size = " + std::to_string(2 * l.cp) +
+              " chunks (CP's load-balanced split)");
   // Megatron's local DotProductAttention asserts context_parallel_size == 1; TE's unfused
   // backend has no CP either.
-  const std::string& ab = r_.text("model.attention_backend");
-  if (r_.text("model.transformer_impl") != "transformer_engine")
-    error("model.transformer_impl", "must be transformer_engine with context_parallel_size " + cp +
-                                        " (only TEDotProductAttention runs context parallelism)");
+  const std::string& ab = r_.text(key::model_attention_backend);
+  if (r_.text(key::model_transformer_impl) != "transformer_engine")
+    error(key::model_transformer_impl,
+          "must be transformer_engine with context_parallel_size " + cp +
+              " (only TEDotProductAttention runs context parallelism)");
   else if (ab == "unfused" || ab == "local")
-    error("model.attention_backend", "cannot be " + ab + " with context_parallel_size " + cp +
-                                         " (CP runs in TE's fused attention; use auto, flash "
-                                         "or fused)");
-  if (set("model.mtp_num_layers") && i("model.mtp_num_layers") > 0)
-    error("model.mtp_num_layers",
+    error(key::model_attention_backend, "cannot be " + ab + " with context_parallel_size " + cp +
+                                            " (CP runs in TE's fused attention; use auto, flash "
+                                            "or fused)");
+  if (set(key::model_mtp_num_layers) && i(key::model_mtp_num_layers) > 0)
+    error(key::model_mtp_num_layers,
           "with context_parallel_size " + cp +
               " is not modelled by NodeEmu yet (MTP rolls its tokens across the CP ranks); "
               "set it to 0 or context_parallel_size to 1");
   // The sequence-level aux loss reads each sequence's counts over the TP x CP group: modelled
   // for micro-batches of one sequence.
-  if (r_.text("model.moe_router_load_balancing_type") == "seq_aux_loss" &&
-      i("train.micro_batch_size") > 1)
-    error("model.moe_router_load_balancing_type",
+  if (r_.text(key::model_moe_router_load_balancing_type) == "seq_aux_loss" &&
+      i(key::train_micro_batch_size) > 1)
+    error(key::model_moe_router_load_balancing_type,
           "seq_aux_loss with context_parallel_size " + cp +
               " is modelled with micro_batch_size 1 only; use aux_loss or micro_batch_size 1");
 }
@@ -126,9 +132,9 @@ void Rules::context_parallel(const ParallelLayout& l) {
 // partial group has at least PP micro-batches.
 void Rules::microbatch_groups(std::int64_t m, int pp) {
   const int g = microbatch_group_size(r_);
-  const bool own = set("model.microbatch_group_size_per_vp_stage");
+  const bool own = set(key::model_microbatch_group_size_per_vp_stage);
   const std::string key =
-      own ? "model.microbatch_group_size_per_vp_stage" : "train.global_batch_size";
+      own ? key::model_microbatch_group_size_per_vp_stage : key::train_global_batch_size;
   const std::string counts = " (micro-batches per rank M = " + std::to_string(m) +
                              ", PP = " + std::to_string(pp) + ", group " + std::to_string(g) +
                              (own ? ")" : " = PP, microbatch_group_size_per_vp_stage unset)");
@@ -145,8 +151,8 @@ void Rules::microbatch_groups(std::int64_t m, int pp) {
 // Megatron-Core's p2p_communication and schedules.py; the defaults are Bridge's (schedule.hpp
 // PipelineComm).
 void Rules::pipeline_transfers() {
-  const char* overlap = "comm_overlap.overlap_p2p_comm";
-  const char* batch = "comm_overlap.batch_p2p_comm";
+  const char* overlap = key::comm_overlap_overlap_p2p_comm;
+  const char* batch = key::comm_overlap_batch_p2p_comm;
   const int pp = pipeline_size(r_), vpp = virtual_chunks(r_);
   for (const char* k : {overlap, batch})
     if (pp == 1 && set(k) && b(k))
@@ -164,7 +170,7 @@ void Rules::pipeline_transfers() {
     error(overlap,
           "needs the interleaved schedule (virtual_pipeline_model_parallel_size): "
           "Megatron's non-interleaved 1F1B raises on it");
-  if (!c.overlap && vpp > 1 && b("comm_overlap.overlap_moe_expert_parallel_comm"))
+  if (!c.overlap && vpp > 1 && b(key::comm_overlap_overlap_moe_expert_parallel_comm))
     error(overlap,
           "must be true with EP overlap and PP > 1: NodeEmu's combined 1F1B posts each "
           "receive a step ahead, as Bridge configures it");
@@ -172,44 +178,46 @@ void Rules::pipeline_transfers() {
 
 // REFERENCE section 4: overlap_moe_expert_parallel_comm.
 void Rules::ep_overlap() {
-  if (!b("comm_overlap.overlap_moe_expert_parallel_comm")) {
+  if (!b(key::comm_overlap_overlap_moe_expert_parallel_comm)) {
     // TransformerConfig.__post_init__: the release is a step of the overlapped schedule.
-    if (b("model.ep_overlap_early_attn_memory_release"))
-      error("model.ep_overlap_early_attn_memory_release",
+    if (b(key::model_ep_overlap_early_attn_memory_release))
+      error(key::model_ep_overlap_early_attn_memory_release,
             "needs comm_overlap.overlap_moe_expert_parallel_comm=true (it reorders the "
             "overlapped layer pair)");
     return;
   }
   const std::string why = " (required by comm_overlap.overlap_moe_expert_parallel_comm)";
-  if (i("model.expert_model_parallel_size") < 2)
-    error("model.expert_model_parallel_size", "must be > 1" + why);
-  if (!set("model.num_moe_experts") || i("model.num_moe_experts") < 2)
-    error("model.num_moe_experts", "must be > 1" + why);
-  const std::string& d = r_.text("model.moe_token_dispatcher_type");
+  if (i(key::model_expert_model_parallel_size) < 2)
+    error(key::model_expert_model_parallel_size, "must be > 1" + why);
+  if (!set(key::model_num_moe_experts) || i(key::model_num_moe_experts) < 2)
+    error(key::model_num_moe_experts, "must be > 1" + why);
+  const std::string& d = r_.text(key::model_moe_token_dispatcher_type);
   if (d != "alltoall" && d != "flex")
-    error("model.moe_token_dispatcher_type", "is '" + d + "'; set alltoall or flex" + why);
-  if (!b("model.bf16") && !b("model.fp16")) error("model.bf16", "set bf16 (or fp16)" + why);
-  if (!version_at_least(r_.text("emulator.torch_version"), "2.6"))
-    error("emulator.torch_version",
-          "is " + r_.text("emulator.torch_version") + "; EP overlap needs torch >= 2.6");
-  if (pipeline_size(r_) > 1 && !set("model.virtual_pipeline_model_parallel_size"))
-    error("model.virtual_pipeline_model_parallel_size",
+    error(key::model_moe_token_dispatcher_type, "is '" + d + "'; set alltoall or flex" + why);
+  if (!b(key::model_bf16) && !b(key::model_fp16))
+    error(key::model_bf16, "set bf16 (or fp16)" + why);
+  if (!version_at_least(r_.text(key::emulator_torch_version), "2.6"))
+    error(key::emulator_torch_version,
+          "is " + r_.text(key::emulator_torch_version) + "; EP overlap needs torch >= 2.6");
+  if (pipeline_size(r_) > 1 && !set(key::model_virtual_pipeline_model_parallel_size))
+    error(key::model_virtual_pipeline_model_parallel_size,
           "must be set when pipeline_model_parallel_size > 1" + why);
-  if (r_.text("model.recompute_granularity") == "full")
-    error("model.recompute_granularity", "must not be full" + why);
-  if (set("model.recompute_method")) error("model.recompute_method", "must be unset" + why);
-  if (set("model.recompute_num_layers")) error("model.recompute_num_layers", "must be unset" + why);
-  if (recompute_has("moe")) error("model.recompute_modules", "must not contain moe" + why);
-  if (b("model.moe_shared_expert_overlap"))
-    error("model.moe_shared_expert_overlap", "must be false" + why);
-  if (set("model.mtp_num_layers") && i("model.mtp_num_layers") > 1)
-    error("model.mtp_num_layers", "must be unset, 0 or 1" + why);
+  if (r_.text(key::model_recompute_granularity) == "full")
+    error(key::model_recompute_granularity, "must not be full" + why);
+  if (set(key::model_recompute_method)) error(key::model_recompute_method, "must be unset" + why);
+  if (set(key::model_recompute_num_layers))
+    error(key::model_recompute_num_layers, "must be unset" + why);
+  if (recompute_has("moe")) error(key::model_recompute_modules, "must not contain moe" + why);
+  if (b(key::model_moe_shared_expert_overlap))
+    error(key::model_moe_shared_expert_overlap, "must be false" + why);
+  if (set(key::model_mtp_num_layers) && i(key::model_mtp_num_layers) > 1)
+    error(key::model_mtp_num_layers, "must be unset, 0 or 1" + why);
   // fine_grained_callables.py build_mtp_layer_callables asserts a MoE MTP layer, which has the
   // decoder's last layer's spec.
-  if (set("model.mtp_num_layers") && i("model.mtp_num_layers") > 0) {
+  if (set(key::model_mtp_num_layers) && i(key::model_mtp_num_layers) > 0) {
     try {
-      if (!model_config(r_, gpu_).is_moe_layer(i("model.num_layers") - 1))
-        error("model.mtp_num_layers",
+      if (!model_config(r_, gpu_).is_moe_layer(i(key::model_num_layers) - 1))
+        error(key::model_mtp_num_layers,
               "needs a MoE last decoder layer (the MTP layer takes its spec)" + why);
     } catch (const ConfigError&) {
       // A broken model is reported by the model rules.
@@ -219,42 +227,42 @@ void Rules::ep_overlap() {
 
 // REFERENCE section 4: delay_wgrad_compute.
 void Rules::delay_wgrad() {
-  if (!b("comm_overlap.delay_wgrad_compute")) return;
-  if (!b("comm_overlap.overlap_moe_expert_parallel_comm"))
-    error("comm_overlap.overlap_moe_expert_parallel_comm",
+  if (!b(key::comm_overlap_delay_wgrad_compute)) return;
+  if (!b(key::comm_overlap_overlap_moe_expert_parallel_comm))
+    error(key::comm_overlap_overlap_moe_expert_parallel_comm,
           "must be true for comm_overlap.delay_wgrad_compute");
-  const bool te_graphs = r_.text("model.cuda_graph_impl") == "transformer_engine";
+  const bool te_graphs = r_.text(key::model_cuda_graph_impl) == "transformer_engine";
   const auto scope_has = [&](const std::string& s) {
-    return set("model.cuda_graph_scope") && r_.list_has("model.cuda_graph_scope", s);
+    return set(key::model_cuda_graph_scope) && r_.list_has(key::model_cuda_graph_scope, s);
   };
-  const std::string& te = r_.text("emulator.te_version");
+  const std::string& te = r_.text(key::emulator_te_version);
   // TransformerConfig.__post_init__: any TE graph with the delayed wgrad.
   if (te_graphs && !version_at_least(te, "2.10"))
-    error("emulator.te_version", "is " + te +
-                                     "; delay_wgrad_compute with cuda_graph_impl="
-                                     "transformer_engine needs TransformerEngine >= 2.10");
+    error(key::emulator_te_version, "is " + te +
+                                        "; delay_wgrad_compute with cuda_graph_impl="
+                                        "transformer_engine needs TransformerEngine >= 2.10");
   // Megatron-Bridge comm_overlap.py (and Megatron-LM validate_args): the wgrad is inside a
   // graph when the attention is captured, or the router is and a shared expert runs beside it
   // without its own overlap. An unset scope is not the attention scope.
   const bool attn = te_graphs && scope_has("attn");
   const bool wgrad_in_graph = attn || (te_graphs && scope_has("moe_router") &&
-                                       set("model.moe_shared_expert_intermediate_size") &&
-                                       !b("model.moe_shared_expert_overlap"));
+                                       set(key::model_moe_shared_expert_intermediate_size) &&
+                                       !b(key::model_moe_shared_expert_overlap));
   if (wgrad_in_graph) {
     const std::string why = " when a CUDA graph holds a delayed wgrad (comm_overlap.py)";
-    if (!b("model.gradient_accumulation_fusion"))
-      error("model.gradient_accumulation_fusion", "must be true" + why);
+    if (!b(key::model_gradient_accumulation_fusion))
+      error(key::model_gradient_accumulation_fusion, "must be true" + why);
     if (!version_at_least(te, "2.12"))
-      error("emulator.te_version", "is " + te + "; needs TransformerEngine >= 2.12" + why);
+      error(key::emulator_te_version, "is " + te + "; needs TransformerEngine >= 2.12" + why);
   }
   if (attn) {
     const std::string why = " with the attn CUDA-graph scope and delay_wgrad_compute";
-    if (b("model.add_bias_linear")) error("model.add_bias_linear", "must be false" + why);
-    if (b("model.add_qkv_bias")) error("model.add_qkv_bias", "must be false" + why);
+    if (b(key::model_add_bias_linear)) error(key::model_add_bias_linear, "must be false" + why);
+    if (b(key::model_add_qkv_bias)) error(key::model_add_qkv_bias, "must be false" + why);
   }
-  if ((overlap_grad_reduce() || b("model.gradient_accumulation_fusion")) &&
+  if ((overlap_grad_reduce() || b(key::model_gradient_accumulation_fusion)) &&
       !version_at_least(te, "2.7"))
-    error("emulator.te_version",
+    error(key::emulator_te_version,
           "is " + te +
               "; delay_wgrad_compute with overlap_grad_reduce or gradient_accumulation_fusion "
               "needs TransformerEngine >= 2.7");

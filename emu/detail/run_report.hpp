@@ -8,7 +8,7 @@
 #include "comm/parallel_layout.hpp"
 #include "devices/node.hpp"
 #include "emu/detail/rank_result.hpp"
-#include "emu/recipe.hpp"
+#include "emu/run_plan.hpp"
 #include "emu/timeline_stats.hpp"
 #include "emu/training.hpp"
 
@@ -16,11 +16,8 @@ namespace nodeemu::emu::detail {
 
 // What the report needs to know of the run beyond the ranks' results.
 struct RunFacts {
-  const Recipe& recipe;
-  const ProcessGroups& groups;
-  int iterations;
-  bool functional, mtp, sync_free;
-  std::string schedule;
+  const RunPlan& plan;
+  std::string schedule;  // the name of the one that ran
 };
 
 // Everything but the timeline hash, the trace and the wall-clock figures (train() adds those at

@@ -8,6 +8,7 @@
 #include "comm/parallel_layout.hpp"
 #include "devices/gpu_spec.hpp"
 #include "emu/recipe.hpp"
+#include "emu/recipe_keys.hpp"
 #include "emu/recipe_views.hpp"
 #include "emu/validate.hpp"
 
@@ -50,10 +51,10 @@ class Rules {
   // changes nothing by it).
   bool changed(const std::string& key) const;
   bool recompute_has(const std::string& m) const {
-    return set("model.recompute_modules") && r_.list_has("model.recompute_modules", m);
+    return set(key::model_recompute_modules) && r_.list_has(key::model_recompute_modules, m);
   }
   bool offload_has(const std::string& m) const {
-    return set("model.offload_modules") && r_.list_has("model.offload_modules", m);
+    return set(key::model_offload_modules) && r_.list_has(key::model_offload_modules, m);
   }
 
   void required();

@@ -148,7 +148,7 @@ TEST(OrderCheckerDeathTest, AWatchdogEndsAHangWhileAnotherHostKeepsRunning) {
   EXPECT_EXIT(
       {
         NodeOptions o = comm_options(4);
-        o.collective_timeout_s = 0.5;
+        o.collective_timeout_s = NodeOptions::kMinCollectiveTimeoutS;
         Node node(o);
         Communicator comm(node);
         node.run([&](Host& host) {
@@ -163,7 +163,7 @@ TEST(OrderCheckerDeathTest, AWatchdogEndsAHangWhileAnotherHostKeepsRunning) {
       },
       ::testing::ExitedWithCode(3),
       "hang: all_to_all_v #0 on group 'ep' \\(ranks 0,1,2,3\\): issued by rank 0, rank 1, rank "
-      "2; 1 of 4 never issued it, for more than 0.5 s.*rank 0 waits on");
+      "2; 1 of 4 never issued it, for more than 1 s.*rank 0 waits on");
 }
 
 }  // namespace

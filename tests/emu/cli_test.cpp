@@ -3,9 +3,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tests/emu/cli_runner.hpp"
 
@@ -69,7 +72,7 @@ TEST(Cli, InfoSaysWhereEachRanksHostThreadAndPinnedMemoryLive) {
   EXPECT_NE(unbound.out.find("1 (far)"), std::string::npos) << unbound.out;  // GPU 4: socket 1
   Result bad = run("info --bindpcie maybe");
   EXPECT_EQ(bad.code, 2);
-  EXPECT_NE(bad.err.find("--bindpcie: is on or off"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("--bindpcie: maybe not in {on,off}"), std::string::npos) << bad.err;
 }
 
 TEST(Cli, MissingTopologyFileIsOneLineNamingTheFile) {
@@ -115,9 +118,38 @@ TEST(Cli, HelpWorksForEverySubcommand) {
       EXPECT_NE(r.out.find("example:\n  nodeemu " + std::string(c)), std::string::npos) << r.out;
     }
   }
+  // The options each command declares, listed by the parser that reads them.
+  for (const auto& [c, option] :
+       std::vector<std::pair<std::string, std::string>>{{"run", "--summary"},
+                                                        {"run", "--iterations"},
+                                                        {"compare", "--mode"},
+                                                        {"demo", "--max-connections"},
+                                                        {"info", "--bindpcie"},
+                                                        {"cost", "--explain"},
+                                                        {"calibrate", "--errors"},
+                                                        {"layer", "--json"}})
+    EXPECT_NE(run(c + " --help").out.find("  " + option), std::string::npos) << c << " " << option;
   Result all = run("help");
   EXPECT_EQ(all.code, 0);
   EXPECT_NE(all.out.find("nodeemu <command> --help"), std::string::npos);
+}
+
+const std::string kTiny = std::string(NODEEMU_SOURCE_DIR) + "/configs/recipes/tiny_moe.yaml";
+
+TEST(Cli, OptionsAreCheckedByTheParserInOneLine) {
+  Result r = run("run " + kTiny + " --iterations 0");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--iterations"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  r = run("validate " + kTiny + " --case base");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--case: only 'compare' takes cases"), std::string::npos) << r.err;
+  r = run("validate");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("recipe is required"), std::string::npos) << r.err;
+  // The command's own options may come anywhere, the recipe too.
+  r = run("validate --mode functional " + kTiny + " model.num_layers=2");
+  EXPECT_EQ(r.code, 0) << r.err;
 }
 
 TEST(Cli, UnknownOptionAndCommandAreErrors) {
@@ -159,7 +191,6 @@ TEST(Cli, TraceToAnUnwritablePathFailsCleanly) {
 // --- recipes: validate, run, compare ---
 namespace {
 
-const std::string kTiny = std::string(NODEEMU_SOURCE_DIR) + "/configs/recipes/tiny_moe.yaml";
 
 TEST(Cli, ValidateAcceptsTheTinyRecipe) {
   Result r = run("validate " + kTiny + " --overlap-moe-expert-parallel-comm");

@@ -72,7 +72,30 @@ TEST(Recipe, UnknownKeysNameTheNearestValidOne) {
             "command line: --overlap-moe-expert-paralel-comm: not a Megatron flag NodeEmu knows; "
             "did you mean 'comm_overlap.overlap_moe_expert_parallel_comm'?");
   EXPECT_EQ(error_of([] { Recipe::parse("model:\n  hiden_size: 64\n", "inline.yaml"); }),
-            "inline.yaml: model.hiden_size: unknown key; did you mean 'model.hidden_size'?");
+            "inline.yaml: model.hiden_size: line 2: unknown key; did you mean "
+            "'model.hidden_size'?");
+}
+
+// The recipe file goes through the same schema walker as the topology (schema/yaml_schema.hpp):
+// every problem names the line, and what yaml-cpp would pass over silently is refused.
+TEST(Recipe, FileProblemsNameTheLine) {
+  EXPECT_EQ(error_of([] { Recipe::parse("model:\n  num_layers: 2\n  num_layers: 4\n", "r.yaml"); }),
+            "r.yaml: model.num_layers: line 3: given twice (also at line 2); keep one");
+  EXPECT_EQ(error_of([] { Recipe::parse("model:\ntrain:\n  seq_length: 8\n", "r.yaml"); }),
+            "r.yaml: model: line 1: expected a map of keys, got nothing");
+  EXPECT_EQ(error_of([] {
+              Recipe::parse("model:\n  num_layers: [2\n", "r.yaml");
+            }).rfind("r.yaml: yaml: line ", 0),
+            0u);
+  EXPECT_EQ(error_of([] { Recipe::parse("train:\n  seq_length: eight\n", "r.yaml"); }),
+            "r.yaml: train.seq_length: line 2: wants an integer, got 'eight'");
+  // A key the section lacks, whose name another section has: the suggestion, and where the
+  // section's keys are listed (model has too many for one line).
+  EXPECT_EQ(error_of([] { Recipe::parse("model:\n  seq_length: 8\n", "r.yaml"); }),
+            "r.yaml: model.seq_length: line 2: unknown key; did you mean 'train.seq_length'? "
+            "Otherwise the keys in 'model' are in emu/recipe_schema.cpp");
+  // An empty file is every default.
+  EXPECT_FALSE(Recipe::parse("", "empty.yaml").is_set("model.num_layers"));
 }
 
 TEST(Recipe, WrongTypesAndChoicesNameTheKey) {

@@ -303,6 +303,11 @@ const Rule kRules[] = {
      {"train.global_batch_size=8"},
      {"train.global_batch_size=10"},
      "error: train.global_batch_size: 10 is not a multiple of micro_batch_size x DP = 1 x 4\n"},
+    // A denormal timeout once reported every collective wait as a hang (the input fuzz target).
+    {"watchdog_timeout_is_off_or_a_second",
+     {"emulator.collective_timeout_s=0"},
+     {"emulator.collective_timeout_s=1e-320"},
+     "error: emulator.collective_timeout_s: must be 0 (no watchdog) or at least 1 s"},
     {"hardware_queues_in_cuda_range",
      {"emulator.cuda_device_max_connections=1"},
      {"emulator.cuda_device_max_connections=33"},

@@ -1,4 +1,4 @@
-#include "devices/detail/yaml_schema.hpp"
+#include "schema/yaml_schema.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -6,13 +6,12 @@
 #include <cstdio>
 #include <map>
 #include <system_error>
-#include <tuple>
 #include <utility>
 
-#include "devices/edit_distance.hpp"
-#include "devices/errors.hpp"
+#include "schema/errors.hpp"
+#include "schema/nearest_key.hpp"
 
-namespace nodeemu::detail::yaml {
+namespace nodeemu::schema {
 
 std::string format_number(double v) {
   char buf[32];
@@ -46,6 +45,9 @@ Field int_list(std::string name, std::string help, Range entry_range) {
 Field boolean(std::string name, std::string help) {
   return Field{std::move(name), Kind::kBool, std::move(help), {}, true, {}};
 }
+Field custom(std::string name) {
+  return Field{std::move(name), Kind::kCustom, "", {}, true, {}};
+}
 Field optional(Field f) {
   f.required = false;
   return f;
@@ -53,51 +55,11 @@ Field optional(Field f) {
 
 namespace {
 
+// Past this many keys a map's valid keys are not listed in an error (its help says where they are).
+constexpr std::size_t kMaxListedKeys = 16;
+
 std::string join(const std::string& parent, const std::string& name) {
   return parent.empty() ? name : parent + "." + name;
-}
-
-// Every dotted key of the schema, for suggestions.
-void collect_paths(const Field& f, const std::string& path, std::vector<std::string>& out) {
-  for (const Field& c : f.children) {
-    std::string key = join(path, c.name);  // a copy: out.back() would dangle as out grows
-    out.push_back(key);
-    collect_paths(c, key, out);
-  }
-}
-
-std::string_view leaf_of(std::string_view path) {
-  size_t dot = path.rfind('.');
-  return dot == std::string_view::npos ? path : path.substr(dot + 1);
-}
-
-struct Suggestion {
-  std::string key;         // "" when nothing is close
-  bool elsewhere = false;  // found outside the unknown key's own map
-};
-
-// The valid key nearest to an unknown one. A typo is most likely a sibling; a correctly spelled
-// key at the wrong depth (gpu.latency_us) most likely belongs further down the same branch; only
-// then look anywhere. Closeness is judged on the last component, so that a short key is not
-// matched to an unrelated one by a shared prefix.
-Suggestion suggest_key(const Field& root, const std::string& parent, const std::string& unknown) {
-  std::vector<std::string> paths;
-  collect_paths(root, "", paths);
-  const std::string wrong = join(parent, unknown);
-  const size_t limit = std::max<size_t>(1, (unknown.size() + 2) / 3);
-  const std::string prefix = parent.empty() ? "" : parent + ".";
-  Suggestion best;
-  std::tuple<int, size_t, size_t> best_rank{INT_MAX, 0, 0};
-  for (const std::string& path : paths) {
-    size_t leaf_d = edit_distance(unknown, leaf_of(path));
-    if (leaf_d > limit) continue;
-    bool under_parent = path.compare(0, prefix.size(), prefix) == 0;
-    bool sibling = under_parent && path.find('.', prefix.size()) == std::string::npos;
-    int scope = sibling ? 0 : under_parent ? 1 : 2;
-    std::tuple<int, size_t, size_t> rank{scope, leaf_d, edit_distance(wrong, path)};
-    if (rank < best_rank) best_rank = rank, best = {path, scope == 2};
-  }
-  return best;
 }
 
 std::string_view number_text(std::string_view s) {
@@ -119,6 +81,8 @@ const char* expected_type(Kind k) {
       return "true or false";
     case Kind::kIntList:
       return "a list of integers";
+    case Kind::kCustom:
+      return "a value";
   }
   return "";
 }
@@ -135,10 +99,12 @@ std::string unquote_hint(const YAML::Node& n, bool parses_unquoted) {
 
 class Validator {
  public:
-  Validator(const std::string& file, const Field& root) : file_(file), root_(root) {}
+  Validator(const std::string& file, const Field& root, const CustomLeaf& custom)
+      : file_(file), root_(root), custom_(custom), keys_(dotted_keys(root)) {}
 
   void check(const YAML::Node& node, const Field& field, const std::string& path) const {
     if (field.kind == Kind::kMap) return check_map(node, field, path);
+    if (field.kind == Kind::kCustom) return custom_(field, node, path, line_of(node));
     const std::string help = field.help.empty() ? "" : " (" + field.help + ")";
     if (field.kind == Kind::kIntList) return check_int_list(node, field, path, help);
     if (!node.IsScalar()) {
@@ -178,6 +144,7 @@ class Validator {
       }
       case Kind::kMap:
       case Kind::kIntList:
+      case Kind::kCustom:
         return;  // handled above
     }
     if (!field.range.contains(v)) {
@@ -216,7 +183,18 @@ class Validator {
       if (child == field.children.end()) {
         fail(key, line_of(kv.first) + unknown_key_message(field, path, name));
       }
-      check(kv.second, *child, key);
+      // A null value is marked where the next token starts; its key's line is the one to name.
+      if (child->kind == Kind::kCustom) {
+        custom_(*child, kv.second, key, line_of(kv.first));
+      } else if (kv.second.IsNull()) {
+        fail(
+            key,
+            line_of(kv.first) + "expected " + expected_type(child->kind) +
+                (child->help.empty() || child->kind == Kind::kMap ? "" : " (" + child->help + ")") +
+                ", got nothing");
+      } else {
+        check(kv.second, *child, key);
+      }
     }
     for (const Field& c : field.children) {
       if (!c.required || seen.count(c.name)) continue;
@@ -237,7 +215,7 @@ class Validator {
   std::string unknown_key_message(const Field& field, const std::string& path,
                                   const std::string& name) const {
     std::string what = "unknown key";
-    Suggestion s = suggest_key(root_, path, name);
+    const Suggestion s = nearest_key(keys_, path, name);
     if (!s.key.empty()) {
       what += "; did you mean '" + s.key + "'?";
       if (!s.elsewhere) return what;
@@ -245,9 +223,11 @@ class Validator {
       // suggestion alone could mislead; say what does belong here too.
       what += " Otherwise";
     }
+    const std::string where = path.empty() ? std::string("at the top level") : "in '" + path + "'";
+    if (field.children.size() > kMaxListedKeys && !field.help.empty())
+      return what + (s.key.empty() ? "; " : " ") + "the keys " + where + " are in " + field.help;
     what += s.key.empty() ? "; valid" : " valid";
-    what +=
-        " keys " + (path.empty() ? std::string("at the top level") : "in '" + path + "'") + " are ";
+    what += " keys " + where + " are ";
     for (size_t i = 0; i < field.children.size(); ++i) {
       what += (i ? ", " : "") + field.children[i].name;
     }
@@ -278,7 +258,17 @@ class Validator {
 
   const std::string& file_;
   const Field& root_;
+  const CustomLeaf& custom_;
+  const std::vector<std::string> keys_;  // every dotted key of the schema, for suggestions
 };
+
+void collect_keys(const Field& f, const std::string& path, std::vector<std::string>& out) {
+  for (const Field& c : f.children) {
+    std::string key = join(path, c.name);  // a copy: out.back() would dangle as out grows
+    out.push_back(key);
+    collect_keys(c, key, out);
+  }
+}
 
 std::string one_line(std::string s) {
   for (char& c : s)
@@ -349,8 +339,14 @@ std::string describe_node(const YAML::Node& n) {
   return (n.Tag() == "!" ? "the string '" : "'") + s + "'";
 }
 
+std::vector<std::string> dotted_keys(const Field& f) {
+  std::vector<std::string> out;
+  collect_keys(f, "", out);
+  return out;
+}
+
 YAML::Node load_document(const std::string& text, const std::string& file,
-                         const std::string& expected) {
+                         const std::string& expected, bool allow_empty) {
   std::vector<YAML::Node> docs;
   try {
     docs = YAML::LoadAll(text);
@@ -360,15 +356,19 @@ YAML::Node load_document(const std::string& text, const std::string& file,
                                                std::to_string(e.mark.column + 1) + ": ";
     throw ConfigError(file, "yaml", where + one_line(e.msg) + "; fix the YAML syntax there");
   }
-  if (docs.empty()) throw ConfigError(file, "yaml", "the document is empty; expected " + expected);
+  if (docs.empty()) {
+    if (allow_empty) return YAML::Node(YAML::NodeType::Null);
+    throw ConfigError(file, "yaml", "the document is empty; expected " + expected);
+  }
   if (docs.size() > 1)
     throw ConfigError(file, "yaml",
                       "holds " + std::to_string(docs.size()) + " documents; keep one per file");
   return docs.front();
 }
 
-void validate(const YAML::Node& doc, const Field& schema, const std::string& file) {
-  Validator(file, schema).check(doc, schema, "");
+void validate(const YAML::Node& doc, const Field& schema, const std::string& file,
+              const CustomLeaf& custom) {
+  Validator(file, schema, custom).check(doc, schema, "");
 }
 
 // Recursion rather than a loop of `n = n[k]`: assigning one yaml-cpp Node to another rebinds the
@@ -406,4 +406,4 @@ void Reader::fail(const std::string& key, const std::string& what) const {
   throw ConfigError(file_, key, line_of(node(key)) + what);
 }
 
-}  // namespace nodeemu::detail::yaml
+}  // namespace nodeemu::schema

@@ -1,20 +1,23 @@
-// Internal: strict YAML files described by a schema (the topology, a GPU profile's YAML). The
-// format is described once, as data, so that the unknown/missing/type/range checks are one walker
-// instead of an if-chain per key, and so that the "did you mean" list is always the real set of
-// keys. Every problem is a ConfigError naming the file and the dotted key.
+// Strict YAML files described by a schema: the topology, a GPU profile's YAML, a recipe. The
+// format is described once, as data, so that the unknown/missing/duplicate/type/range checks are
+// one walker instead of an if-chain per key, and so that the "did you mean" list is always the
+// real set of keys. Every problem is a ConfigError naming the file and the dotted key.
 #pragma once
 
 #include <yaml-cpp/yaml.h>
 
 #include <climits>
+#include <functional>
 #include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
 
-namespace nodeemu::detail::yaml {
+namespace nodeemu::schema {
 
-enum class Kind { kMap, kString, kInt, kReal, kBool, kIntList };
+// kCustom: a leaf whose value the caller checks and converts (a recipe key's own types); the
+// walker hands it over with its dotted key.
+enum class Kind { kMap, kString, kInt, kReal, kBool, kIntList, kCustom };
 
 // Allowed values of a number (for an int list: of each entry). Inclusive unless marked open.
 struct Range {
@@ -40,7 +43,9 @@ constexpr Range ints(double lo, double hi = INT_MAX) {
 struct Field {
   std::string name;
   Kind kind = Kind::kMap;
-  std::string help;  // what the value means and its unit, quoted in error messages
+  // What the value means and its unit, quoted in error messages. For a map: where its keys are
+  // listed, said instead of listing them when there are too many for one line.
+  std::string help;
   Range range;
   bool required = true;
   std::vector<Field> children;  // kMap only
@@ -52,15 +57,25 @@ Field integer(std::string name, std::string help, Range range);
 Field real(std::string name, std::string help, Range range);
 Field boolean(std::string name, std::string help);
 Field int_list(std::string name, std::string help, Range entry_range);
+Field custom(std::string name);
 Field optional(Field f);
 
+// Every dotted key under `f` (maps and leaves), for suggestions.
+std::vector<std::string> dotted_keys(const Field& f);
+
 // The single document of a YAML text. Throws ConfigError(file, "yaml", ...) for a syntax error
-// (with line and column), an empty text (saying `expected`) or several documents.
+// (with line and column), an empty text (saying `expected`; unless `allow_empty`, which gives a
+// null node) or several documents.
 YAML::Node load_document(const std::string& text, const std::string& file,
-                         const std::string& expected);
+                         const std::string& expected, bool allow_empty = false);
 // Checks `doc` against `schema` (its root map) and throws on the first problem, in document order,
 // so that a misspelt key is reported as unknown before its correct twin is reported as missing.
-void validate(const YAML::Node& doc, const Field& schema, const std::string& file);
+// A kCustom leaf is handed to `custom` with its dotted key and the line_of() its key (a null
+// value has no line of its own); it throws what it finds wrong.
+using CustomLeaf = std::function<void(const Field&, const YAML::Node&, const std::string& key,
+                                      const std::string& at)>;
+void validate(const YAML::Node& doc, const Field& schema, const std::string& file,
+              const CustomLeaf& custom = {});
 
 // "line N: ", leading a message the way the YAML syntax errors do.
 std::string line_of(const YAML::Node& n);
@@ -93,4 +108,4 @@ class Reader {
 
 inline constexpr int kGiga = 9, kTera = 12, kMicro = -6, kMega = 6, kKilo = 3;
 
-}  // namespace nodeemu::detail::yaml
+}  // namespace nodeemu::schema
