@@ -11,8 +11,8 @@
 #include "devices/check.hpp"
 #include "devices/detail/builtin_profiles.hpp"
 #include "devices/detail/profile_models.hpp"
-#include "schema/yaml_schema.hpp"
 #include "devices/errors.hpp"
+#include "schema/yaml_schema.hpp"
 
 namespace nodeemu {
 

@@ -7,16 +7,16 @@
 #include <system_error>
 #include <utility>
 
-#include "schema/yaml_schema.hpp"
 #include "devices/errors.hpp"
 #include "devices/gpu_profile.hpp"
+#include "schema/yaml_schema.hpp"
 
 namespace nodeemu {
 namespace {
 
 using namespace schema;
 
-// The file format, as data (detail/yaml_schema.hpp walks it).
+// The file format, as data (schema/yaml_schema.hpp walks it).
 
 const Field& topology_schema() {
   static const Field root = map(

@@ -491,7 +491,7 @@ const std::vector<std::string>& keys_without_effect() {
   // Text, and how NodeEmu uses this machine (worker threads, the watchdog): the determinism
   // contract keeps them out of every result. Every other key changes the run or is refused
   // (tests/emu/schema_walk_test.cpp).
-  static const std::vector<std::string> keys = {"description", key::emulator_workers_per_device,
+  static const std::vector<std::string> keys = {key::description, key::emulator_workers_per_device,
                                                 key::emulator_thread_budget,
                                                 key::emulator_collective_timeout_s};
   return keys;

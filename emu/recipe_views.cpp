@@ -11,8 +11,9 @@ namespace nodeemu::emu {
 
 std::shared_ptr<const NodeTopology> load_topology(const Recipe& r) {
   auto t = std::make_shared<NodeTopology>(
-      r.is_set("topology") ? NodeTopology::from_file(r.resolve(r.text("topology")))
-                           : NodeTopology::from_yaml(embedded_default_topology(), "dgx_h100.yaml"));
+      r.is_set(key::topology)
+          ? NodeTopology::from_file(r.resolve(r.text(key::topology)))
+          : NodeTopology::from_yaml(embedded_default_topology(), "dgx_h100.yaml"));
   if (r.is_set(key::emulator_gpus_per_node)) {
     const int n = r.int32(key::emulator_gpus_per_node);
     if (n < 1 || n > t->gpus)
@@ -30,7 +31,7 @@ std::shared_ptr<const NodeTopology> load_topology(const Recipe& r) {
 NodeOptions node_options(const Recipe& r) {
   NodeOptions o;
   o.topology = load_topology(r);
-  o.nodes = r.int32("nodes");
+  o.nodes = r.int32(key::nodes);
   o.mode = r.text(key::emulator_mode) == "meta" ? Mode::Meta : Mode::Functional;
   o.cuda_device_max_connections = r.int32(key::emulator_cuda_device_max_connections);
   o.thread_budget = r.int32(key::emulator_thread_budget);

@@ -3,7 +3,7 @@
 #include <map>
 
 #include "emu/detail/run_report.hpp"
-#include "emu/recipe_views.hpp"
+#include "emu/recipe_keys.hpp"
 #include "layers/gemm.hpp"
 
 namespace nodeemu::emu::detail {
@@ -30,7 +30,7 @@ void describe_run(const RunFacts& run, Node& node, RunReport& rep) {
   const std::map<std::string, std::string> values = recipe.flattened();
   // The recipe's own description is its text, not a setting: not worth a line.
   for (const std::string& k : keys_without_effect())
-    if (recipe.value(k).origin != "default" && k != "description")
+    if (recipe.value(k).origin != "default" && k != key::description)
       rep.keys_without_effect.push_back(k + "=" + values.at(k));
   for (const std::string& f : recipe.flags_without_effect()) rep.keys_without_effect.push_back(f);
 }

@@ -21,14 +21,14 @@ void Rules::required() {
         key::model_vocab_size, key::train_seq_length})
     if (!set(k)) error(k, "is required; set it in the recipe or as " + std::string(k) + "=N");
   for (const char* k :
-       {"nodes", key::model_num_layers, key::model_hidden_size, key::model_num_attention_heads,
+       {key::nodes, key::model_num_layers, key::model_hidden_size, key::model_num_attention_heads,
         key::model_vocab_size, key::train_seq_length, key::train_micro_batch_size,
         key::train_train_iters, key::model_moe_router_topk, key::model_tensor_model_parallel_size,
         key::model_pipeline_model_parallel_size, key::model_context_parallel_size,
         key::model_expert_model_parallel_size})
     if (set(k) && r_.integer(k) < 1) error(k, "must be at least 1");
-  if (i("nodes") > kMaxNodes)
-    error("nodes", "must be at most " + std::to_string(kMaxNodes) + " (NodeEmu's limit)");
+  if (i(key::nodes) > kMaxNodes)
+    error(key::nodes, "must be at most " + std::to_string(kMaxNodes) + " (NodeEmu's limit)");
   for (const char* k :
        {key::model_virtual_pipeline_model_parallel_size, key::train_global_batch_size,
         key::model_num_moe_experts, key::model_ffn_hidden_size, key::model_moe_ffn_hidden_size,

@@ -10,13 +10,13 @@
 namespace nodeemu::emu::detail {
 
 void Rules::layout() {
-  const int world = i("nodes") * gpus_per_node_;
+  const int world = i(key::nodes) * gpus_per_node_;
   const ParallelLayout l = parallel_layout(r_, world);
   try {
     l.validate();
   } catch (const ConfigError& e) {
     // ParallelLayout names Megatron's key; recipes keep those under model.
-    std::string key = e.key() == "world" ? "nodes" : model_key(e.key());
+    std::string key = e.key() == "world" ? key::nodes : model_key(e.key());
     error(key, e.detail() + " (world = " + std::to_string(world) + " GPUs: nodes x " +
                    std::to_string(gpus_per_node_) + ")");
     return;

@@ -62,6 +62,33 @@ TEST(Recipe, DottedOverridesAndMegatronFlagsSetKeys) {
   EXPECT_TRUE(tiny({"--rope-fusion"}).flag("model.apply_rope_fusion"));
 }
 
+// Each default is defined once: a key with a schema default gives the typed config the same
+// value as the typed config's own default, and a key the schema leaves unset leaves the typed
+// config's default in place.
+TEST(Recipe, DefaultsAgreeWithTheTypedConfigs) {
+  const Recipe r = Recipe::parse(
+      "model: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, vocab_size: 256}\n"
+      "train: {seq_length: 8}\n",
+      "defaults.yaml");
+  const layers::ModelConfig c = model_config(r, load_topology(r)->gpu), d;
+  EXPECT_EQ(c.layernorm_epsilon, d.layernorm_epsilon);
+  EXPECT_EQ(c.init_method_std, d.init_method_std);
+  EXPECT_EQ(c.mtp_loss_scaling_factor, d.mtp_loss_scaling_factor);
+  EXPECT_EQ(c.mtp_num_layers, d.mtp_num_layers);
+  EXPECT_EQ(c.qk_layernorm, d.qk_layernorm);
+  EXPECT_EQ(c.multi_latent_attention, d.multi_latent_attention);
+  EXPECT_EQ(c.q_lora_rank, d.q_lora_rank);
+  EXPECT_EQ(c.kv_lora_rank, d.kv_lora_rank);
+  EXPECT_EQ(c.qk_head_dim, d.qk_head_dim);
+  EXPECT_EQ(c.qk_pos_emb_head_dim, d.qk_pos_emb_head_dim);
+  EXPECT_EQ(c.v_head_dim, d.v_head_dim);
+  EXPECT_EQ(c.sequence_parallel, d.sequence_parallel);
+  EXPECT_EQ(c.cp_comm_type, d.cp_comm_type);
+  EXPECT_EQ(c.moe_expert_rank_capacity_factor, d.moe_expert_rank_capacity_factor);
+  EXPECT_EQ(c.moe_flex_dispatcher_num_sms, d.moe_flex_dispatcher_num_sms);
+  EXPECT_EQ(node_options(r).cuda_device_max_connections, NodeOptions{}.cuda_device_max_connections);
+}
+
 TEST(Recipe, UnknownKeysNameTheNearestValidOne) {
   EXPECT_EQ(error_of([] { tiny({"model.moe_router_top_k=4"}); }),
             "override: model.moe_router_top_k: unknown key; did you mean 'model.moe_router_topk'?");
