@@ -191,7 +191,6 @@ TEST(Cli, TraceToAnUnwritablePathFailsCleanly) {
 // --- recipes: validate, run, compare ---
 namespace {
 
-
 TEST(Cli, ValidateAcceptsTheTinyRecipe) {
   Result r = run("validate " + kTiny + " --overlap-moe-expert-parallel-comm");
   EXPECT_EQ(r.code, 0) << r.err;
