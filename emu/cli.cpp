@@ -54,6 +54,10 @@ const std::vector<CommandHelp>& commands() {
        "        group under TP), EP communication left out: forward and forward+backward time,\n"
        "        busy time by kernel class, host issue",
        "nodeemu layer configs/recipes/qwen3_30b_a3b.yaml --json layer.json", detail::add_layer},
+      {"keys", "[SECTION]",
+       "every recipe key with its type, default, allowed values and meaning (SECTION: one\n"
+       "        section: model, train, comm_overlap, ddp, optimizer, emulator)",
+       "nodeemu keys comm_overlap", detail::add_keys},
       {"cost", "--gpu PROFILE TABLE.csv [options]",
        "predict each row of a table in a GPU profile's format (times and rates filled in);\n"
        "        --explain says which measured rows each prediction came from",
@@ -131,9 +135,9 @@ int main(const std::vector<std::string>& args, std::ostream& out, std::ostream& 
   const auto c =
       std::find_if(all.begin(), all.end(), [&](const CommandHelp& h) { return args[0] == h.name; });
   if (c == all.end()) {
-    err << "nodeemu: error: unknown command '" << args[0]
-        << "'; the commands are info, demo, validate, run, compare, layer, cost, calibrate and "
-           "help\n";
+    err << "nodeemu: error: unknown command '" << args[0] << "'; the commands are";
+    for (const auto& h : all) err << " " << h.name << ",";
+    err << " and help\n";
     return 2;
   }
   try {

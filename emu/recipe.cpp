@@ -78,10 +78,9 @@ std::optional<std::vector<std::string>> expand_pattern(std::string text) {
 
 [[noreturn]] void unknown_key(const std::string& where, const std::string& key) {
   const std::string near = nearest_key(key);
-  throw ConfigError(
-      where, key,
-      "unknown key" + (near.empty() ? std::string("; see the schema in emu/recipe_schema.cpp")
-                                    : "; did you mean '" + near + "'?"));
+  throw ConfigError(where, key,
+                    "unknown key" + (near.empty() ? std::string("; `nodeemu keys` lists them")
+                                                  : "; did you mean '" + near + "'?"));
 }
 
 std::string choices_text(const KeySpec& k) {

@@ -519,9 +519,9 @@ const schema::Field& recipe_document_schema() {
   // Sections in schema order, each an optional map of custom leaves (Recipe::parse converts them
   // by their KeySpec); top-level keys ("nodes") are leaves of the root.
   static const schema::Field root = [] {
-    const std::string listed_in = "emu/recipe_schema.cpp";
+    // Where a map's keys are listed when there are too many for an error line.
     schema::Field r = schema::map("", {});
-    r.help = listed_in;
+    r.help = "`nodeemu keys`";
     for (const auto& k : recipe_schema()) {
       const auto dot = k.key.find('.');
       if (dot == std::string::npos) {
@@ -533,7 +533,7 @@ const schema::Field& recipe_document_schema() {
                              [&](const schema::Field& f) { return f.name == section; });
       if (it == r.children.end()) {
         r.children.push_back(schema::optional(schema::map(section, {})));
-        r.children.back().help = listed_in;
+        r.children.back().help = "`nodeemu keys " + section + "`";
         it = std::prev(r.children.end());
       }
       it->children.push_back(schema::optional(schema::custom(k.key.substr(dot + 1))));

@@ -225,7 +225,8 @@ class Validator {
     }
     const std::string where = path.empty() ? std::string("at the top level") : "in '" + path + "'";
     if (field.children.size() > kMaxListedKeys && !field.help.empty())
-      return what + (s.key.empty() ? "; " : " ") + "the keys " + where + " are in " + field.help;
+      return what + (s.key.empty() ? "; " : " ") + "the keys " + where + " are listed by " +
+             field.help;
     what += s.key.empty() ? "; valid" : " valid";
     what += " keys " + where + " are ";
     for (size_t i = 0; i < field.children.size(); ++i) {

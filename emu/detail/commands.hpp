@@ -27,5 +27,6 @@ CommandBody add_compare(CLI::App& app, Streams io);
 CommandBody add_layer(CLI::App& app, Streams io);
 CommandBody add_cost(CLI::App& app, Streams io);
 CommandBody add_calibrate(CLI::App& app, Streams io);
+CommandBody add_keys(CLI::App& app, Streams io);
 
 }  // namespace nodeemu::emu::detail

@@ -110,7 +110,7 @@ TEST(Cli, BadValueNamesTheKey) {
 // argument is checked (a help request with a missing recipe still helps).
 TEST(Cli, HelpWorksForEverySubcommand) {
   for (const char* c :
-       {"info", "demo", "validate", "run", "compare", "layer", "cost", "calibrate"}) {
+       {"info", "demo", "validate", "run", "compare", "layer", "keys", "cost", "calibrate"}) {
     for (const char* flag : {"--help", "-h"}) {
       Result r = run(std::string(c) + " " + flag);
       EXPECT_EQ(r.code, 0) << c << " " << flag << ": " << r.err;
@@ -150,6 +150,22 @@ TEST(Cli, OptionsAreCheckedByTheParserInOneLine) {
   // The command's own options may come anywhere, the recipe too.
   r = run("validate --mode functional " + kTiny + " model.num_layers=2");
   EXPECT_EQ(r.code, 0) << r.err;
+}
+
+// Every recipe key from the schema itself, so a user without the source can find one.
+TEST(Cli, KeysListsTheSchemaBySection) {
+  Result all = run("keys");
+  ASSERT_EQ(all.code, 0) << all.err;
+  EXPECT_NE(all.out.find("model.num_layers "), std::string::npos);
+  EXPECT_NE(all.out.find("emulator.collective_timeout_s "), std::string::npos);
+  Result one = run("keys comm_overlap");
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_NE(one.out.find("comm_overlap.overlap_moe_expert_parallel_comm "), std::string::npos);
+  EXPECT_EQ(one.out.find("model."), std::string::npos) << one.out;
+  Result bad = run("keys modle");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("modle: no such section; did you mean 'model'?"), std::string::npos)
+      << bad.err;
 }
 
 TEST(Cli, UnknownOptionAndCommandAreErrors) {

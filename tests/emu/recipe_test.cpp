@@ -120,7 +120,7 @@ TEST(Recipe, FileProblemsNameTheLine) {
   // section's keys are listed (model has too many for one line).
   EXPECT_EQ(error_of([] { Recipe::parse("model:\n  seq_length: 8\n", "r.yaml"); }),
             "r.yaml: model.seq_length: line 2: unknown key; did you mean 'train.seq_length'? "
-            "Otherwise the keys in 'model' are in emu/recipe_schema.cpp");
+            "Otherwise the keys in 'model' are listed by `nodeemu keys model`");
   // An empty file is every default.
   EXPECT_FALSE(Recipe::parse("", "empty.yaml").is_set("model.num_layers"));
 }

@@ -1,0 +1,93 @@
+// `nodeemu keys [SECTION]`: every recipe key with its type, default, allowed values and meaning,
+// from the schema itself (emu/recipe_schema.cpp), so that a user without the source can find a
+// key, and so that the list is never out of date.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <memory>
+#include <ostream>
+#include <set>
+
+#include "devices/errors.hpp"
+#include "emu/detail/commands.hpp"
+#include "emu/recipe.hpp"
+#include "schema/nearest_key.hpp"
+
+namespace nodeemu::emu {
+
+namespace {
+
+const char* short_type(ValueType t) {
+  switch (t) {
+    case ValueType::Bool:
+      return "bool";
+    case ValueType::Int:
+      return "int";
+    case ValueType::Float:
+      return "float";
+    case ValueType::String:
+      return "string";
+    case ValueType::StringList:
+      return "[string]";
+    case ValueType::IntList:
+      return "[int]";
+    case ValueType::LayerPattern:
+      return "pattern";
+  }
+  return "?";
+}
+
+std::string section_of(const std::string& key) {
+  const auto dot = key.find('.');
+  return dot == std::string::npos ? "" : key.substr(0, dot);
+}
+
+int keys(const std::string& section, std::ostream& out) {
+  std::vector<std::string> sections;
+  for (const auto& k : recipe_schema())
+    if (const std::string s = section_of(k.key);
+        !s.empty() && std::find(sections.begin(), sections.end(), s) == sections.end())
+      sections.push_back(s);
+  if (!section.empty() && std::find(sections.begin(), sections.end(), section) == sections.end()) {
+    const std::string near = schema::nearest_key(sections, "", section).key;
+    std::string all;
+    for (const auto& s : sections) all += (all.empty() ? "" : ", ") + s;
+    throw ConfigError("nodeemu keys", section,
+                      "no such section" +
+                          (near.empty() ? std::string() : "; did you mean '" + near + "'?") +
+                          " The sections are " + all);
+  }
+  // Columns: the key, its type, its default (long defaults push their line's text along).
+  std::size_t width = 0, default_width = 0;
+  for (const auto& k : recipe_schema()) {
+    width = std::max(width, k.key.size());
+    default_width = std::max(default_width, std::min<std::size_t>(12, k.default_yaml.size()));
+  }
+  const auto pad = [](std::string s, std::size_t w) {
+    return s.size() < w ? s + std::string(w - s.size(), ' ') : s;
+  };
+  for (const auto& k : recipe_schema()) {
+    if (!section.empty() && section_of(k.key) != section) continue;
+    const std::string line = pad(k.key, width + 2) + pad(short_type(k.type), 10) +
+                             pad(k.default_yaml.empty() ? "unset" : k.default_yaml, default_width);
+    out << line << "  " << k.help;
+    if (!k.choices.empty()) {
+      out << " {";
+      for (std::size_t i = 0; i < k.choices.size(); ++i) out << (i ? ", " : "") << k.choices[i];
+      out << "}";
+    }
+    out << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+detail::CommandBody detail::add_keys(CLI::App& app, Streams io) {
+  auto section = std::make_shared<std::string>();
+  app.add_option("section", *section, "only this section's keys (model, train, comm_overlap, ...)")
+      ->type_name("SECTION");
+  return [section, &out = io.out] { return keys(*section, out); };
+}
+
+}  // namespace nodeemu::emu
