@@ -118,8 +118,10 @@ int run_command(const CommandHelp& c, const std::vector<std::string>& args, std:
     out << app.help();
     return 0;
   } catch (const CLI::ParseError& e) {
+    std::string what = e.what();
+    std::replace(what.begin(), what.end(), '\n', ' ');  // every error is one line
     throw ConfigError(std::string("nodeemu ") + c.name, "command line",
-                      std::string(e.what()) + "; see 'nodeemu " + c.name + " --help'");
+                      what + "; see 'nodeemu " + c.name + " --help'");
   }
   return body();
 }
