@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -20,18 +21,34 @@
 namespace nodeemu::detail {
 
 struct GroupState {
+  GroupState(int id, std::string name, std::vector<int> ranks);
   int id = 0;
   std::string name;
   std::vector<int> ranks;
   std::vector<std::uint64_t> next_seq;                    // per member: its next collective
   std::map<std::pair<int, int>, std::uint64_t> p2p_next;  // (member, peer): next transfer
-  std::string label() const;                              // "ep0 (ranks 0,1,2,3)"
+  const std::string& label() const { return label_; }     // "'ep0' (ranks 0,1,2,3)"
+
+ private:
+  std::string label_;  // built once: every collective's rendezvous is named with it
+};
+
+// An operation's name for its errors, "all_to_all_v on group 'ep0' (ranks 0,1)", rendered only
+// when one is thrown: a call that succeeds builds no text (issue 19: report texts were 7 % of
+// a 64-byte all-to-all on 8 ranks).
+struct OpName {
+  const char* op;
+  const GroupState* group;
+  std::string text() const { return std::string(op) + " on group " + group->label(); }
 };
 
 // One party's call, as the group methods and the dispatchers build it.
 struct Call {
+  // The call as a mismatch or a misuse reports it, the kind with this party's sizes: rendered
+  // from the party's plan (its sizes) and whatever else the call captured, only for a report.
+  using Text = std::function<std::string(const std::vector<PartyPhase>& plan)>;
   std::string kind;          // what must match across parties: "all_to_all_v", "broadcast(root 2)"
-  std::string text;          // the kind with this party's sizes, for reports
+  Text text;
   std::vector<int> parties;  // members taking part (all of them, or a p2p pair), party order
   int party = 0;             // the caller's index in `parties`
   std::vector<PartyPhase> plan;  // one per phase, each sized parties.size()
@@ -51,7 +68,8 @@ struct Call {
 struct OpenCall {
   RendezvousId rv;
   std::shared_ptr<Exchange> exchange;
-  std::vector<std::string> kinds, texts;  // per party, "" until it joined
+  std::vector<std::string> kinds;  // per party, "" until it joined
+  std::vector<Call::Text> texts;   // per party, rendered from exchange->plan(party)
   int joined = 0;
 };
 
@@ -78,7 +96,7 @@ struct CommState {
   std::map<std::pair<int, int>, FlexBuffers> flex_buffers;  // (device, backend)
 
   // The member index of the calling host in g, or UsageError naming `op`.
-  int caller_member(const GroupState& g, const Stream& s, const std::string& op) const;
+  int caller_member(const GroupState& g, const Stream& s, const OpName& op) const;
   std::optional<Event> issue(GroupState& g, Call c, Stream& s, const CollOptions& o);
 };
 

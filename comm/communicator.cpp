@@ -32,10 +32,11 @@ CommState::CommState(Node& n, CommOptions o)
                           std::to_string(n.topology().gpu.sms) + ")");
 }
 
-std::string GroupState::label() const {
+GroupState::GroupState(int id_, std::string name_, std::vector<int> ranks_)
+    : id(id_), name(std::move(name_)), ranks(std::move(ranks_)), next_seq(ranks.size(), 0) {
   std::string r;
   for (int x : ranks) r += (r.empty() ? "" : ",") + std::to_string(x);
-  return "'" + name + "' (ranks " + r + ")";
+  label_ = "'" + name + "' (ranks " + r + ")";
 }
 
 std::vector<std::size_t> offsets_of(const std::vector<std::size_t>& sizes) {
@@ -51,18 +52,18 @@ std::string sizes_text(const std::vector<std::size_t>& v) {
   return s + "]";
 }
 
-int CommState::caller_member(const GroupState& g, const Stream& s, const std::string& op) const {
+int CommState::caller_member(const GroupState& g, const Stream& s, const OpName& op) const {
   const int rank = node->host().rank();
   if (rank < 0)
-    throw UsageError(op + " on group " + g.label() +
+    throw UsageError(op.text() +
                      ": called from the main program; collectives are issued by the ranks' host "
                      "programs inside Node::run");
   auto it = std::find(g.ranks.begin(), g.ranks.end(), rank);
   if (it == g.ranks.end())
-    throw UsageError(op + ": rank " + std::to_string(rank) + " is not a member of group " +
+    throw UsageError(op.text() + ": rank " + std::to_string(rank) + " is not a member of group " +
                      g.label());
   if (!s.state() || s.device().id() != rank)
-    throw UsageError(op + " on group " + g.label() + ": rank " + std::to_string(rank) +
+    throw UsageError(op.text() + ": rank " + std::to_string(rank) +
                      " must issue it on a stream of its own device");
   return static_cast<int>(it - g.ranks.begin());
 }
@@ -91,7 +92,7 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
     OpenCall oc{e.open(parties, phases, std::move(label)),
                 std::make_shared<Exchange>(parties, phases, devices),
                 std::vector<std::string>(size_t(parties)),
-                std::vector<std::string>(size_t(parties)), 0};
+                std::vector<Call::Text>(size_t(parties)), 0};
     it = open.emplace(key, std::move(oc)).first;
   }
   OpenCall& oc = it->second;
@@ -109,11 +110,12 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
     if (!ok) {
       --(c.p2p_peer >= 0 ? g.p2p_next[{member, c.p2p_peer}] : g.next_seq[size_t(member)]);
       throw CollectiveMismatchError(g.label(), seq, g.ranks[size_t(c.parties[size_t(j)])],
-                                    oc.texts[size_t(j)], g.ranks[size_t(member)], c.text);
+                                    oc.texts[size_t(j)](other), g.ranks[size_t(member)],
+                                    c.text(c.plan));
     }
   }
   if (!oc.kinds[size_t(c.party)].empty())
-    throw UsageError(c.text + ": rank " + std::to_string(g.ranks[size_t(member)]) +
+    throw UsageError(c.text(c.plan) + ": rank " + std::to_string(g.ranks[size_t(member)]) +
                      " joined the same call twice");
   // Timing: this party's share of the link loads and of the latency.
   std::vector<LinkLoad> loads;
@@ -132,7 +134,7 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
   const double alpha = hop * c.latency_steps;
 
   oc.kinds[size_t(c.party)] = c.kind;
-  oc.texts[size_t(c.party)] = c.text;
+  oc.texts[size_t(c.party)] = std::move(c.text);
   if (c.planner && e.mode() == Mode::Functional) {
     oc.exchange->set_deferred(c.party, std::move(c.plan[1]), std::move(c.planner),
                               std::move(c.receiver));
@@ -199,11 +201,8 @@ Group Communicator::group(std::vector<int> ranks, const std::string& name) {
   }
   for (auto& g : state_->groups)
     if (g->name == name && g->ranks == ranks) return Group(state_, g);
-  auto g = std::make_shared<detail::GroupState>();
-  g->id = static_cast<int>(state_->groups.size());
-  g->name = name;
-  g->ranks = std::move(ranks);
-  g->next_seq.assign(g->ranks.size(), 0);
+  auto g = std::make_shared<detail::GroupState>(static_cast<int>(state_->groups.size()), name,
+                                                std::move(ranks));
   state_->groups.push_back(g);
   return Group(state_, g);
 }

@@ -40,6 +40,13 @@ void narrow(const RowFormat& f, const float* src, void* dst, std::size_t n) {
     std::memcpy(dst, src, n * 4);
 }
 
+// The declared sizes are captured: a deferred (functional) plan replaces them on the worker.
+Call::Text send_text(const std::string& kind, const std::vector<std::size_t>& send_bytes) {
+  return [kind, send_bytes](const std::vector<PartyPhase>&) {
+    return kind + "(send " + detail::sizes_text(send_bytes) + " B)";
+  };
+}
+
 Call make_call(const std::string& kind, int members, int me, int sms, bool across_nodes) {
   Call c;
   c.kind = kind;
@@ -292,7 +299,7 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
       };
     }
   }
-  c.text = c.kind + "(send " + detail::sizes_text(c.plan.back().send_bytes) + " B)";
+  c.text = send_text(c.kind, c.plan.back().send_bytes);
   c.uses = {x, topk_idx, topk_weight, out.x, out.topk_idx, out.topk_weight};
   CollOptions oo = o;
   oo.previous.reset();
@@ -425,7 +432,7 @@ std::optional<Event> FlexDispatcher::move_rows(const Buffer& src, const Buffer& 
       };
     }
   }
-  c.text = c.kind + "(send " + detail::sizes_text(c.plan.back().send_bytes) + " B)";
+  c.text = send_text(c.kind, c.plan.back().send_bytes);
   c.uses = {src, dst};
   if (wsrc) c.uses.push_back(wsrc);
   if (wdst) c.uses.push_back(wdst);

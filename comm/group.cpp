@@ -13,6 +13,7 @@ namespace nodeemu {
 using detail::Call;
 using detail::ConstSegment;
 using detail::Consume;
+using detail::OpName;
 using detail::PartyPhase;
 using detail::Segment;
 
@@ -23,15 +24,15 @@ bool functional(const Stream& s) {
 }
 
 // A buffer of the caller's device holding at least `bytes`, or UsageError naming the op.
-void check_buffer(const Buffer& b, std::size_t bytes, const Stream& s, const std::string& op,
+void check_buffer(const Buffer& b, std::size_t bytes, const Stream& s, const OpName& op,
                   const char* what) {
   if (bytes == 0) return;
-  if (!b) throw UsageError(op + ": the " + std::string(what) + " buffer is empty");
+  if (!b) throw UsageError(op.text() + ": the " + std::string(what) + " buffer is empty");
   if (b.kind() != MemoryKind::Device || b.device() != s.device().id())
-    throw UsageError(op + ": the " + std::string(what) + " buffer must be memory of " +
+    throw UsageError(op.text() + ": the " + std::string(what) + " buffer must be memory of " +
                      s.device().name() + ", the device of the stream");
   if (b.bytes() < bytes)
-    throw UsageError(op + ": the " + std::string(what) + " buffer has " +
+    throw UsageError(op.text() + ": the " + std::string(what) + " buffer has " +
                      std::to_string(b.bytes()) + " bytes but the call needs " +
                      std::to_string(bytes));
 }
@@ -52,11 +53,11 @@ std::vector<int> all_members(int n) {
 // Whether `part` is `whole`'s block at byte `at`: a collective in place (Megatron's distributed
 // optimizer reduce-scatters into, and all-gathers from, its own shard of a bucket). Buffers that
 // share memory any other way are a UsageError.
-bool in_place(const Buffer& whole, const Buffer& part, std::size_t at, int me,
-              const std::string& op, const char* whole_name, const char* part_name) {
+bool in_place(const Buffer& whole, const Buffer& part, std::size_t at, int me, const OpName& op,
+              const char* whole_name, const char* part_name) {
   if (!whole || !part || whole.state() != part.state()) return false;
   if (part.offset() != whole.offset() + at)
-    throw UsageError(op + ": " + whole_name + " and " + part_name + " share memory, but " +
+    throw UsageError(op.text() + ": " + whole_name + " and " + part_name + " share memory, but " +
                      part_name + " is not member " + std::to_string(me) + "'s block of " +
                      whole_name + "; use different buffers, or that block (in place)");
   return true;
@@ -70,12 +71,12 @@ std::size_t sum(const std::vector<std::size_t>& v) {
 
 }  // namespace
 
-std::string Group::describe(const char* op) const {
+detail::OpName Group::op_name(const char* op) const {
   if (!g_)
     throw UsageError(std::string(op) +
                      ": the Group handle is empty; get one from a "
                      "Communicator");
-  return std::string(op) + " on group " + g_->label();
+  return {op, g_.get()};
 }
 
 const std::string& Group::name() const {
@@ -120,18 +121,20 @@ std::optional<Event> Group::all_to_all_v(const Buffer& send,
                                          const Buffer& recv,
                                          const std::vector<std::size_t>& recv_bytes, Stream& stream,
                                          const CollOptions& o) {
-  const std::string op = describe("all_to_all_v");
+  const OpName op = op_name("all_to_all_v");
   const int me = comm_->caller_member(*g_, stream, op);
   const int n = size();
   if (static_cast<int>(send_bytes.size()) != n || static_cast<int>(recv_bytes.size()) != n)
-    throw UsageError(op + ": give one send and one receive size per member (" + std::to_string(n) +
+    throw UsageError(op.text() + ": give one send and one receive size per member (" + std::to_string(n) +
                      ")");
   check_buffer(send, sum(send_bytes), stream, op, "send");
   check_buffer(recv, sum(recv_bytes), stream, op, "receive");
   Call c;
   c.kind = "all_to_all_v";
-  c.text = "all_to_all_v(send " + detail::sizes_text(send_bytes) + " B, receive " +
-           detail::sizes_text(recv_bytes) + " B)";
+  c.text = [](const std::vector<PartyPhase>& plan) {
+    return "all_to_all_v(send " + detail::sizes_text(plan[0].send_bytes) + " B, receive " +
+           detail::sizes_text(plan[0].recv_bytes) + " B)";
+  };
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
@@ -163,13 +166,13 @@ std::optional<Event> Group::all_gather_v(const Buffer& send, std::size_t send_by
                                          const Buffer& recv,
                                          const std::vector<std::size_t>& recv_bytes, Stream& stream,
                                          const CollOptions& o) {
-  const std::string op = describe("all_gather_v");
+  const OpName op = op_name("all_gather_v");
   const int me = comm_->caller_member(*g_, stream, op);
   const int n = size();
   if (static_cast<int>(recv_bytes.size()) != n)
-    throw UsageError(op + ": give one receive size per member (" + std::to_string(n) + ")");
+    throw UsageError(op.text() + ": give one receive size per member (" + std::to_string(n) + ")");
   if (recv_bytes[size_t(me)] != send_bytes)
-    throw UsageError(op + ": this member sends " + std::to_string(send_bytes) +
+    throw UsageError(op.text() + ": this member sends " + std::to_string(send_bytes) +
                      " bytes but its own receive size is " +
                      std::to_string(recv_bytes[size_t(me)]));
   check_buffer(send, send_bytes, stream, op, "send");
@@ -179,8 +182,10 @@ std::optional<Event> Group::all_gather_v(const Buffer& send, std::size_t send_by
   const bool inplace = in_place(recv, send, ro[size_t(me)], me, op, "receive", "send");
   Call c;
   c.kind = "all_gather_v";
-  c.text = "all_gather_v(send " + std::to_string(send_bytes) + " B, receive " +
+  c.text = [send_bytes, recv_bytes](const std::vector<PartyPhase>&) {
+    return "all_gather_v(send " + std::to_string(send_bytes) + " B, receive " +
            detail::sizes_text(recv_bytes) + " B)";
+  };
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
@@ -210,11 +215,11 @@ std::optional<Event> Group::all_gather(const Buffer& send, const Buffer& recv, s
 std::optional<Event> Group::reduce_scatter(const Buffer& send, const Buffer& recv,
                                            const std::vector<std::size_t>& counts, Stream& stream,
                                            const CollOptions& o, Reduction red) {
-  const std::string op = describe("reduce_scatter");
+  const OpName op = op_name("reduce_scatter");
   const int me = comm_->caller_member(*g_, stream, op);
   const int n = size();
   if (static_cast<int>(counts.size()) != n)
-    throw UsageError(op + ": give one element count per member (" + std::to_string(n) + ")");
+    throw UsageError(op.text() + ": give one element count per member (" + std::to_string(n) + ")");
   std::vector<std::size_t> bytes(counts.size());
   const Reducing how = reducing(red);
   for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * how.bytes;
@@ -224,8 +229,9 @@ std::optional<Event> Group::reduce_scatter(const Buffer& send, const Buffer& rec
   const bool inplace = in_place(send, recv, so[size_t(me)], me, op, "send", "receive");
   Call c;
   c.kind = std::string("reduce_scatter(") + how.name + ")";
-  c.text =
-      std::string("reduce_scatter(") + how.name + ", counts " + detail::sizes_text(counts) + ")";
+  c.text = [name = how.name, counts](const std::vector<PartyPhase>&) {
+    return std::string("reduce_scatter(") + name + ", counts " + detail::sizes_text(counts) + ")";
+  };
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
@@ -269,7 +275,7 @@ std::optional<Event> Group::reduce_scatter(const Buffer& send, const Buffer& rec
 
 std::optional<Event> Group::all_reduce(const Buffer& send, const Buffer& recv, std::size_t count,
                                        Stream& stream, const CollOptions& o, Reduction red) {
-  const std::string op = describe("all_reduce");
+  const OpName op = op_name("all_reduce");
   const Reducing how = reducing(red);
   const int me = comm_->caller_member(*g_, stream, op);
   const int n = size();
@@ -285,7 +291,9 @@ std::optional<Event> Group::all_reduce(const Buffer& send, const Buffer& recv, s
   const std::size_t mine = chunk[size_t(me)];
   Call c;
   c.kind = std::string("all_reduce(") + how.name + ", " + std::to_string(count) + ")";
-  c.text = std::string("all_reduce(") + how.name + ", count " + std::to_string(count) + ")";
+  c.text = [name = how.name, count](const std::vector<PartyPhase>&) {
+    return std::string("all_reduce(") + name + ", count " + std::to_string(count) + ")";
+  };
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
@@ -323,16 +331,18 @@ std::optional<Event> Group::all_reduce(const Buffer& send, const Buffer& recv, s
 
 std::optional<Event> Group::broadcast(const Buffer& buf, std::size_t bytes, int root,
                                       Stream& stream, const CollOptions& o) {
-  const std::string op = describe("broadcast");
+  const OpName op = op_name("broadcast");
   const int me = comm_->caller_member(*g_, stream, op);
   const int n = size();
   if (root < 0 || root >= n)
-    throw UsageError(op + ": root " + std::to_string(root) + " is not a member index (0.." +
+    throw UsageError(op.text() + ": root " + std::to_string(root) + " is not a member index (0.." +
                      std::to_string(n - 1) + ")");
   check_buffer(buf, bytes, stream, op, "data");
   Call c;
   c.kind = "broadcast(root " + std::to_string(root) + ")";
-  c.text = "broadcast(root " + std::to_string(root) + ", " + std::to_string(bytes) + " B)";
+  c.text = [root, bytes](const std::vector<PartyPhase>&) {
+    return "broadcast(root " + std::to_string(root) + ", " + std::to_string(bytes) + " B)";
+  };
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
@@ -365,17 +375,20 @@ std::optional<Event> Group::broadcast(const Buffer& buf, std::size_t bytes, int 
 std::optional<Event> Group::send_recv(int peer, const Buffer& send, std::size_t send_bytes,
                                       const Buffer& recv, std::size_t recv_bytes, Stream& stream,
                                       const CollOptions& o) {
-  const std::string op = describe("send_recv");
+  const OpName op = op_name("send_recv");
   const int me = comm_->caller_member(*g_, stream, op);
   if (peer < 0 || peer >= size() || peer == me)
-    throw UsageError(op + ": peer " + std::to_string(peer) +
+    throw UsageError(op.text() + ": peer " + std::to_string(peer) +
                      " must be another member's index (0.." + std::to_string(size() - 1) + ")");
   check_buffer(send, send_bytes, stream, op, "send");
   check_buffer(recv, recv_bytes, stream, op, "receive");
   Call c;
   c.kind = "send_recv";
-  c.text = "send_recv(peer rank " + std::to_string(g_->ranks[size_t(peer)]) + ", send " +
+  c.text = [peer_rank = g_->ranks[size_t(peer)], send_bytes,
+            recv_bytes](const std::vector<PartyPhase>&) {
+    return "send_recv(peer rank " + std::to_string(peer_rank) + ", send " +
            std::to_string(send_bytes) + " B, receive " + std::to_string(recv_bytes) + " B)";
+  };
   const int lo = std::min(me, peer), hi = std::max(me, peer);
   c.parties = {lo, hi};
   c.party = me == lo ? 0 : 1;

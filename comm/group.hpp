@@ -27,6 +27,7 @@ namespace nodeemu {
 namespace detail {
 struct CommState;
 struct GroupState;
+struct OpName;
 }  // namespace detail
 
 struct CollOptions {
@@ -104,7 +105,8 @@ class Group {
   detail::GroupState& state() const { return *g_; }
 
  private:
-  std::string describe(const char* op) const;  // "op on group 'ep0' (ranks ...)"
+  // `op` on this group, for errors; UsageError if the handle is empty.
+  detail::OpName op_name(const char* op) const;
 
   std::shared_ptr<detail::CommState> comm_;
   std::shared_ptr<detail::GroupState> g_;
