@@ -17,26 +17,6 @@ namespace nodeemu::emu {
 
 namespace {
 
-const char* short_type(ValueType t) {
-  switch (t) {
-    case ValueType::Bool:
-      return "bool";
-    case ValueType::Int:
-      return "int";
-    case ValueType::Float:
-      return "float";
-    case ValueType::String:
-      return "string";
-    case ValueType::StringList:
-      return "[string]";
-    case ValueType::IntList:
-      return "[int]";
-    case ValueType::LayerPattern:
-      return "pattern";
-  }
-  return "?";
-}
-
 std::string section_of(const std::string& key) {
   const auto dot = key.find('.');
   return dot == std::string::npos ? "" : key.substr(0, dot);
@@ -68,7 +48,7 @@ int keys(const std::string& section, std::ostream& out) {
   };
   for (const auto& k : recipe_schema()) {
     if (!section.empty() && section_of(k.key) != section) continue;
-    const std::string line = pad(k.key, width + 2) + pad(short_type(k.type), 10) +
+    const std::string line = pad(k.key, width + 2) + pad(names_of(k.type).column, 10) +
                              pad(k.default_yaml.empty() ? "unset" : k.default_yaml, default_width);
     out << line << "  " << k.help;
     if (!k.choices.empty()) {

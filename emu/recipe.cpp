@@ -20,25 +20,6 @@ namespace nodeemu::emu {
 
 namespace {
 
-const char* type_name(ValueType t) {
-  switch (t) {
-    case ValueType::Bool:
-      return "true or false";
-    case ValueType::Int:
-      return "an integer";
-    case ValueType::Float:
-      return "a number";
-    case ValueType::String:
-      return "a string";
-    case ValueType::StringList:
-      return "a list of names, e.g. [a, b]";
-    case ValueType::IntList:
-      return "a list of integers, e.g. [2, 1]";
-    case ValueType::LayerPattern:
-      return "an integer N (every Nth layer) or one 0/1 per layer: [0, 1, 1] or \"([0]*1+[1]*2)\"";
-  }
-  return "?";
-}
 
 // Megatron's --moe-layer-freq expression (its arguments.py evaluates it as Python): a sum of
 // list literals, each optionally repeated, in optional parentheses: "([0]*3+[1]*58)". Returns
@@ -97,7 +78,7 @@ Value convert(const KeySpec& k, const YAML::Node& n, const std::string& where,
   v.origin = origin;
   auto bad = [&](const std::string& got) -> ConfigError {
     return ConfigError(where, k.key,
-                       at + "wants " + std::string(type_name(k.type)) + ", got " + got);
+                       at + "wants " + std::string(names_of(k.type).wanted) + ", got " + got);
   };
   auto int32_item = [&](std::int64_t x) {
     if (x < INT32_MIN || x > INT32_MAX)
@@ -473,6 +454,29 @@ std::map<std::string, std::string> Recipe::flattened() const {
   std::map<std::string, std::string> out;
   for (const auto& k : recipe_schema()) out[k.key] = to_yaml(value(k.key), k.type);
   return out;
+}
+
+ValueTypeNames names_of(ValueType t) {
+  switch (t) {
+    case ValueType::Bool:
+      return {"bool", "true or false"};
+    case ValueType::Int:
+      return {"int", "an integer"};
+    case ValueType::Float:
+      return {"float", "a number"};
+    case ValueType::String:
+      return {"string", "a string"};
+    case ValueType::StringList:
+      return {"[string]", "a list of names, e.g. [a, b]"};
+    case ValueType::IntList:
+      return {"[int]", "a list of integers, e.g. [2, 1]"};
+    case ValueType::LayerPattern:
+      return {"pattern",
+              "an integer N (every Nth layer) or one 0/1 per layer: [0, 1, 1] or "
+              "\"([0]*1+[1]*2)\""};
+  }
+  NE_CHECK(false, "names_of: a ValueType without names");
+  return {"?", "?"};
 }
 
 }  // namespace nodeemu::emu

@@ -29,6 +29,13 @@ struct MegatronFlag;
 // LayerPattern: Megatron's moe_layer_freq, an integer N (every Nth layer) or one 0/1 per layer,
 // as a list or as Megatron's Python expression ("([0]*3+[1]*58)"); stored as integers.
 enum class ValueType { Bool, Int, Float, String, StringList, IntList, LayerPattern };
+// How a type is named: `column` in `nodeemu keys` ("[int]"), `wanted` in a type error ("a list
+// of integers, e.g. [2, 1]"). One table, so a new type gets both names or does not compile.
+struct ValueTypeNames {
+  const char* column;
+  const char* wanted;
+};
+ValueTypeNames names_of(ValueType t);
 
 struct KeySpec {
   std::string key;  // key::model_num_layers

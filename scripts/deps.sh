@@ -29,15 +29,21 @@ nodeemu_install_missing() {
   fi
 }
 
-# Configures (once) and builds one CMake preset incrementally with the machine's cores.
+# Configures (once) and builds one CMake preset incrementally with the machine's cores:
+# nodeemu_build PRESET [TARGET...] builds everything, or only the targets.
 nodeemu_build() {
   local preset=$1
+  shift
   local dir=build
   [ "$preset" != default ] && dir=build-$preset
   if [ ! -f "$dir/CMakeCache.txt" ]; then
     cmake --preset "$preset" >&2
   fi
-  cmake --build --preset "$preset" -j "$(nproc)" >&2
+  if [ $# -eq 0 ]; then
+    cmake --build --preset "$preset" -j "$(nproc)" >&2
+  else
+    cmake --build --preset "$preset" -j "$(nproc)" --target "$@" >&2
+  fi
 }
 
 # Optional, benchmarks only: MPI for bench_mpi_alltoall, the reference of bench_comm. Installed by
