@@ -21,7 +21,7 @@
 namespace nodeemu::detail {
 
 struct GroupState {
-  GroupState(int id, std::string name, std::vector<int> ranks);
+  GroupState(int group_id, std::string group_name, std::vector<int> member_ranks);
   int id = 0;
   std::string name;
   std::vector<int> ranks;
@@ -47,10 +47,10 @@ struct Call {
   // The call as a mismatch or a misuse reports it, the kind with this party's sizes: rendered
   // from the party's plan (its sizes) and whatever else the call captured, only for a report.
   using Text = std::function<std::string(const std::vector<PartyPhase>& plan)>;
-  std::string kind;          // what must match across parties: "all_to_all_v", "broadcast(root 2)"
+  std::string kind;  // what must match across parties: "all_to_all_v", "broadcast(root 2)"
   Text text;
-  std::vector<int> parties;  // members taking part (all of them, or a p2p pair), party order
-  int party = 0;             // the caller's index in `parties`
+  std::vector<int> parties;      // members taking part (all of them, or a p2p pair), party order
+  int party = 0;                 // the caller's index in `parties`
   std::vector<PartyPhase> plan;  // one per phase, each sized parties.size()
   int sms = 0;
   int latency_steps = 1;  // alpha is this many times the slowest hop's latency

@@ -4,6 +4,7 @@
 
 #include "comm/comm_state.hpp"
 #include "comm/errors.hpp"
+#include "devices/check.hpp"
 #include "devices/node.hpp"
 
 namespace nodeemu {
@@ -32,8 +33,11 @@ CommState::CommState(Node& n, CommOptions o)
                           std::to_string(n.topology().gpu.sms) + ")");
 }
 
-GroupState::GroupState(int id_, std::string name_, std::vector<int> ranks_)
-    : id(id_), name(std::move(name_)), ranks(std::move(ranks_)), next_seq(ranks.size(), 0) {
+GroupState::GroupState(int group_id, std::string group_name, std::vector<int> member_ranks)
+    : id(group_id),
+      name(std::move(group_name)),
+      ranks(std::move(member_ranks)),
+      next_seq(ranks.size(), 0) {
   std::string r;
   for (int x : ranks) r += (r.empty() ? "" : ",") + std::to_string(x);
   label_ = "'" + name + "' (ranks " + r + ")";
@@ -70,6 +74,7 @@ int CommState::caller_member(const GroupState& g, const Stream& s, const OpName&
 
 std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const CollOptions& o) {
   MultiParty& e = multi_party;
+  NE_CHECK(static_cast<bool>(c.text), "a collective's Call without its report text");
   const int parties = static_cast<int>(c.parties.size());
   const int phases = static_cast<int>(c.plan.size());
   const int member = c.parties[size_t(c.party)];
@@ -91,8 +96,8 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
         c.kind.substr(0, c.kind.find('(')) + " #" + std::to_string(seq) + " on group " + g.label();
     OpenCall oc{e.open(parties, phases, std::move(label)),
                 std::make_shared<Exchange>(parties, phases, devices),
-                std::vector<std::string>(size_t(parties)),
-                std::vector<Call::Text>(size_t(parties)), 0};
+                std::vector<std::string>(size_t(parties)), std::vector<Call::Text>(size_t(parties)),
+                0};
     it = open.emplace(key, std::move(oc)).first;
   }
   OpenCall& oc = it->second;

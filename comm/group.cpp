@@ -125,8 +125,8 @@ std::optional<Event> Group::all_to_all_v(const Buffer& send,
   const int me = comm_->caller_member(*g_, stream, op);
   const int n = size();
   if (static_cast<int>(send_bytes.size()) != n || static_cast<int>(recv_bytes.size()) != n)
-    throw UsageError(op.text() + ": give one send and one receive size per member (" + std::to_string(n) +
-                     ")");
+    throw UsageError(op.text() + ": give one send and one receive size per member (" +
+                     std::to_string(n) + ")");
   check_buffer(send, sum(send_bytes), stream, op, "send");
   check_buffer(recv, sum(recv_bytes), stream, op, "receive");
   Call c;

@@ -20,7 +20,6 @@ namespace nodeemu::emu {
 
 namespace {
 
-
 // Megatron's --moe-layer-freq expression (its arguments.py evaluates it as Python): a sum of
 // list literals, each optionally repeated, in optional parentheses: "([0]*3+[1]*58)". Returns
 // the integers, or nothing when the text is not of that form.
