@@ -30,7 +30,8 @@ struct MegatronFlag;
 // as a list or as Megatron's Python expression ("([0]*3+[1]*58)"); stored as integers.
 enum class ValueType { Bool, Int, Float, String, StringList, IntList, LayerPattern };
 // How a type is named: `column` in `nodeemu keys` ("[int]"), `wanted` in a type error ("a list
-// of integers, e.g. [2, 1]"). One table, so a new type gets both names or does not compile.
+// of integers, e.g. [2, 1]"). One table, so a new type gets both names: a missing case is a
+// -Wswitch warning at build time and an invariant failure if reached.
 struct ValueTypeNames {
   const char* column;
   const char* wanted;
