@@ -26,16 +26,8 @@ Engine::~Engine() {
 }
 
 int Engine::add_device(const GpuSpec* spec, WorkerPool* pool, std::string name) {
-  DeviceState& d = devices_.emplace_back();
-  d.id = static_cast<int>(devices_.size()) - 1;
-  d.spec = spec;
-  d.pool = pool;
+  DeviceState& d = devices_.emplace_back(static_cast<int>(devices_.size()), *spec, pool);
   d.queue_last.assign(static_cast<size_t>(max_connections_), kNoOp);
-  d.sm = {ResourceKind::Sm, spec->sms, {}, {}};
-  d.h2d = {ResourceKind::H2D, std::max(1, spec->h2d_copy_engines), {}, {}};
-  d.d2h = {ResourceKind::D2H, std::max(1, spec->d2h_copy_engines), {}, {}};
-  d.d2d = {ResourceKind::D2D, 1, {}, {}};
-  d.mem = MemoryAccount(spec->hbm_bytes);
   layout_.device_names.push_back(std::move(name));
   // Copy-engine tracks come first so that their ids do not move as streams are created.
   d.h2d_track = add_track(d.id, "copy engine H2D");
@@ -277,10 +269,10 @@ void Engine::start(OpId id) {
     // waits for.
     op.start = now_;
     if (op.res == ResourceKind::Sm) {
-      admit(resource(op), id);
+      admit(id);
       return;
     }
-    if (op.res != ResourceKind::None) admit(resource(op), id);
+    if (op.res != ResourceKind::None) admit(id);
     arrive(op.rendezvous);
     return;
   }
@@ -289,7 +281,7 @@ void Engine::start(OpId id) {
     finish(id);
     return;
   }
-  admit(resource(op), id);
+  admit(id);
 }
 
 void Engine::finish(OpId id) {
@@ -297,15 +289,11 @@ void Engine::finish(OpId id) {
   op.end = now_;
   op.remaining = 0;
   if (op.res != ResourceKind::None) {
-    Resource& r = resource(op);
-    auto it = std::find(r.active.begin(), r.active.end(), id);
-    if (it != r.active.end()) {
-      r.active.erase(it);
-      while (!r.waiting.empty() && static_cast<int>(r.active.size()) < r.capacity) {
-        activate(r, r.waiting.front());
-        r.waiting.pop_front();
-      }
-      rerate(devices_[static_cast<size_t>(op.device)]);
+    DeviceState& d = devices_[static_cast<size_t>(op.device)];
+    copies_started_.clear();
+    if (d.resources.release(op.res, id, copies_started_)) {
+      for (OpId next : copies_started_) begin_running(next);
+      rerate(d);
     }
   }
   OpRecord rec{

@@ -15,9 +15,8 @@
 //    decides how fast we get there. The functional plane (real kernel bodies on worker pools)
 //    runs alongside and is joined at each synchronize.
 //
-// Resources are fluid: kernels share a device's SMs (communication kernels hold theirs, compute
-// kernels of the highest priority present share the rest equally), copies share their PCIe
-// direction among up to `copy_engines` active copies, and a rate change re-times the affected
+// Resources are fluid: kernels share a device's SMs and copies its copy engines by the rules of
+// SharedResources (detail/shared_resources.hpp), and a rate change re-times the affected
 // operations (each re-timing rounds up to the next picosecond: deterministic, not drift-free).
 //
 // Multi-party operations (collectives, point-to-point) are rendezvous: every party puts one
@@ -37,10 +36,11 @@
 //
 // Parts (devices/detail/, each one concept with its own tests; SimGrid's kernel models are the
 // example): the Actors (host programs, the runnable set, the hand-over), the Calendar (virtual
-// time's future events), the FlowNetwork (links and max-min flows), each device's MemoryAccount
+// time's future events), each device's SharedResources (who runs on its SMs and copy engines,
+// and at what rate), the FlowNetwork (links and max-min flows), each device's MemoryAccount
 // (allocations, deferred releases, peaks) and the HangWatchdog (the only wall-clock reader). What
 // is still in this class: the operations and their streams and hardware queues (engine.cpp), the
-// ways a host blocks (engine_hosts.cpp), the fluid sharing of SMs and copy engines
+// ways a host blocks (engine_hosts.cpp), applying the shared resources' rates to the operations
 // (engine_resources.cpp) and the rendezvous' functional plane (engine_rendezvous.cpp).
 #pragma once
 
@@ -59,6 +59,7 @@
 #include "devices/detail/hang_watchdog.hpp"
 #include "devices/detail/memory_account.hpp"
 #include "devices/detail/op_id.hpp"
+#include "devices/detail/shared_resources.hpp"
 #include "devices/gpu_spec.hpp"
 #include "devices/trace.hpp"
 #include "devices/units.hpp"
@@ -69,8 +70,6 @@ class WorkerPool;
 }
 
 namespace nodeemu::detail {
-
-enum class ResourceKind : std::uint8_t { None, Sm, H2D, D2H, D2D };
 
 inline constexpr RendezvousId kNoRendezvous = UINT32_MAX;
 // A rendezvous whose parties send at most this much in all runs on one worker (wire_party):
@@ -108,13 +107,10 @@ struct Op {
   }
   std::string name;
   VTime ready_at = 0;
-  VTime start = -1, end = -1;    // on its resource (a queued copy starts when an engine is free)
-  bool dispatched = false;       // left its hardware queue
-  bool holding = false;          // a communication kernel that has got its SMs (and, in a
-                                 // rendezvous, arrived: it spins on its peers)
-  bool waiting_for_sms = false;  // a communication kernel behind compute of its priority
-  double remaining = 0;          // picoseconds of work at full rate
-  double duration_s = 0;         // its price: the time alone at full rate
+  VTime start = -1, end = -1;  // on its resource (a queued copy starts when an engine is free)
+  bool dispatched = false;     // left its hardware queue
+  double remaining = 0;        // picoseconds of work at full rate
+  double duration_s = 0;       // its price: the time alone at full rate
   double rate = 0;
   VTime last_update = 0;
   std::uint32_t version = 0;
@@ -178,20 +174,15 @@ struct EventState {
   std::shared_ptr<FuncTask> task;
 };
 
-struct Resource {
-  ResourceKind kind = ResourceKind::None;
-  int capacity = 1;  // SMs for Sm; concurrent copies otherwise
-  std::vector<OpId> active;
-  std::deque<OpId> waiting;
-};
-
 struct DeviceState {
+  DeviceState(int id_, const GpuSpec& spec_, WorkerPool* pool_)
+      : id(id_), spec(&spec_), pool(pool_), resources(spec_), mem(spec_.hbm_bytes) {}
   int id;
   const GpuSpec* spec;
   WorkerPool* pool;
   std::vector<StreamState*> streams;
   std::vector<OpId> queue_last;
-  Resource sm, h2d, d2h, d2d;
+  SharedResources resources;
   int h2d_track, d2h_track, d2d_track;
   int next_track = 0;
   MemoryAccount mem;
@@ -326,11 +317,14 @@ class Engine {
   void drain_starts();
   void start(OpId id);
   void finish(OpId id);
-  Resource& resource(const Op& op);
-  void admit(Resource& r, OpId id);
-  void activate(Resource& r, OpId id);
-  // Hands out the rates of every operation running on the device (its SMs, copy engines): the
-  // resources are coupled by the measured contention (SMs held, HBM and PCIe beside a GEMM).
+  // Puts a started operation on its resource (SharedResources::admit); it runs from now, or
+  // from when a copy engine frees.
+  void admit(OpId id);
+  // It runs from now: its work is settled from here at the rates rerate gives.
+  void begin_running(OpId id);
+  // Gives every operation running on the device the rate its shared resources now allow
+  // (SharedResources::share); a communication kernel that gets its SMs starts, and a rendezvous
+  // party arrives.
   void rerate(DeviceState& d);
   void set_rate(OpId id, double rate);
   void block_current();
@@ -373,6 +367,7 @@ class Engine {
   std::thread::id main_thread_;
   Calendar calendar_;
   std::vector<OpId> start_list_;
+  std::vector<OpId> copies_started_;  // scratch of finish(): kept to allocate nothing
   VTime now_ = 0;
   FunctionalExecutor exec_;
   std::vector<TimelineObserver*> observers_;
