@@ -178,8 +178,8 @@ OpId Engine::issue(StreamState& s, Issue in) {
   }
   op.rendezvous = in.rendezvous;
   if (mode_ == Mode::Functional && in.rendezvous != kNoRendezvous) {
-    wire_party(rvs_[in.rendezvous], s, id, in.waits, std::move(in.phase_bodies),
-               std::move(in.uses));
+    join_functional(rvs_[in.rendezvous], s, id, in.waits, std::move(in.phase_bodies),
+                    std::move(in.uses));
   } else if (mode_ == Mode::Functional) {
     auto t = exec_.make(id, s.device, s.name, op.name, std::move(in.body), d.pool);
     t->keep = std::move(in.uses);

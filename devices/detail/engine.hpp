@@ -27,27 +27,26 @@
 // after the last party has arrived and is a fluid flow over the fabric's links (NVLink ports,
 // NICs), which share their bandwidth max-min fairly among the flows crossing them (SimGrid's
 // network model, without its TCP corrections). Every party completes when the flow does.
-// On the functional plane a rendezvous is a small dataflow graph: a barrier behind every party's
-// stream, one task per party and phase on the party's worker pool, a barrier between phases, and
-// a completion marker that every party's stream continues from. No task ever waits for another
-// thread, so any number of ranks run on any number of worker tokens. A small rendezvous runs
-// every party's tasks on one thread: inline (kInlineRendezvousBytes) or on one worker
-// (kOneWorkerRendezvousBytes).
+// On the functional plane a rendezvous is a small dataflow graph
+// (detail/functional_rendezvous.hpp).
 //
 // Parts (devices/detail/, each one concept with its own tests; SimGrid's kernel models are the
 // example): the Actors (host programs, the runnable set, the hand-over), the Calendar (virtual
 // time's future events), each device's SharedResources (who runs on its SMs and copy engines,
-// and at what rate), the FlowNetwork (links and max-min flows), each device's MemoryAccount
+// and at what rate), the FlowNetwork (links and max-min flows), each rendezvous'
+// FunctionalRendezvous (its dataflow graph and where its parts run), each device's MemoryAccount
 // (allocations, deferred releases, peaks) and the HangWatchdog (the only wall-clock reader). What
-// is still in this class: the operations and their streams and hardware queues (engine.cpp), the
-// ways a host blocks (engine_hosts.cpp), applying the shared resources' rates to the operations
-// (engine_resources.cpp) and the rendezvous' functional plane (engine_rendezvous.cpp).
+// is this class's own: the operations, their streams and hardware queues and their life from
+// issue to completion (engine.cpp), the ways a host blocks (engine_hosts.cpp), and the glue that
+// hands each part what it decides from (engine_resources.cpp, engine_rendezvous.cpp,
+// engine_memory.cpp).
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -56,6 +55,7 @@
 #include "devices/detail/calendar.hpp"
 #include "devices/detail/flow_network.hpp"
 #include "devices/detail/functional.hpp"
+#include "devices/detail/functional_rendezvous.hpp"
 #include "devices/detail/hang_watchdog.hpp"
 #include "devices/detail/memory_account.hpp"
 #include "devices/detail/op_id.hpp"
@@ -72,13 +72,6 @@ class WorkerPool;
 namespace nodeemu::detail {
 
 inline constexpr RendezvousId kNoRendezvous = UINT32_MAX;
-// A rendezvous whose parties send at most this much in all runs on one worker (wire_party):
-// below it, waking a thread per party costs more than the copies it would share. Measured with
-// bench_comm on 2 cores (bench/README): one worker was faster for 2 x 1 MiB (2 MiB in all) and
-// 8 x 64 KiB (3.5 MiB), slower for 8 x 256 KiB (14 MiB).
-inline constexpr double kOneWorkerRendezvousBytes = 4.0 * 1024 * 1024;
-// ... and one of at most this much runs inline, on the thread that makes it ready.
-inline constexpr double kInlineRendezvousBytes = 64.0 * 1024;
 
 // Device memory the host has let go of, returned to the account once every operation that used
 // it (on any stream) has completed: record_stream semantics.
@@ -136,20 +129,8 @@ struct Rendezvous {
   std::vector<OpId> members;
   double alpha_s = 0;           // the largest latency any party asked for
   std::vector<LinkLoad> loads;  // summed over the parties
-  // Functional plane: barriers[k] opens phase k; `done` is what every party's stream waits on.
-  std::vector<std::shared_ptr<FuncTask>> barriers;
-  std::shared_ptr<FuncTask> done;
-  // Each party's phase bodies, kept until the last party joins: only then is the operation's
-  // size known, which decides where they run.
-  struct Party {
-    std::uint64_t seq;
-    int device;
-    std::string stream, name;
-    std::vector<std::function<void()>> bodies;
-    std::vector<std::shared_ptr<BufferState>> uses;
-  };
-  std::vector<Party> waiting;
-  double payload_bytes = 0;  // summed over the parties that joined
+  // Its functional plane, from the first party's join (functional mode only).
+  std::optional<FunctionalRendezvous> functional;
   // Timing plane: the transfer is a flow of the network (FlowNetwork) while `flowing`.
   bool flowing = false;
   bool complete = false;
@@ -250,7 +231,7 @@ class Engine {
   // party's kernel holds from its start to the end of the transfer (0 for copy-engine or
   // NIC-driven transfers). `alpha_s` and `loads` add to the transfer's latency (the largest
   // wins) and to its link loads. phase_bodies[k] runs on the party's pool in phase k (when the
-  // whole operation is small, every party's on one thread: see kOneWorkerRendezvousBytes).
+  // whole operation is small, every party's on one thread: see FunctionalRendezvous).
   // `payload_bytes`: what this party sends to the others, for the trace (OpRecord::bytes).
   OpId join_rendezvous(RendezvousId rv, StreamState& s, std::string name, int sms,
                        double host_cost_s, double latency_s, double alpha_s,
@@ -343,9 +324,11 @@ class Engine {
   void catch_up_to_host();
   void emit_host(int host, const std::string& name, VTime start, VTime end);
   void wait_real(const std::shared_ptr<FuncTask>& task);
-  void wire_party(Rendezvous& r, StreamState& s, OpId id, const EventState* waits,
-                  std::vector<std::function<void()>> bodies,
-                  std::vector<std::shared_ptr<BufferState>> uses);
+  // Joins issued party `id` to its rendezvous' functional plane; its stream continues from the
+  // whole operation's end.
+  void join_functional(Rendezvous& r, StreamState& s, OpId id, const EventState* waits,
+                       std::vector<std::function<void()>> bodies,
+                       std::vector<std::shared_ptr<BufferState>> uses);
   void arrive(RendezvousId rv);
   void start_flow(RendezvousId rv);
   void finish_rendezvous(RendezvousId rv);

@@ -1,5 +1,6 @@
-// The engine's multi-party operations: rendezvous on both planes (their transfers are flows of
-// the FlowNetwork), and the reports that turn a hang into an error (see engine.hpp).
+// The engine's multi-party operations: rendezvous on the timing plane (their transfers are flows
+// of the FlowNetwork), joined to their functional plane (FunctionalRendezvous), and the reports
+// that turn a hang into an error (see engine.hpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -31,8 +32,6 @@ OpId Engine::join_rendezvous(RendezvousId rv, StreamState& s, std::string name, 
                              std::vector<std::shared_ptr<BufferState>> uses, double payload_bytes) {
   Rendezvous& r = rvs_[rv];
   NE_CHECK(r.joined < r.parties, "more parties joined a rendezvous than it has");
-  NE_CHECK(static_cast<int>(phase_bodies.size()) == r.phases || mode_ == Mode::Meta,
-           "a rendezvous party needs one body per phase");
   r.alpha_s = std::max(r.alpha_s, alpha_s);
   r.loads.insert(r.loads.end(), loads.begin(), loads.end());
   Issue in{OpKind::Comm,
@@ -56,58 +55,16 @@ OpId Engine::join_rendezvous(RendezvousId rv, StreamState& s, std::string name, 
   return id;
 }
 
-void Engine::wire_party(Rendezvous& r, StreamState& s, OpId id, const EventState* waits,
-                        std::vector<std::function<void()>> bodies,
-                        std::vector<std::shared_ptr<BufferState>> uses) {
+void Engine::join_functional(Rendezvous& r, StreamState& s, OpId id, const EventState* waits,
+                             std::vector<std::function<void()>> bodies,
+                             std::vector<std::shared_ptr<BufferState>> uses) {
+  if (!r.functional) r.functional.emplace(exec_, r.parties, r.phases, r.label);
   Op& op = ops_[id];
-  const std::uint64_t seq = id;
-  if (r.barriers.empty()) {
-    for (int k = 0; k < r.phases; ++k)
-      r.barriers.push_back(exec_.make(seq, -1, "", r.label + " barrier", nullptr, nullptr));
-    r.done = exec_.make(seq, -1, "", r.label, nullptr, nullptr);
-  }
-  // Phase 0 opens once every party's stream has got here: no party's buffers are touched before
-  // their owner's earlier work is done.
-  exec_.depend(r.barriers[0], s.last_task);
-  if (waits) exec_.depend(r.barriers[0], waits->task);
-  // Every party's stream continues after the whole operation: a peer may still be reading this
-  // party's send buffer until then. For the same reason the buffers live until then: a party's
-  // own phase tasks may finish first (a deferred exchange's receivers pull from the senders'
-  // buffers), and the host may have dropped its last handle already.
-  r.done->keep.insert(r.done->keep.end(), uses.begin(), uses.end());
-  op.task = r.done;
-  s.last_task = r.done;
-  r.payload_bytes += op.bytes;
-  r.waiting.push_back({seq, s.device, s.name, op.name, std::move(bodies), std::move(uses)});
-  if (r.joined + 1 < r.parties) return;
-  // A small operation runs every party's part on one thread: waking a worker per party cost more
-  // than the bytes (P thread switches per phase on a host with fewer cores than emulated GPUs: a
-  // 64-byte all-to-all of 8 ranks took 370 us). One thread can do every part alone: a part waits
-  // only for a role another thread holds (Exchange::run), and the bytes are the same whoever
-  // copies them. A tiny one runs inline (no pool: on the thread that makes it ready, often this
-  // host, which would otherwise hand it to a worker and wait); a larger one on the first party's
-  // worker, so that the host goes on issuing while it is copied.
-  enum class Where { Inline, OneWorker, OwnWorkers };
-  const Where where = r.payload_bytes <= kInlineRendezvousBytes      ? Where::Inline
-                      : r.payload_bytes <= kOneWorkerRendezvousBytes ? Where::OneWorker
-                                                                     : Where::OwnWorkers;
-  for (Rendezvous::Party& p : r.waiting) {
-    const int device = where == Where::OneWorker ? r.waiting.front().device : p.device;
-    WorkerPool* pool =
-        where == Where::Inline ? nullptr : devices_[static_cast<size_t>(device)].pool;
-    for (int k = 0; k < r.phases; ++k) {
-      auto t = exec_.make(p.seq, p.device, p.stream, p.name,
-                          std::move(p.bodies[static_cast<size_t>(k)]), pool);
-      t->keep = p.uses;
-      exec_.depend(t, r.barriers[static_cast<size_t>(k)]);
-      exec_.arm(t);
-      // The next phase, or the end, waits for every party's part of this one.
-      exec_.depend(k + 1 < r.phases ? r.barriers[static_cast<size_t>(k + 1)] : r.done, t);
-    }
-  }
-  r.waiting.clear();
-  for (auto& b : r.barriers) exec_.arm(b);
-  exec_.arm(r.done);
+  DeviceState& d = devices_[static_cast<size_t>(s.device)];
+  op.task = r.functional->join(
+      {id, s.device, d.pool, s.name, op.name, std::move(bodies), std::move(uses), op.bytes},
+      s.last_task, waits ? waits->task : nullptr);
+  s.last_task = op.task;
 }
 
 void Engine::drain_functional(bool final) {
@@ -116,14 +73,13 @@ void Engine::drain_functional(bool final) {
   if (final)
     while (!calendar_.empty()) advance();
   for (Rendezvous& r : rvs_) {
-    if (r.complete || r.barriers.empty()) continue;
+    if (r.complete || !r.functional) continue;
     // A party never joined, or the operation is part of a cycle (ranks issuing collectives in
     // different orders): its functional graph can never complete on its own. Abandon it, so
     // that its tasks skip their bodies and everything behind it is poisoned.
     if (!(final || deadlocked_ || r.joined < r.parties)) continue;
     const std::string why = "'" + r.label + "' never completed (see the deadlock report)";
-    for (auto& b : r.barriers) exec_.abandon(b, why);
-    exec_.abandon(r.done, why);
+    r.functional->abandon(why);
   }
   exec_.drain();
 }

@@ -1,0 +1,78 @@
+// A multi-party operation (a collective, a point-to-point exchange) on the functional plane: a
+// small dataflow graph of FunctionalExecutor tasks. A barrier behind every party's stream opens
+// phase 0; each party runs one task per phase; a barrier between phases; a completion task that
+// every party's stream continues from. No task ever waits for another thread, so any number of
+// ranks run on any number of worker threads.
+//
+// Where the parties' tasks run is decided once, when the last party joins and the operation's
+// size is known (its whole footprint, not per transfer): every party's on one thread when it is
+// small (kInlineRendezvousBytes, kOneWorkerRendezvousBytes), each on its own device's workers
+// otherwise. The timing plane of the same operation is the engine's (a flow of the FlowNetwork).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "devices/detail/functional.hpp"
+
+namespace nodeemu {
+class WorkerPool;
+}
+
+namespace nodeemu::detail {
+
+// A rendezvous whose parties send at most this much in all runs on one worker: below it, waking
+// a thread per party costs more than the copies it would share. Measured with bench_comm on 2
+// cores (bench/README): one worker was faster for 2 x 1 MiB (2 MiB in all) and 8 x 64 KiB
+// (3.5 MiB), slower for 8 x 256 KiB (14 MiB).
+inline constexpr double kOneWorkerRendezvousBytes = 4.0 * 1024 * 1024;
+// ... and one of at most this much runs inline, on the thread that makes it ready.
+inline constexpr double kInlineRendezvousBytes = 64.0 * 1024;
+
+class FunctionalRendezvous {
+ public:
+  // One party's part of the operation.
+  struct Party {
+    std::uint64_t seq;  // its operation's id: failures report the earliest
+    int device;
+    WorkerPool* pool;  // its device's workers
+    std::string stream, name;
+    std::vector<std::function<void()>> bodies;  // one per phase
+    std::vector<std::shared_ptr<BufferState>> uses;
+    double payload_bytes;  // what it sends to the others
+  };
+
+  // `exec` outlives the rendezvous (the engine owns both).
+  FunctionalRendezvous(FunctionalExecutor& exec, int parties, int phases, std::string label);
+
+  // Joins a party whose stream has got as far as `stream_last` (and, when the launch waits on an
+  // event, `event`): its bodies run once every party's stream has got here. Returns the task its
+  // stream continues from: the whole operation's end, since a peer may read this party's send
+  // buffer until then. The last party's join decides where the tasks run and arms them.
+  std::shared_ptr<FuncTask> join(Party party, const std::shared_ptr<FuncTask>& stream_last,
+                                 const std::shared_ptr<FuncTask>& event);
+  // Completes a graph that can never run on its own (a party never joined, or the operation is
+  // part of a cycle of the program's) as failed with `why`: its tasks skip their bodies and
+  // everything behind it is poisoned.
+  void abandon(const std::string& why);
+
+  int joined() const { return joined_; }
+
+ private:
+  void wire();
+
+  FunctionalExecutor* exec_;
+  int parties_, phases_;
+  int joined_ = 0;
+  std::string label_;
+  std::vector<std::shared_ptr<FuncTask>> barriers_;  // barriers_[k] opens phase k
+  std::shared_ptr<FuncTask> done_;                   // every party's stream continues from it
+  // Each party's bodies, kept until the last party joins: only then is the size known.
+  std::vector<Party> waiting_;
+  double payload_bytes_ = 0;  // summed over the parties that joined
+};
+
+}  // namespace nodeemu::detail

@@ -1,0 +1,128 @@
+#include "devices/detail/functional_rendezvous.hpp"
+
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "devices/worker_pool.hpp"
+
+namespace nodeemu::detail {
+namespace {
+
+// What the parties' bodies did, in the order they did it.
+struct Log {
+  std::mutex mu;
+  std::vector<std::string> events;
+  void add(std::string e) {
+    std::lock_guard lk(mu);
+    events.push_back(std::move(e));
+  }
+  std::size_t index(const std::string& e) {
+    std::lock_guard lk(mu);
+    for (std::size_t i = 0; i < events.size(); ++i)
+      if (events[i] == e) return i;
+    return events.size();
+  }
+};
+
+FunctionalRendezvous::Party party(int rank, int phases, Log& log, WorkerPool* pool = nullptr,
+                                  double bytes = 64) {
+  FunctionalRendezvous::Party p{
+      std::uint64_t(rank), rank, pool, "s" + std::to_string(rank), "a2a", {}, {}, bytes};
+  for (int k = 0; k < phases; ++k)
+    p.bodies.push_back([&log, rank, k] {
+      log.add("rank " + std::to_string(rank) + " phase " + std::to_string(k));
+    });
+  return p;
+}
+
+// A party's stream up to the operation: a marker armed when the test says its earlier work is
+// done.
+std::shared_ptr<FuncTask> stream_work(FunctionalExecutor& exec, int rank) {
+  return exec.make(std::uint64_t(100 + rank), rank, "s", "earlier work", nullptr, nullptr);
+}
+
+TEST(FunctionalRendezvous, NoBodyRunsBeforeEveryPartysStreamHasGotThere) {
+  FunctionalExecutor exec;
+  Log log;
+  FunctionalRendezvous r(exec, 3, 1, "all_to_all #0");
+  std::vector<std::shared_ptr<FuncTask>> earlier, ends;
+  for (int rank = 0; rank < 3; ++rank) {
+    earlier.push_back(stream_work(exec, rank));
+    ends.push_back(r.join(party(rank, 1, log), earlier.back(), nullptr));
+  }
+  EXPECT_EQ(r.joined(), 3);
+  // Every party's stream continues from one task: the whole operation's end.
+  EXPECT_EQ(ends[0], ends[1]);
+  EXPECT_EQ(ends[1], ends[2]);
+  exec.arm(earlier[0]);
+  exec.arm(earlier[2]);
+  EXPECT_TRUE(log.events.empty());  // rank 1's stream is not there yet
+  exec.arm(earlier[1]);             // small: runs inline, on this thread, now
+  exec.drain();
+  EXPECT_EQ(log.events.size(), 3u);
+  EXPECT_TRUE(ends[0]->done);
+  EXPECT_FALSE(ends[0]->failure);
+}
+
+TEST(FunctionalRendezvous, AnEventTheLaunchWaitsOnHoldsPhaseZeroToo) {
+  FunctionalExecutor exec;
+  Log log;
+  FunctionalRendezvous r(exec, 2, 1, "send/recv #0");
+  auto event = exec.make(7, 0, "other", "event", nullptr, nullptr);
+  r.join(party(0, 1, log), nullptr, event);
+  auto end = r.join(party(1, 1, log), nullptr, nullptr);
+  EXPECT_TRUE(log.events.empty());
+  exec.arm(event);
+  exec.drain();
+  EXPECT_EQ(log.events.size(), 2u);
+  EXPECT_TRUE(end->done);
+}
+
+// Every party's part of phase k runs before any part of phase k + 1: the receivers of phase 1
+// read what every sender wrote in phase 0. On worker pools (8 MiB in all: each on its own
+// device's workers) as well as inline.
+TEST(FunctionalRendezvous, PhasesAreBarriersAcrossParties) {
+  for (double bytes : {64.0, 4.0 * 1024 * 1024}) {
+    ExecutionBudget budget(2);
+    WorkerPool pool0("dev0", 2, {}, budget), pool1("dev1", 2, {}, budget);
+    FunctionalExecutor exec;
+    Log log;
+    {
+      FunctionalRendezvous r(exec, 2, 3, "all_to_all #1");
+      r.join(party(0, 3, log, &pool0, bytes), nullptr, nullptr);
+      r.join(party(1, 3, log, &pool1, bytes), nullptr, nullptr);
+    }
+    exec.drain();
+    ASSERT_EQ(log.events.size(), 6u) << bytes;
+    for (int k = 0; k + 1 < 3; ++k)
+      for (int a = 0; a < 2; ++a)
+        for (int b = 0; b < 2; ++b)
+          EXPECT_LT(log.index("rank " + std::to_string(a) + " phase " + std::to_string(k)),
+                    log.index("rank " + std::to_string(b) + " phase " + std::to_string(k + 1)))
+              << bytes;
+  }
+}
+
+// A party that never joins: the graph is abandoned, nothing runs, and the stream behind it is
+// poisoned with the reason (the deadlock report's, in the engine).
+TEST(FunctionalRendezvous, AbandonedSkipsTheBodiesAndPoisonsWhatFollows) {
+  FunctionalExecutor exec;
+  Log log;
+  FunctionalRendezvous r(exec, 2, 2, "all_reduce #4");
+  auto end = r.join(party(0, 2, log), nullptr, nullptr);
+  auto after = exec.make(
+      9, 0, "s0", "next kernel", [&log] { log.add("next kernel"); }, nullptr);
+  exec.depend(after, end);
+  exec.arm(after);
+  r.abandon("'all_reduce #4' never completed");
+  exec.drain();
+  EXPECT_TRUE(log.events.empty());
+  ASSERT_TRUE(after->failure);
+  EXPECT_EQ(after->failure->cause, "'all_reduce #4' never completed");
+}
+
+}  // namespace
+}  // namespace nodeemu::detail
