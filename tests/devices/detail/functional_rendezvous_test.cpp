@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -82,10 +83,10 @@ TEST(FunctionalRendezvous, AnEventTheLaunchWaitsOnHoldsPhaseZeroToo) {
 }
 
 // Every party's part of phase k runs before any part of phase k + 1: the receivers of phase 1
-// read what every sender wrote in phase 0. On worker pools (8 MiB in all: each on its own
-// device's workers) as well as inline.
+// read what every sender wrote in phase 0. Inline (128 bytes in all), on the first party's
+// pool (2 MiB), each on its own device's pool (8 MiB).
 TEST(FunctionalRendezvous, PhasesAreBarriersAcrossParties) {
-  for (double bytes : {64.0, 4.0 * 1024 * 1024}) {
+  for (double bytes : {64.0, 1024.0 * 1024, 4.0 * 1024 * 1024}) {
     ExecutionBudget budget(2);
     WorkerPool pool0("dev0", 2, {}, budget), pool1("dev1", 2, {}, budget);
     FunctionalExecutor exec;
@@ -103,6 +104,34 @@ TEST(FunctionalRendezvous, PhasesAreBarriersAcrossParties) {
           EXPECT_LT(log.index("rank " + std::to_string(a) + " phase " + std::to_string(k)),
                     log.index("rank " + std::to_string(b) + " phase " + std::to_string(k + 1)))
               << bytes;
+  }
+}
+
+// A party's failed part is reported as that party's operation, whichever thread ran it; the
+// other parts of that phase still run, and no later phase does (a sticky error). Inline (192
+// bytes in all), on the first party's pool (3 MiB), each on its own pool (12 MiB).
+TEST(FunctionalRendezvous, AFailedPartIsItsPartys) {
+  for (double bytes : {64.0, 1024.0 * 1024, 4.0 * 1024 * 1024}) {
+    ExecutionBudget budget(2);
+    WorkerPool pool0("dev0", 1, {}, budget), pool1("dev1", 1, {}, budget),
+        pool2("dev2", 1, {}, budget);
+    WorkerPool* pools[] = {&pool0, &pool1, &pool2};
+    FunctionalExecutor exec;
+    Log log;
+    FunctionalRendezvous r(exec, 3, 2, "all_to_all #2");
+    std::shared_ptr<FuncTask> end;
+    for (int rank = 0; rank < 3; ++rank) {
+      auto p = party(rank, 2, log, pools[rank], bytes);
+      if (rank >= 1)
+        p.bodies[0] = [rank] { throw std::runtime_error("bad split " + std::to_string(rank)); };
+      end = r.join(std::move(p), nullptr, nullptr);
+    }
+    exec.drain();
+    ASSERT_TRUE(end->failure) << bytes;
+    EXPECT_EQ(end->failure->seq, 1u) << bytes;  // the earliest failed party's
+    EXPECT_EQ(end->failure->stream, "s1") << bytes;
+    EXPECT_EQ(end->failure->cause, "bad split 1") << bytes;
+    EXPECT_EQ(log.events, std::vector<std::string>{"rank 0 phase 0"}) << bytes;
   }
 }
 
