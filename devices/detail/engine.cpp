@@ -109,11 +109,19 @@ void Engine::link_queue(DeviceState& d, StreamState& s, OpId id) {
   last = id;
 }
 
-void Engine::finish_issue(OpId id) {
+void Engine::finish_issue(OpId id, VTime latency) {
   Op& op = ops_[id];
   NE_CHECK(op.ready_at >= now_, "an operation was issued in the virtual past");
   ++op.unmet;  // the time gate
-  calendar_.schedule(op.ready_at, Calendar::What::Gate, id);
+  // A host's clock only moves forward, so its gates of one latency come in time order: one
+  // calendar lane each (a host uses one or two latencies: a launch's and none).
+  if (gate_lanes_.size() <= static_cast<std::size_t>(op.host))
+    gate_lanes_.resize(static_cast<std::size_t>(op.host) + 1);
+  std::vector<GateLane>& lanes = gate_lanes_[static_cast<std::size_t>(op.host)];
+  auto it = std::find_if(lanes.begin(), lanes.end(),
+                         [&](const GateLane& l) { return l.latency == latency; });
+  if (it == lanes.end()) it = lanes.insert(lanes.end(), {latency, calendar_.add_lane()});
+  calendar_.schedule(it->lane, op.ready_at, Calendar::What::Gate, id);
 }
 
 void Engine::wait_for_launch_slot(StreamState& s, const DeviceState& d) {
@@ -162,7 +170,8 @@ OpId Engine::issue(StreamState& s, Issue in) {
   op.bytes = in.bytes;
   op.remaining = static_cast<double>(seconds_to_vtime(in.duration_s));
   op.duration_s = in.duration_s;
-  op.ready_at = a.clock + seconds_to_vtime(in.latency_s);
+  const VTime latency = seconds_to_vtime(in.latency_s);
+  op.ready_at = a.clock + latency;
   if (in.res == ResourceKind::H2D) op.track = d.h2d_track;
   if (in.res == ResourceKind::D2H) op.track = d.d2h_track;
   if (in.res == ResourceKind::D2D) op.track = d.d2d_track;
@@ -191,7 +200,7 @@ OpId Engine::issue(StreamState& s, Issue in) {
   }
   s.last = id;
   if (a.graph_replay == 0 && d.spec->pending_launches_per_stream > 0) s.pending.push_back(id);
-  finish_issue(id);
+  finish_issue(id, latency);
   return id;
 }
 

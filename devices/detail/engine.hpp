@@ -293,7 +293,9 @@ class Engine {
   OpId new_op(StreamState& s, OpKind kind, std::string name, ResourceKind res);
   void add_dependency_on_completion(OpId op, OpId dep);
   void link_queue(DeviceState& d, StreamState& s, OpId id);
-  void finish_issue(OpId id);
+  // Puts the issued operation's time gate (its ready_at, `latency` after the host's call) on
+  // the calendar.
+  void finish_issue(OpId id, VTime latency);
   void satisfy(OpId id);
   void drain_starts();
   void start(OpId id);
@@ -349,6 +351,11 @@ class Engine {
   Actors actors_;
   std::thread::id main_thread_;
   Calendar calendar_;
+  struct GateLane {
+    VTime latency;
+    std::int32_t lane;
+  };
+  std::vector<std::vector<GateLane>> gate_lanes_;  // by host: its calendar lanes for gates
   std::vector<OpId> start_list_;
   std::vector<OpId> copies_started_;  // scratch of finish(): kept to allocate nothing
   VTime now_ = 0;
