@@ -114,10 +114,14 @@ void Engine::finish_issue(OpId id, VTime latency) {
   NE_CHECK(op.ready_at >= now_, "an operation was issued in the virtual past");
   ++op.unmet;  // the time gate
   // A host's clock only moves forward, so its gates of one latency come in time order: one
-  // calendar lane each (a host uses one or two latencies: a launch's and none).
-  if (gate_lanes_.size() <= static_cast<std::size_t>(op.host))
-    gate_lanes_.resize(static_cast<std::size_t>(op.host) + 1);
-  std::vector<GateLane>& lanes = gate_lanes_[static_cast<std::size_t>(op.host)];
+  // calendar lane each (a host uses one or two latencies: a launch's and none). Lanes are kept
+  // per device the host drives, not per host: each node.run makes new hosts, and the next one
+  // of a device starts where its parent's clock is, after the last one's (a gate out of a
+  // lane's order goes to the heap, so sharing a lane is never wrong, only slower).
+  const std::size_t key =
+      static_cast<std::size_t>(actors_[static_cast<size_t>(op.host)].device + 1);
+  if (gate_lanes_.size() <= key) gate_lanes_.resize(key + 1);
+  std::vector<GateLane>& lanes = gate_lanes_[key];
   auto it = std::find_if(lanes.begin(), lanes.end(),
                          [&](const GateLane& l) { return l.latency == latency; });
   if (it == lanes.end()) it = lanes.insert(lanes.end(), {latency, calendar_.add_lane()});

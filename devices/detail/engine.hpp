@@ -355,7 +355,8 @@ class Engine {
     VTime latency;
     std::int32_t lane;
   };
-  std::vector<std::vector<GateLane>> gate_lanes_;  // by host: its calendar lanes for gates
+  // Calendar lanes for time gates, by the device a host drives (+1: the main program's is -1).
+  std::vector<std::vector<GateLane>> gate_lanes_;
   std::vector<OpId> start_list_;
   std::vector<OpId> copies_started_;  // scratch of finish(): kept to allocate nothing
   VTime now_ = 0;
