@@ -2,6 +2,9 @@
 //   BM_FmaPeak          this core's fp32 FMA peak (the roofline for everything below)
 //   BM_ExpertGroupedGemm the experts' grouped GEMM vs one plain OpenBLAS sgemm of the same flops
 //                       (vs_openblas, target >= 0.9) and vs the FMA peak (vs_fma_peak, >= 0.8)
+//   BM_ExpertGroupedGemmKeptCopy the same with bf16 weights as the model runs it: on the kept
+//                       transposed fp32 copy (check included) vs widening the weight per call,
+//                       against the faster plain sgemm of the two weight layouts
 //   BM_TinyModelStep    a whole tiny-MoE forward+backward at EP=4: wall time per emulated device
 //   BM_ForcedRoutingDraw meta mode's forced-balance draw (Qwen3: 4096 tokens, top-8 of 128) vs
 //                       the bare splitmix64 words it consumes (vs_rng)
@@ -22,6 +25,7 @@
 #include "layers/gemm.hpp"
 #include "layers/meta_routing.hpp"
 #include "layers/model_chunk.hpp"
+#include "layers/transposed_weight_copy.hpp"
 
 namespace nodeemu {
 namespace {
@@ -83,6 +87,70 @@ BENCHMARK(BM_ExpertGroupedGemm)
     ->Args({8, 512, 1024, 1024})   // 8 local experts, fc1 of hidden 1024 / ffn 512
     ->Args({4, 1024, 2048, 1536})  // Qwen3-30B-A3B fc1 shape (hidden 2048, 2 x 768)
     ->Args({16, 128, 1024, 1024})  // many small experts
+    ->UseManualTime()
+    ->Iterations(9);
+
+// args as above. The model's forward GEMM of a bf16 expert weight (ops::linear_forward on a
+// Parameter with a kept copy): checking the copy against the weight's bits, then the grouped GEMM
+// on [in][out]; against what it did before the copy was kept (widening the weight, then the GEMM
+// on [out][in]) and against one plain sgemm of the same flops in the faster of the two layouts.
+void BM_ExpertGroupedGemmKeptCopy(benchmark::State& state) {
+  blas::ensure_best_kernel();
+  const std::int64_t E = state.range(0), rows = state.range(1), in = state.range(2),
+                     out = state.range(3);
+  const std::vector<std::int64_t> groups(std::size_t(E), rows);
+  const auto x = random_floats(std::size_t(E * rows * in), 1);
+  const auto w32 = random_floats(std::size_t(E * out * in), 2);
+  std::vector<std::uint16_t> w(w32.size());
+  layers::from_f32(layers::DType::BF16, w32.data(), w.data(), w.size());
+  const layers::View vw{w.data(), layers::DType::BF16, std::int64_t(w.size())};
+  std::vector<float> widened(w.size()), y(std::size_t(E * rows * out));
+  layers::TransposedWeightCopy copy;
+  copy.of(vw, E, out, in);  // the first copy, into fresh memory
+  // Then what each optimizer step costs: the weight changes, and the next use makes a new copy
+  // (into the old one's storage).
+  w.back() ^= 1;
+  auto t0 = Clock::now();
+  const auto made = copy.of(vw, E, out, in);
+  const double make_seconds = seconds_since(t0);
+  const float* wt = made->transposed.data();
+  const double flops = 2.0 * double(E * rows) * double(in) * double(out);
+  std::vector<double> kept, gemm_only, widening, plain;
+  for (auto _ : state) {
+    t0 = Clock::now();
+    const auto k = copy.of(vw, E, out, in);
+    layers::grouped_linear_forward_transposed(x.data(), k->transposed.data(), y.data(), groups, in,
+                                              out);
+    kept.push_back(seconds_since(t0));
+    t0 = Clock::now();
+    layers::grouped_linear_forward_transposed(x.data(), wt, y.data(), groups, in, out);
+    gemm_only.push_back(seconds_since(t0));
+    t0 = Clock::now();
+    layers::to_f32(layers::DType::BF16, w.data(), widened.data(), w.size());
+    layers::grouped_linear_forward(x.data(), widened.data(), y.data(), groups, in, out);
+    widening.push_back(seconds_since(t0));
+    t0 = Clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(E * rows), int(out), int(in), 1.0f,
+                x.data(), int(in), widened.data(), int(in), 0.0f, y.data(), int(out));
+    const double nt = seconds_since(t0);
+    t0 = Clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(E * rows), int(out), int(in), 1.0f,
+                x.data(), int(in), wt, int(out), 0.0f, y.data(), int(out));
+    plain.push_back(std::min(nt, seconds_since(t0)));
+    state.SetIterationTime(kept.back());
+  }
+  const double k = median(kept), g = median(gemm_only), wd = median(widening), p = median(plain);
+  state.counters["gflops"] = flops / k / 1e9;
+  state.counters["openblas_gflops"] = flops / p / 1e9;
+  state.counters["vs_openblas"] = p / k;
+  state.counters["gemm_only_vs_openblas"] = p / g;
+  state.counters["widened_per_call_vs_openblas"] = p / wd;
+  state.counters["copy_made_in_calls"] = make_seconds / k;
+}
+BENCHMARK(BM_ExpertGroupedGemmKeptCopy)
+    ->Args({8, 512, 1024, 1024})
+    ->Args({4, 1024, 2048, 1536})
+    ->Args({16, 128, 1024, 1024})
     ->UseManualTime()
     ->Iterations(9);
 

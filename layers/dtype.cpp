@@ -1,9 +1,11 @@
 #include "layers/dtype.hpp"
 
 #include <immintrin.h>
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "devices/check.hpp"
 
@@ -114,6 +116,45 @@ __attribute__((target("avx2"))) std::size_t f32_to_bf16_avx2(const float* src, s
   return i;
 }
 
+// dst[c * rows + r] = src[r][c] for the rows and columns that fill whole 8 x 8 blocks; returns
+// the rows done (0 when there are no whole blocks). Panels of 64 source rows stay in cache while
+// each destination row gets 64 consecutive values, so the writes stream.
+__attribute__((target("avx2"))) std::int64_t bf16_to_f32_transposed_avx2(const std::uint16_t* h,
+                                                                         float* dst,
+                                                                         std::int64_t rows,
+                                                                         std::int64_t cols) {
+  const std::int64_t R = rows / 8 * 8, C = cols / 8 * 8;
+  if (R == 0 || C == 0) return 0;
+  for (std::int64_t r0 = 0; r0 < R; r0 += 64)
+    for (std::int64_t c = 0; c < C; c += 8)
+      for (std::int64_t r = r0; r < std::min(R, r0 + 64); r += 8) {
+        __m256 v[8];
+        for (int k = 0; k < 8; ++k) {
+          const __m128i x =
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(h + (r + k) * cols + c));
+          v[k] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16));
+        }
+        // The 8 x 8 transpose: pairs of rows interleaved, then quads, then the 128-bit halves.
+        __m256 a[8], b[8];
+        for (int k = 0; k < 8; k += 2) {
+          a[k] = _mm256_unpacklo_ps(v[k], v[k + 1]);
+          a[k + 1] = _mm256_unpackhi_ps(v[k], v[k + 1]);
+        }
+        for (int k = 0; k < 8; k += 4) {
+          b[k] = _mm256_shuffle_ps(a[k], a[k + 2], 0x44);
+          b[k + 1] = _mm256_shuffle_ps(a[k], a[k + 2], 0xee);
+          b[k + 2] = _mm256_shuffle_ps(a[k + 1], a[k + 3], 0x44);
+          b[k + 3] = _mm256_shuffle_ps(a[k + 1], a[k + 3], 0xee);
+        }
+        for (int k = 0; k < 4; ++k) {
+          _mm256_storeu_ps(dst + (c + k) * rows + r, _mm256_permute2f128_ps(b[k], b[k + 4], 0x20));
+          _mm256_storeu_ps(dst + (c + k + 4) * rows + r,
+                           _mm256_permute2f128_ps(b[k], b[k + 4], 0x31));
+        }
+      }
+  return R;
+}
+
 }  // namespace
 
 void to_f32(DType t, const void* src, float* dst, std::size_t n) {
@@ -142,6 +183,31 @@ void from_f32(DType t, const float* src, void* dst, std::size_t n) {
       h[i] = f32_to_bf16(src[i]);
   else
     for (std::size_t i = 0; i < n; ++i) h[i] = f32_to_f16(src[i]);
+}
+
+void to_f32_transposed(DType t, const void* src, float* dst, std::int64_t rows, std::int64_t cols) {
+  // It runs once per weight change, not per call, but at 128 rows per expert a slow one cost more
+  // than the calls it saves (bench/README.md, Layers). bf16 takes the AVX2 path for whole 8 x 8
+  // blocks; the edges and fp16 are widened a strip of rows at a time and written out a tile of
+  // columns at a time, so both sides stay in cache.
+  const auto* bytes = static_cast<const unsigned char*>(src);
+  const std::int64_t done_rows =
+      t == DType::BF16 && kHaveAvx2
+          ? bf16_to_f32_transposed_avx2(static_cast<const std::uint16_t*>(src), dst, rows, cols)
+          : 0;
+  const std::int64_t done_cols = done_rows > 0 ? cols / 8 * 8 : 0;
+  constexpr std::int64_t kTile = 32;
+  std::vector<float> strip(std::size_t(std::min(rows, kTile) * cols));
+  // With every column done, only the rows below the vector path's are left.
+  for (std::int64_t r0 = done_cols == cols ? done_rows : 0; r0 < rows; r0 += kTile) {
+    const std::int64_t n = std::min(kTile, rows - r0);
+    to_f32(t, bytes + std::size_t(r0 * cols) * dtype_bytes(t), strip.data(), std::size_t(n * cols));
+    for (std::int64_t c0 = 0; c0 < cols; c0 += kTile)
+      for (std::int64_t c = c0; c < std::min(cols, c0 + kTile); ++c)
+        for (std::int64_t r = 0; r < n; ++r)
+          if (r0 + r >= done_rows || c >= done_cols)  // what the vector path left
+            dst[c * rows + r0 + r] = strip[std::size_t(r * cols + c)];
+  }
 }
 
 float round_to(DType t, float f) {

@@ -24,6 +24,8 @@ float f16_to_f32(std::uint16_t h);
 // Bulk conversion between a tensor's storage and fp32 (n elements).
 void to_f32(DType t, const void* src, float* dst, std::size_t n);
 void from_f32(DType t, const float* src, void* dst, std::size_t n);
+// The same widening of a [rows][cols] matrix, written transposed: dst[c * rows + r] = src[r][c].
+void to_f32_transposed(DType t, const void* src, float* dst, std::int64_t rows, std::int64_t cols);
 // What storing in `t` does to a value: identity for fp32.
 float round_to(DType t, float f);
 

@@ -75,6 +75,18 @@ void grouped_linear_forward(const T* x, const T* w, T* y, const std::vector<std:
 }
 
 template <class T>
+void grouped_linear_forward_transposed(const T* x, const T* wt, T* y,
+                                       const std::vector<std::int64_t>& rows, std::int64_t in,
+                                       std::int64_t out) {
+  const auto off = offsets_of(rows);
+  run_chunks(chunks_of(rows), [&](const Chunk& c) {
+    const std::int64_t r0 = off[std::size_t(c.group)] + c.begin;
+    gemm<T>(false, false, c.end - c.begin, out, in, x + r0 * in, in, wt + c.group * in * out, out,
+            T(0), y + r0 * out, out);
+  });
+}
+
+template <class T>
 void grouped_linear_dgrad(const T* dy, const T* w, T* dx, const std::vector<std::int64_t>& rows,
                           std::int64_t in, std::int64_t out) {
   const auto off = offsets_of(rows);
@@ -101,6 +113,8 @@ void grouped_linear_wgrad(const T* dy, const T* x, T* dw, const std::vector<std:
 
 #define NE_INSTANTIATE(T)                                                                         \
   template void grouped_linear_forward<T>(                                                        \
+      const T*, const T*, T*, const std::vector<std::int64_t>&, std::int64_t, std::int64_t);      \
+  template void grouped_linear_forward_transposed<T>(                                             \
       const T*, const T*, T*, const std::vector<std::int64_t>&, std::int64_t, std::int64_t);      \
   template void grouped_linear_dgrad<T>(const T*, const T*, T*, const std::vector<std::int64_t>&, \
                                         std::int64_t, std::int64_t);                              \

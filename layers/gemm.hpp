@@ -29,6 +29,14 @@ void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64
 template <class T>
 void grouped_linear_forward(const T* x, const T* w, T* y, const std::vector<std::int64_t>& rows,
                             std::int64_t in, std::int64_t out);
+// The same forward with each group's weight stored transposed, wt[g] of shape [in][out]: the same
+// bits (OpenBLAS packs both layouts into the same panels; a test checks it over a grid of shapes),
+// and faster with few rows per group, where packing the weight is a large share of the call and
+// the transposing pack of [out][in] is the slower one (bench/README.md, Layers).
+template <class T>
+void grouped_linear_forward_transposed(const T* x, const T* wt, T* y,
+                                       const std::vector<std::int64_t>& rows, std::int64_t in,
+                                       std::int64_t out);
 template <class T>
 void grouped_linear_dgrad(const T* dy, const T* w, T* dx, const std::vector<std::int64_t>& rows,
                           std::int64_t in, std::int64_t out);

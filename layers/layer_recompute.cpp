@@ -171,7 +171,7 @@ Tensor LayerPlan::fc1_out(Stream& s) {
     const ops::Rows rows =
         L_.is_moe() ? st.dispatch->io.rows_per_expert : ops::Rows(ops::one_group(in));
     st.re_h1 = ops::linear_forward(recompute_at(s), L_.is_moe() ? "expert_fc1" : "dense_fc1", in,
-                                   L_.fc1_.value, rows, L_.cfg_.dtype);
+                                   L_.fc1_, rows, L_.cfg_.dtype);
   }
   return st.re_h1;
 }

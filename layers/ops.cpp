@@ -1,6 +1,7 @@
 #include "layers/ops.hpp"
 
 #include "layers/detail/op_launch.hpp"
+#include "layers/transposed_weight_copy.hpp"
 
 #include "devices/check.hpp"
 #include "devices/device.hpp"
@@ -206,17 +207,44 @@ double computed_share(const Rows& rows, const Tensor& x) {
   return rows_of(x) > 0 ? std::min(1.0, double(total) / double(rows_of(x))) : 1.0;
 }
 
-Tensor linear_forward(At at, const std::string& name, const Tensor& x, const Tensor& w,
-                      const Rows& rows, DType out_dtype) {
+namespace {
+
+// The forward pass; with `copy`, the grouped GEMM over all groups reads the kept transposed copy
+// of the 16-bit weight instead of widening it (the same bits; SequentialMLP's per-expert slices
+// keep the plain path, as checking the whole weight per slice would cost more than it saves).
+Tensor forward(At at, const std::string& name, const Tensor& x, const Tensor& w, const Rows& rows,
+               DType out_dtype, std::shared_ptr<TransposedWeightCopy> copy) {
   const LinearShape ws = linear_shape(w);
   Tensor y = at.empty({rows_of(x), ws.out}, out_dtype);
+  const View vx = view(x), vw = view(w), vy = view(y);
+  auto plain =
+      sliced(&grouped_linear_forward<float>, vx, ws.in, vw, vy, ws.out, rows, ws.in, ws.out);
+  auto body = [=, split = BodyRows(rows)](std::int64_t first, std::int64_t count,
+                                          int g) -> std::function<void()> {
+    if (!copy || g >= 0) return plain(first, count, g);
+    return [=] {
+      const auto kept = copy->of(vw, ws.groups, ws.out, ws.in);
+      F32Scope f;
+      grouped_linear_forward_transposed(f.in(vx), kept->transposed.data(), f.out(vy), split.now(),
+                                        ws.in, ws.out);
+    };
+  };
   linear_kernels(at, name, GemmLayout::NT, ws, rows,
                  bytes_of({&w}) + computed_share(rows, x) * bytes_of({&x, &y}),
-                 gemm_type(at, x.dtype()),
-                 sliced(&grouped_linear_forward<float>, view(x), ws.in, view(w), view(y), ws.out,
-                        rows, ws.in, ws.out),
-                 {x, w, y});
+                 gemm_type(at, x.dtype()), body, {x, w, y});
   return y;
+}
+
+}  // namespace
+
+Tensor linear_forward(At at, const std::string& name, const Tensor& x, const Tensor& w,
+                      const Rows& rows, DType out_dtype) {
+  return forward(at, name, x, w, rows, out_dtype, nullptr);
+}
+
+Tensor linear_forward(At at, const std::string& name, const Tensor& x, const Parameter& w,
+                      const Rows& rows, DType out_dtype) {
+  return forward(at, name, x, w.value, rows, out_dtype, w.forward_copy);
 }
 
 Tensor linear_dgrad(At at, const std::string& name, const Tensor& dy, const Tensor& w,

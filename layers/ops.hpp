@@ -71,6 +71,10 @@ struct Rows {
 // which needs host-known rows).
 Tensor linear_forward(At at, const std::string& name, const Tensor& x, const Tensor& w,
                       const Rows& rows, DType out_dtype);
+// The same for a parameter's weight: one with a kept forward copy (keep_forward_copy) runs its
+// grouped GEMM on that copy, with the same bits.
+Tensor linear_forward(At at, const std::string& name, const Tensor& x, const Parameter& w,
+                      const Rows& rows, DType out_dtype);
 Tensor linear_dgrad(At at, const std::string& name, const Tensor& dy, const Tensor& w,
                     const Rows& rows, DType out_dtype);
 // main_grad += dy^T x, in fp32.

@@ -4,6 +4,7 @@
 #include <numbers>
 
 #include "devices/device.hpp"
+#include "layers/transposed_weight_copy.hpp"
 
 namespace nodeemu::layers {
 
@@ -58,6 +59,12 @@ Parameter make_parameter(Device& device, std::string name, Shape shape, DType dt
   p.name = std::move(name);
   p.whole_index = global;
   return p;
+}
+
+void keep_forward_copy(Parameter& p) {
+  const DType t = p.value.dtype();
+  if ((t == DType::BF16 || t == DType::F16) && p.value.shape().size() == 3 && !p.value.is_meta())
+    p.forward_copy = std::make_shared<TransposedWeightCopy>();
 }
 
 }  // namespace nodeemu::layers

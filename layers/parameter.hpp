@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "layers/tensor.hpp"
@@ -16,6 +17,8 @@ class Device;
 }
 
 namespace nodeemu::layers {
+
+class TransposedWeightCopy;
 
 enum class Init { Normal, Ones };
 
@@ -31,6 +34,10 @@ struct Parameter {
   // Where local element i sits in the whole (unsharded) weight: a TP shard is not one contiguous
   // range of it. For putting shards back together (tests, a checkpoint's export).
   std::function<std::int64_t(std::int64_t)> whole_index;
+  // The host's kept fp32 copy of a 16-bit expert weight for the forward GEMM
+  // (keep_forward_copy; layers/transposed_weight_copy.hpp). An emulator speed-up, not
+  // model state: it is checked against the weight's bits at every use.
+  std::shared_ptr<TransposedWeightCopy> forward_copy;
 };
 
 using ShardIndex = std::function<std::int64_t(std::int64_t)>;
@@ -45,6 +52,10 @@ Parameter make_parameter(Device& device, std::string name, Shape shape, DType dt
 // The same for a shard whose elements sit where `global` says.
 Parameter make_parameter(Device& device, std::string name, Shape shape, DType dtype, Init init,
                          double std, std::uint64_t seed, const ShardIndex& global);
+
+// Gives a 16-bit [groups][out][in] expert weight a kept forward copy (functional mode only; a
+// no-op for other weights), which ops::linear_forward then uses on the grouped GEMM's path.
+void keep_forward_copy(Parameter& p);
 
 // A standard-normal draw that depends only on (seed, stream, index).
 double counter_normal(std::uint64_t seed, std::uint64_t stream, std::uint64_t index);

@@ -124,6 +124,7 @@ void TransformerLayer::make_parameters(Device& device, std::uint64_t seed,
           return (first + i / local_numel) * per_expert + within(i % local_numel);
         });
     w.expert = true;
+    keep_forward_copy(w);
     return w;
   };
   const std::int64_t et = etp.size;
@@ -338,7 +339,7 @@ void LayerPlan::mlp_forward(Stream& s) {
       in = gathered(at, ln2, "sp_allgather_fc1");
       rows = ops::one_group(in);
     }
-    h1 = ops::linear_forward(at, fc1, in, L_.fc1_.value, rows, c.dtype);
+    h1 = ops::linear_forward(at, fc1, in, L_.fc1_, rows, c.dtype);
     // The experts' input is the dispatched tokens (LoongForge's dispatched_input); a dense
     // MLP's is the pre-MLP norm's output (this rank's tokens: TP gathers it again).
     if (moe)
@@ -354,7 +355,7 @@ void LayerPlan::mlp_forward(Stream& s) {
   }
   {
     ModuleScope m(sv, fc2, s);
-    y = ops::linear_forward(at, fc2, a, L_.fc2_.value, rows, c.dtype);
+    y = ops::linear_forward(at, fc2, a, L_.fc2_, rows, c.dtype);
     if (!re_act()) sv.save(fc2, "input", a, s);
   }
   if (moe) {

@@ -61,5 +61,25 @@ TEST(Bf16, NanStaysAQuietNanAndOverflowGoesToInfinity) {
   EXPECT_EQ(h[7], 0x7f80);
 }
 
+// The transposed widening gives the plain widening's values, transposed, for both 16-bit types
+// and for shapes that are not multiples of its tile.
+TEST(ToF32Transposed, IsTheWideningTransposed) {
+  for (DType t : {DType::BF16, DType::F16})
+    for (auto [rows, cols] :
+         {std::pair<std::int64_t, std::int64_t>{1, 1}, {3, 70}, {33, 31}, {64, 96}, {100, 5}}) {
+      std::vector<std::uint16_t> h(std::size_t(rows * cols));
+      for (std::size_t i = 0; i < h.size(); ++i)
+        h[i] = static_cast<std::uint16_t>(0x3c00u + (i * 37u) % 0x3ff);
+      std::vector<float> plain(h.size()), transposed(h.size());
+      to_f32(t, h.data(), plain.data(), h.size());
+      to_f32_transposed(t, h.data(), transposed.data(), rows, cols);
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < cols; ++c)
+          ASSERT_EQ(std::bit_cast<std::uint32_t>(transposed[std::size_t(c * rows + r)]),
+                    std::bit_cast<std::uint32_t>(plain[std::size_t(r * cols + c)]))
+              << dtype_name(t) << " " << rows << "x" << cols << " at " << r << "," << c;
+    }
+}
+
 }  // namespace
 }  // namespace nodeemu::layers

@@ -1,0 +1,53 @@
+// A 16-bit expert weight's fp32 copy in the layout the forward GEMM runs fastest on,
+// kept from one call to the next.
+//
+// Why: every kernel widens its 16-bit inputs to fp32 per call (F32Scope), and the experts'
+// forward GEMM with few rows per expert spends a large share of each call in OpenBLAS's
+// transposing pack of the [out][in] weight. A weight changes once per optimizer step but is read
+// by every micro-batch's forward (and recompute), so one widened, transposed ([in][out]) copy per
+// change pays for itself, as Transformer Engine keeps its FP8 weight casts and transposes from a
+// step's first micro-batch (transformer_engine/pytorch/module/linear.py and grouped_linear.py,
+// the forward's `is_first_microbatch`). The GEMM gives the same bits on both layouts
+// (layers/gemm.hpp).
+//
+// Validity is decided by content, not by tracking writers: the optimizer, the distributed
+// optimizer's parameter all-gather and tests all write weights, and a stale copy would change
+// the numerics silently. Each use compares the weight's bits with the bits the copy was made from
+// (one read of the 16-bit weight and its kept source, cheaper than widening it again) and makes
+// a new copy when they differ. Host memory: the kept source (the weight's size) and the fp32
+// transposed copy (twice it), per expert weight of the device's chunks.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "layers/launch.hpp"
+
+namespace nodeemu::layers {
+
+class TransposedWeightCopy {
+ public:
+  struct Copy {
+    std::vector<unsigned char> source;  // the 16-bit weight's bits the copy was made from
+    std::vector<float> transposed;      // [groups][in][out]
+  };
+  // The copy of `w` ([groups][out][in], 16-bit) for its bits as they are now. Safe to call from
+  // any worker: a copy is immutable once made, and a caller holds the one it got.
+  std::shared_ptr<const Copy> of(const View& w, std::int64_t groups, std::int64_t out,
+                                 std::int64_t in);
+
+ private:
+  // Where a copy's storage goes when its last holder lets go, for the next copy to refill: fresh
+  // pages cost more to fault in than making the copy. Shared with the copies' deleters, which may
+  // outlive this object.
+  struct Spare {
+    std::mutex mu;
+    std::unique_ptr<Copy> storage;
+  };
+  std::mutex mu_;
+  std::shared_ptr<const Copy> kept_;
+  std::shared_ptr<Spare> spare_ = std::make_shared<Spare>();
+};
+
+}  // namespace nodeemu::layers
