@@ -50,6 +50,7 @@ std::shared_ptr<const TransposedWeightCopy::Copy> TransposedWeightCopy::of(const
   for (std::int64_t g = 0; g < groups; ++g)
     to_f32_transposed(w.dtype, src + std::size_t(g) * per_group * dtype_bytes(w.dtype),
                       made->transposed.data() + std::size_t(g) * per_group, out, in);
+  made_.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard lock(mu_);
   kept_ = made;
   return made;

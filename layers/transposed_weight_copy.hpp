@@ -17,6 +17,7 @@
 // a new copy when they differ. Host memory: the kept source (the weight's size) and the fp32
 // transposed copy (twice it), per expert weight of the device's chunks.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -36,6 +37,8 @@ class TransposedWeightCopy {
   // any worker: a copy is immutable once made, and a caller holds the one it got.
   std::shared_ptr<const Copy> of(const View& w, std::int64_t groups, std::int64_t out,
                                  std::int64_t in);
+  // How many copies were made (for tests: one per change of the weight's bits that a use saw).
+  std::uint64_t made() const { return made_.load(std::memory_order_relaxed); }
 
  private:
   // Where a copy's storage goes when its last holder lets go, for the next copy to refill: fresh
@@ -48,6 +51,7 @@ class TransposedWeightCopy {
   std::mutex mu_;
   std::shared_ptr<const Copy> kept_;
   std::shared_ptr<Spare> spare_ = std::make_shared<Spare>();
+  std::atomic<std::uint64_t> made_{0};
 };
 
 }  // namespace nodeemu::layers

@@ -64,9 +64,13 @@ TEST(TransposedWeightCopy, TheExpertForwardGivesThePlainPathsBitsAcrossAWeightWr
     const ops::Rows rows{20, 0, 30};
     for (int round = 0; round < 2; ++round) {
       const Tensor kept = ops::linear_forward(at, "fc1", x, w, rows, DType::BF16);
+      const Tensor again = ops::linear_forward(at, "fc1", x, w, rows, DType::BF16);
       const Tensor plain = ops::linear_forward(at, "fc1", x, w.value, rows, DType::BF16);
       s.synchronize();
       EXPECT_EQ(kept.to_f32(), plain.to_f32()) << "round " << round;
+      EXPECT_EQ(again.to_f32(), plain.to_f32()) << "round " << round;
+      // One copy per weight version: the second forward of a round used the kept one.
+      EXPECT_EQ(w.forward_copy->made(), std::uint64_t(round + 1));
       auto values = w.value.to_f32();
       for (auto& v : values) v = -2.0f * v + 0.25f;
       w.value.copy_from_f32(values);
