@@ -53,6 +53,7 @@
 
 #include "devices/detail/actors.hpp"
 #include "devices/detail/calendar.hpp"
+#include "devices/detail/chunked_log.hpp"
 #include "devices/detail/flow_network.hpp"
 #include "devices/detail/functional.hpp"
 #include "devices/detail/functional_rendezvous.hpp"
@@ -345,7 +346,7 @@ class Engine {
 
   Mode mode_;
   int max_connections_;
-  std::deque<Op> ops_;
+  ChunkedLog<Op> ops_;
   std::deque<DeviceState> devices_;
   std::deque<StreamState> streams_;
   Actors actors_;
