@@ -45,7 +45,8 @@ struct alignas(kCounterAlign) PaddedCounter {
 };
 
 struct Ring {
-  numa::Placement memory;  // slots * slot_bytes bytes on the receiver's real NUMA node
+  numa::Placement memory;     // slots * slot_bytes + kColourSpan bytes on the receiver's real node
+  std::byte* base = nullptr;  // slot 0: `memory` plus this ring's cache colour
   std::size_t slot_bytes = 0;
   std::uint64_t slots = 0;
   bool bound = false;  // lent to a transfer; guarded by the pool's mutex
@@ -61,9 +62,7 @@ struct Ring {
   // head store that publishes the slot, so relaxed accesses suffice.
   std::unique_ptr<PaddedCounter[]> fill;
 
-  std::byte* slot(std::uint64_t index) const {
-    return static_cast<std::byte*>(memory.ptr) + (index % slots) * slot_bytes;
-  }
+  std::byte* slot(std::uint64_t index) const { return base + (index % slots) * slot_bytes; }
 };
 
 namespace {
@@ -72,6 +71,17 @@ namespace {
 // when it is read back (Zen4: 32 KiB L1d), large enough to amortise the per-piece calls. 2, 4 and
 // 8 KiB measured within noise of each other.
 constexpr std::size_t kPassPiece = 4096;
+
+// Cache colours. Ring memory is page-aligned (in practice the mappings are even 1 MiB apart) and
+// slots are 64 KiB, so without a colour slot 0 of every ring, where every small transfer goes,
+// falls in the same L1 set: an 8-rank all-to-all's 56 rings into 8 ways, so every small copy
+// through a slot missed L1 (and often L2). Each ring's slots start one line on from the previous
+// ring's, modulo a page: distinct L1 sets for 64 rings in a row. (L2 is indexed by physical
+// address, which 4 KiB pages already scatter; a wider span would buy nothing there.)
+constexpr std::size_t kColourSpan = 4096;
+std::size_t colour_offset(std::uint64_t ring_number) {
+  return static_cast<std::size_t>(ring_number % (kColourSpan / 64)) * 64;
+}
 
 // A try-lock that never waits: the role is either free now or somebody else is moving it. The
 // relaxed pre-check keeps spinning pumps from bouncing the flag's line with writes. Acquire on
@@ -86,7 +96,7 @@ void unlock(std::atomic<bool>& flag) {
 
 // Copies n bytes of the source stream at (segment, offset) to `out` with plain stores: the slot is
 // read back soon by the consumer and must stay in cache.
-void gather(const std::vector<ConstSegment>& segments, std::size_t& segment, std::size_t& offset,
+void gather(const ConstSegments& segments, std::size_t& segment, std::size_t& offset,
             std::byte* out, std::size_t n) {
   while (n > 0) {
     NE_CHECK(segment < segments.size(), "transfer source shorter than its byte count");
@@ -102,7 +112,7 @@ void gather(const std::vector<ConstSegment>& segments, std::size_t& segment, std
 // left unfenced: a fence per piece stalls until the pieces reach memory (measured: a 1-thread
 // 8 MiB transfer ran at 14 GB/s instead of 26), so the role holder fences once before it
 // publishes.
-void scatter(const std::vector<Segment>& segments, std::size_t& segment, std::size_t& offset,
+void scatter(const Segments& segments, std::size_t& segment, std::size_t& offset,
              const std::byte* in, std::size_t n, Consume mode, bool streaming) {
   while (n > 0) {
     NE_CHECK(segment < segments.size(), "transfer destination shorter than its byte count");
@@ -135,7 +145,10 @@ void scatter(const std::vector<Segment>& segments, std::size_t& segment, std::si
 // ChannelPool
 
 ChannelPool::ChannelPool(std::vector<int> real_numa_of_device, std::size_t slot_bytes, int slots)
-    : real_numa_(std::move(real_numa_of_device)), slot_bytes_(slot_bytes), slots_(slots) {
+    : real_numa_(std::move(real_numa_of_device)),
+      slot_bytes_(slot_bytes),
+      slots_(slots),
+      rings_(real_numa_.size() * real_numa_.size()) {
   NE_CHECK(slot_bytes_ > 0 && slot_bytes_ % 64 == 0, "ring slots are whole cache lines");
   NE_CHECK(slots_ >= 1, "a ring needs at least one slot");
   for (std::size_t d = 0; d < real_numa_.size(); ++d) {
@@ -151,7 +164,7 @@ ChannelPool::ChannelPool(std::vector<int> real_numa_of_device, std::size_t slot_
 }
 
 ChannelPool::~ChannelPool() {
-  for (auto& [pair, rings] : rings_) {
+  for (auto& rings : rings_) {
     for (auto& ring : rings) {
       NE_CHECK(!ring->bound, "a Transfer outlived its ChannelPool");
       numa::release(ring->memory);
@@ -163,7 +176,7 @@ Ring* ChannelPool::acquire(int src, int dst) {
   NE_CHECK(src >= 0 && src < devices() && dst >= 0 && dst < devices(), "device out of range");
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& ring : rings_[{src, dst}]) {
+    for (auto& ring : pair(src, dst)) {
       if (ring->bound) continue;
       ring->bound = true;
       // Nobody else can touch an unbound ring, and the mutex orders these stores before the
@@ -180,11 +193,13 @@ Ring* ChannelPool::acquire(int src, int dst) {
   ring->slots = static_cast<std::uint64_t>(slots_);
   ring->fill = std::make_unique<PaddedCounter[]>(ring->slots);
   const int node = real_numa_[dst] < 0 ? 0 : real_numa_[dst];
-  ring->memory = numa::allocate_on_node(slot_bytes_ * ring->slots, node);
+  ring->memory = numa::allocate_on_node(slot_bytes_ * ring->slots + kColourSpan, node);
+  ring->base = static_cast<std::byte*>(ring->memory.ptr) +
+               colour_offset(next_colour_.fetch_add(1, std::memory_order_relaxed));
   ring->bound = true;
   Ring* raw = ring.get();
   std::lock_guard<std::mutex> lock(mu_);
-  rings_[{src, dst}].push_back(std::move(ring));
+  pair(src, dst).push_back(std::move(ring));
   return raw;
 }
 
@@ -197,41 +212,41 @@ void ChannelPool::give_back(Ring* ring) {
 std::size_t ChannelPool::rings() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::size_t n = 0;
-  for (const auto& [pair, rings] : rings_) n += rings.size();
+  for (const auto& rings : rings_) n += rings.size();
   return n;
 }
 
 std::size_t ChannelPool::rings(int src, int dst) const {
+  if (src < 0 || src >= devices() || dst < 0 || dst >= devices()) return 0;
   std::lock_guard<std::mutex> lock(mu_);
-  const auto it = rings_.find({src, dst});
-  return it == rings_.end() ? 0 : it->second.size();
+  return pair(src, dst).size();
 }
 
 std::size_t ChannelPool::ring_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::size_t n = 0;
-  for (const auto& [pair, rings] : rings_)
-    for (const auto& ring : rings) n += ring->memory.bytes;
+  for (const auto& rings : rings_)
+    for (const auto& ring : rings) n += ring->slot_bytes * ring->slots;
   return n;
 }
 
 int ChannelPool::ring_real_numa(int src, int dst) const {
+  if (src < 0 || src >= devices() || dst < 0 || dst >= devices()) return -1;
   std::lock_guard<std::mutex> lock(mu_);
-  const auto it = rings_.find({src, dst});
-  if (it == rings_.end() || it->second.empty()) return -1;
-  return it->second.front()->memory.actual_node;
+  const auto& rings = pair(src, dst);
+  return rings.empty() ? -1 : rings.front()->memory.actual_node;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Transfer
 
-Transfer::Transfer(ChannelPool& pool, int src_device, int dst_device, std::vector<ConstSegment> src,
-                   std::vector<Segment> dst, Consume consume, std::size_t footprint_bytes)
+Transfer::Transfer(ChannelPool& pool, int src_device, int dst_device, const ConstSegments& src,
+                   const Segments& dst, Consume consume, std::size_t footprint_bytes)
     : pool_(pool),
       src_device_(src_device),
       dst_device_(dst_device),
-      src_(std::move(src)),
-      dst_(std::move(dst)),
+      src_(src),
+      dst_(dst),
       consume_(consume) {
   NE_CHECK(src_device_ >= 0 && src_device_ < pool_.devices(), "source device out of range");
   NE_CHECK(dst_device_ >= 0 && dst_device_ < pool_.devices(), "destination device out of range");

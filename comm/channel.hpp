@@ -13,11 +13,12 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
+
+#include <boost/container/small_vector.hpp>
 
 namespace nodeemu::detail {
 
@@ -34,6 +35,12 @@ struct ConstSegment {  // source side
 // dst = max(dst, slot) as floats; AddBF16: dst += slot as bf16 values (each sum rounded to bf16,
 // as NCCL's bf16 reductions store). Every segment size is then a multiple of the element size and
 // every destination segment is aligned to it.
+// A transfer's segment list. Almost every transfer is one contiguous block (all-to-all, the
+// gathers, point-to-point), so one segment lives inline: building a collective's plan takes no
+// heap allocation per peer (they were a fifth of a 64-byte 8-rank all-to-all's host time).
+using ConstSegments = boost::container::small_vector<ConstSegment, 1>;
+using Segments = boost::container::small_vector<Segment, 1>;
+
 enum class Consume : std::uint8_t { Copy, AddF32, MaxF32, AddBF16 };
 
 struct Ring;  // one ring buffer with its counters; defined in channel.cpp
@@ -60,7 +67,8 @@ class ChannelPool {
   // Statistics for tests and `nodeemu info`.
   std::size_t rings() const;                  // rings allocated, all pairs
   std::size_t rings(int src, int dst) const;  // rings allocated for one pair
-  std::size_t ring_bytes() const;             // ring memory allocated, all pairs
+  std::size_t ring_bytes() const;  // the rings' slot memory, all pairs (each also has 4 KiB of
+                                   // cache-colour padding: see channel.cpp)
   // The real NUMA node the pair's first ring was found on after allocation; -1 when the pair has
   // no ring yet or the node cannot be read (libnuma unusable).
   int ring_real_numa(int src, int dst) const;
@@ -73,8 +81,17 @@ class ChannelPool {
   std::vector<int> real_numa_;
   std::size_t slot_bytes_;
   int slots_;
+  std::atomic<std::uint64_t> next_colour_{0};  // rings allocated so far, for their cache colour
   mutable std::mutex mu_;
-  std::map<std::pair<int, int>, std::vector<std::unique_ptr<Ring>>> rings_;  // guarded by mu_
+  // [src * devices() + dst]: the pair's rings, guarded by mu_. A flat table: the lookup is on
+  // every transfer's first pump.
+  std::vector<std::vector<std::unique_ptr<Ring>>> rings_;
+  std::vector<std::unique_ptr<Ring>>& pair(int src, int dst) {
+    return rings_[std::size_t(src) * real_numa_.size() + std::size_t(dst)];
+  }
+  const std::vector<std::unique_ptr<Ring>>& pair(int src, int dst) const {
+    return rings_[std::size_t(src) * real_numa_.size() + std::size_t(dst)];
+  }
 };
 
 // One transfer: the concatenation of the `src` segments flows into the concatenation of the `dst`
@@ -87,9 +104,8 @@ class Transfer {
   // is part of (0: of this transfer alone). Whether a copy streams past the cache is decided
   // from it: eight 1 MiB transfers of one all-to-all do not stay cached any more than one 8 MiB
   // transfer does.
-  Transfer(ChannelPool& pool, int src_device, int dst_device, std::vector<ConstSegment> src,
-           std::vector<Segment> dst, Consume consume = Consume::Copy,
-           std::size_t footprint_bytes = 0);
+  Transfer(ChannelPool& pool, int src_device, int dst_device, const ConstSegments& src,
+           const Segments& dst, Consume consume = Consume::Copy, std::size_t footprint_bytes = 0);
   ~Transfer();  // gives its ring back to the pool; no thread may be pumping
   Transfer(const Transfer&) = delete;
   Transfer& operator=(const Transfer&) = delete;
@@ -129,8 +145,8 @@ class Transfer {
   ChannelPool& pool_;
   int src_device_;
   int dst_device_;
-  std::vector<ConstSegment> src_;
-  std::vector<Segment> dst_;
+  ConstSegments src_;
+  Segments dst_;
   Consume consume_;
   std::size_t bytes_ = 0;
   bool streaming_ = false;  // consumer copies with non-temporal stores

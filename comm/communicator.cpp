@@ -127,6 +127,7 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
   if (c.loads) {
     loads = std::move(*c.loads);
   } else {
+    loads.reserve(c.plan.size() * std::size_t(parties) * 2);  // a path is one or two links
     for (const PartyPhase& p : c.plan)
       for (int d = 0; d < parties; ++d)
         fabric.add_message(g.ranks[size_t(member)], g.ranks[size_t(c.parties[size_t(d)])],

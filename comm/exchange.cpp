@@ -32,7 +32,8 @@ void Exchange::set_deferred(int party, PartyPhase declared, Planner planner, Rec
 
 void Exchange::build(ChannelPool& pool) {
   pool_ = &pool;
-  for (auto& t : transfers_) t.resize(size_t(parties_ * parties_));
+  // Assigned, not resized: a Transfer cannot move.
+  for (auto& t : transfers_) t = std::vector<std::optional<Transfer>>(size_t(parties_ * parties_));
   if (!planners_.empty()) return;  // every receiver builds its own, in phase 1
   for (int k = 0; k < phases_; ++k) {
     auto& row = transfers_[size_t(k)];
@@ -47,9 +48,9 @@ void Exchange::build(ChannelPool& pool) {
         NE_CHECK(from.send_bytes[size_t(d)] == to.recv_bytes[size_t(s)],
                  "the order checker lets only matching sizes through");
         if (from.send_bytes[size_t(d)] == 0) continue;
-        row[size_t(s * parties_ + d)] = std::make_unique<Transfer>(
-            pool, devices_[size_t(s)], devices_[size_t(d)], from.send[size_t(d)],
-            to.recv[size_t(s)], to.consume[size_t(s)], footprint);
+        row[size_t(s * parties_ + d)].emplace(pool, devices_[size_t(s)], devices_[size_t(d)],
+                                              from.send[size_t(d)], to.recv[size_t(s)],
+                                              to.consume[size_t(s)], footprint);
       }
     }
   }

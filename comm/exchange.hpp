@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "comm/channel.hpp"
@@ -18,8 +19,8 @@ namespace nodeemu::detail {
 struct PartyPhase {
   std::vector<std::size_t> send_bytes;  // [peer]
   std::vector<std::size_t> recv_bytes;  // [peer]
-  std::vector<std::vector<ConstSegment>> send;
-  std::vector<std::vector<Segment>> recv;
+  std::vector<ConstSegments> send;
+  std::vector<Segments> recv;
   // How bytes from each peer are applied. With `ordered`, only this party consumes its
   // incoming transfers, one after the other in peer order: a fixed-order reduction.
   std::vector<Consume> consume;
@@ -53,15 +54,17 @@ class Exchange {
 
  private:
   Transfer* at(int phase, int src, int dst) {
-    return transfers_[size_t(phase)][size_t(src * parties_ + dst)].get();
+    auto& t = transfers_[size_t(phase)][size_t(src * parties_ + dst)];
+    return t ? &*t : nullptr;
   }
 
   int parties_;
   int phases_;
   std::vector<int> devices_;
-  std::vector<std::vector<PartyPhase>> plans_;                     // [party][phase]
-  std::vector<std::vector<std::unique_ptr<Transfer>>> transfers_;  // [phase][src * P + dst]
-  std::vector<Planner> planners_;                                  // deferred plans only
+  std::vector<std::vector<PartyPhase>> plans_;  // [party][phase]
+  // [phase][src * P + dst], in place: one allocation per phase rather than one per pair.
+  std::vector<std::vector<std::optional<Transfer>>> transfers_;
+  std::vector<Planner> planners_;  // deferred plans only
   std::vector<Receiver> receivers_;
   ChannelPool* pool_ = nullptr;
 };

@@ -212,7 +212,7 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
   const auto* xb = functional ? static_cast<const std::byte*>(x.data()) : nullptr;
   const auto* ib = functional ? static_cast<const std::byte*>(topk_idx.data()) : nullptr;
   const auto* wb = functional ? static_cast<const std::byte*>(topk_weight.data()) : nullptr;
-  auto send_segments = [=](const FlexRouting& r, int d, std::vector<ConstSegment>& segs) {
+  auto send_segments = [=](const FlexRouting& r, int d, detail::ConstSegments& segs) {
     for (int t : r.to[size_t(d)]) segs.push_back({xb + size_t(t) * xrow, xrow});
     for (int t : r.to[size_t(d)])
       segs.push_back({ib + size_t(t) * size_t(topk) * 8, size_t(topk) * 8});
@@ -244,7 +244,7 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
   auto* rx = functional ? static_cast<std::byte*>(out.x.data()) : nullptr;
   auto* ri = functional ? static_cast<std::byte*>(out.topk_idx.data()) : nullptr;
   auto* rw = functional ? static_cast<std::byte*>(out.topk_weight.data()) : nullptr;
-  auto recv_segments = [=](const FlexRouting& r, int s, std::vector<Segment>& segs) {
+  auto recv_segments = [=](const FlexRouting& r, int s, detail::Segments& segs) {
     const size_t at = size_t(r.offset[size_t(s)]), cnt = size_t(r.from[size_t(s)]);
     segs.push_back({rx + at * xrow, cnt * xrow});
     segs.push_back({ri + at * size_t(topk) * 8, cnt * size_t(topk) * 8});

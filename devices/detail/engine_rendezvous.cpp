@@ -33,7 +33,10 @@ OpId Engine::join_rendezvous(RendezvousId rv, StreamState& s, std::string name, 
   Rendezvous& r = rvs_[rv];
   NE_CHECK(r.joined < r.parties, "more parties joined a rendezvous than it has");
   r.alpha_s = std::max(r.alpha_s, alpha_s);
-  r.loads.insert(r.loads.end(), loads.begin(), loads.end());
+  if (r.loads.empty())
+    r.loads = std::move(loads);  // the same sequence as inserting, without a copy
+  else
+    r.loads.insert(r.loads.end(), loads.begin(), loads.end());
   Issue in{OpKind::Comm,
            sms > 0 ? ResourceKind::Sm : ResourceKind::None,
            std::move(name),
@@ -92,7 +95,8 @@ void Engine::arrive(RendezvousId rv) {
 
 void Engine::start_flow(RendezvousId rv) {
   Rendezvous& r = rvs_[rv];
-  if (!network_.start(rv, r.loads, now_)) {
+  // The loads are needed no more once flowing: the network keeps the per-link sums.
+  if (!network_.start(rv, std::move(r.loads), now_)) {
     finish_rendezvous(rv);  // nothing to move: the parties complete at once
     return;
   }

@@ -14,9 +14,8 @@ int FlowNetwork::add_link(std::string name, double bytes_per_s) {
   return static_cast<int>(links_.size()) - 1;
 }
 
-bool FlowNetwork::start(FlowId id, const std::vector<LinkLoad>& loads, VTime now) {
+bool FlowNetwork::start(FlowId id, std::vector<LinkLoad> per_link, VTime now) {
   // Sum the parties' loads per link, in link order so that the arithmetic is always the same.
-  std::vector<LinkLoad> per_link = loads;
   std::sort(per_link.begin(), per_link.end(),
             [](const LinkLoad& a, const LinkLoad& b) { return a.link < b.link; });
   Flow f{id, {}, 0, 0, now, 0};

@@ -38,13 +38,13 @@ struct Scattered {
   std::vector<std::byte> arena;
   std::vector<std::pair<std::size_t, std::size_t>> pieces;  // (offset in arena, bytes)
 
-  std::vector<Segment> segments() {
-    std::vector<Segment> out;
+  Segments segments() {
+    Segments out;
     for (auto [offset, bytes] : pieces) out.push_back({arena.data() + offset, bytes});
     return out;
   }
-  std::vector<ConstSegment> const_segments() const {
-    std::vector<ConstSegment> out;
+  ConstSegments const_segments() const {
+    ConstSegments out;
     for (auto [offset, bytes] : pieces) out.push_back({arena.data() + offset, bytes});
     return out;
   }
