@@ -1,5 +1,6 @@
 # Sourced by scripts/run and scripts/test: installs the Debian packages NodeEmu builds with,
 # and only those that are missing, so a second run costs nothing.
+# libboost-context-dev also brings libboost1.74-dev, the header-only libraries (boost::container).
 nodeemu_packages=(cmake g++ make pkg-config libhwloc-dev libnuma-dev libopenblas-dev
                   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev googletest
                   libbenchmark-dev libboost-context-dev libgoogle-perftools-dev)
