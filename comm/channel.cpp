@@ -279,7 +279,7 @@ Transfer::~Transfer() {
 
 const void* Transfer::ring_memory() const {
   const Ring* ring = ring_.load(std::memory_order_acquire);
-  return ring == nullptr ? nullptr : ring->memory.ptr;
+  return ring == nullptr ? nullptr : ring->base;
 }
 
 Ring* Transfer::bind_ring() {

@@ -124,8 +124,8 @@ class Transfer {
   std::size_t bytes() const { return bytes_; }
 
   // Test hooks. The most full slots the consumer ever saw at once (never above the pool's
-  // slots()), and the ring bound to this transfer (nullptr before the first pump, and always
-  // for local and empty transfers).
+  // slots()), and slot 0 of the ring bound to this transfer (nullptr before the first pump, and
+  // always for local and empty transfers).
   std::size_t max_in_flight() const { return max_in_flight_.load(std::memory_order_relaxed); }
   const void* ring_memory() const;
   // Whether the consumer copies with non-temporal stores (decided at construction).

@@ -14,12 +14,12 @@ int FlowNetwork::add_link(std::string name, double bytes_per_s) {
   return static_cast<int>(links_.size()) - 1;
 }
 
-bool FlowNetwork::start(FlowId id, std::vector<LinkLoad> per_link, VTime now) {
+bool FlowNetwork::start(FlowId id, std::vector<LinkLoad> loads, VTime now) {
   // Sum the parties' loads per link, in link order so that the arithmetic is always the same.
-  std::sort(per_link.begin(), per_link.end(),
+  std::sort(loads.begin(), loads.end(),
             [](const LinkLoad& a, const LinkLoad& b) { return a.link < b.link; });
   Flow f{id, {}, 0, 0, now, 0};
-  for (const LinkLoad& l : per_link) {
+  for (const LinkLoad& l : loads) {
     NE_CHECK(l.link >= 0 && l.link < link_count() && l.bytes >= 0, "bad link load");
     if (l.bytes <= 0) continue;
     if (!f.coef.empty() && f.coef.back().first == l.link) {

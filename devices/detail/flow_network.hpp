@@ -37,7 +37,8 @@ class FlowNetwork {
 
   // Starts flow `id` at `now` with the parties' loads. False if it carries no bytes: it is then
   // complete at once and not in the network. Otherwise re-shares; see completions().
-  bool start(FlowId id, std::vector<LinkLoad> loads, VTime now);  // sorts `loads` in place
+  // Takes the loads by value: the engine moves in loads it no longer needs, sorted here by link.
+  bool start(FlowId id, std::vector<LinkLoad> loads, VTime now);
   // Is this completion still the flow's current one (not re-timed, not finished)?
   bool current(FlowId id, std::uint32_t version) const;
   // Takes a flow out at `now` (it completed) and re-shares the rest.

@@ -357,6 +357,31 @@ TEST(ChannelTest, SecondRingOnlyWhileTwoTransfersOfAPairRunAtOnce) {
   EXPECT_EQ(pool.ring_real_numa(1, 0), -1);
 }
 
+// Every small transfer uses slot 0 of its ring. Ring memory is page-aligned, so without a cache
+// colour per ring those slots would all fall in one L1 set (8 ways for an 8-rank all-to-all's
+// 56 rings): each ring's slots start one line on from the previous ring's.
+TEST(ChannelTest, RingsStartInDistinctCacheSets) {
+  constexpr int kDevices = 8;
+  ChannelPool pool(std::vector<int>(kDevices, 0), kSlot, kSlots);
+  std::vector<std::byte> src(64), dst(64 * kDevices * kDevices);
+  std::vector<std::unique_ptr<Transfer>> transfers;
+  std::vector<std::uintptr_t> sets;
+  for (int s = 0; s < kDevices; ++s)
+    for (int d = 0; d < kDevices; ++d) {
+      if (s == d) continue;
+      ConstSegments from{{src.data(), 64}};
+      Segments to{{dst.data() + 64 * std::size_t(s * kDevices + d), 64}};
+      transfers.push_back(std::make_unique<Transfer>(pool, s, d, from, to));
+      ASSERT_TRUE(transfers.back()->pump());
+      const auto slot = reinterpret_cast<std::uintptr_t>(transfers.back()->ring_memory());
+      EXPECT_EQ(slot % 64, 0u);        // slots stay whole cache lines
+      sets.push_back(slot / 64 % 64);  // the L1 set of slot 0 (64 sets of 64-byte lines)
+    }
+  ASSERT_EQ(pool.rings(), 56u);
+  std::sort(sets.begin(), sets.end());
+  EXPECT_EQ(std::unique(sets.begin(), sets.end()), sets.end());
+}
+
 TEST(ChannelTest, RingLivesOnTheReceiversRealNumaNode) {
   // Device 0 on the highest node, device 1 on node 0, device 2 unknown (node 0).
   const int last = numa::node_count() - 1;
