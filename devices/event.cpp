@@ -13,12 +13,12 @@ bool Event::recorded() const {
 
 bool Event::query() const {
   if (!recorded()) return true;
-  return state_->engine->host_query(state_->op, state_->task);
+  return state_->engine->host_query(state_->op, state_->device, state_->task);
 }
 
 void Event::synchronize() const {
   if (!recorded()) return;
-  state_->engine->host_wait(state_->op, state_->task);
+  state_->engine->host_wait(state_->op, state_->device, state_->task);
 }
 
 double Event::elapsed_s(const Event& start, const Event& end) {

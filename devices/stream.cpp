@@ -72,7 +72,8 @@ void Stream::read_to_host(const Buffer& dst, const Buffer& src, std::size_t byte
   EagerIssue eager(device_->node());
   const std::uint32_t id = copy_impl(dst, src, bytes, std::move(name), {}, 0.0);
   const double copy_s = e.duration_s(id);
-  e.host_wait(id, state_->last_task, std::max(0.0, device_->spec().small_d2h_sync_host_s - copy_s));
+  e.host_wait(id, state_->device, state_->last_task,
+              std::max(0.0, device_->spec().small_d2h_sync_host_s - copy_s));
 }
 
 std::uint32_t Stream::copy_impl(const Buffer& dst, const Buffer& src, std::size_t bytes,
@@ -142,12 +143,13 @@ void Stream::wait(const Event& ev) {
 void Stream::synchronize() {
   if (!state_) throw UsageError("synchronize: the Stream handle is empty");
   detail::Engine& e = detail::NodeAccess::engine(device_->node());
-  e.host_wait(state_->last, state_->last_task);
+  e.host_wait(state_->last, state_->device, state_->last_task);
 }
 
 bool Stream::query() {
   if (!state_) throw UsageError("query: the Stream handle is empty");
-  return detail::NodeAccess::engine(device_->node()).host_query(state_->last, state_->last_task);
+  return detail::NodeAccess::engine(device_->node())
+      .host_query(state_->last, state_->device, state_->last_task);
 }
 
 Priority Stream::priority() const {

@@ -1,8 +1,8 @@
 // Internal: an append-only sequence indexed by position whose elements never move, allocated a
-// chunk of 1 << kChunkBits elements at a time. The engine's operation log: an operation's id is
-// its index, and references to it stay valid while more are issued, as with a std::deque; but
-// libstdc++'s deque allocates 512 bytes at a time (two 256-byte operations), so the log cost an
-// allocation every second operation and scattered neighbouring ids over the heap.
+// chunk of 1 << kChunkBits elements at a time. The store under the engine's operation table
+// (op_table.hpp): references to an element stay valid while more are added, as with a std::deque,
+// but libstdc++'s deque allocates 512 bytes at a time (two 256-byte operations), which cost an
+// allocation every second operation and scattered neighbours over the heap.
 #pragma once
 #include <cstddef>
 #include <memory>

@@ -72,9 +72,8 @@ void Engine::host_charge(double seconds, const std::string& what) {
 }
 
 OpId Engine::new_op(StreamState& s, OpKind kind, std::string name, ResourceKind res) {
-  NE_CHECK(ops_.size() < kNoOp, "too many operations for 32-bit op ids");
-  OpId id = static_cast<OpId>(ops_.size());
-  Op& op = ops_.emplace_back();
+  const OpId id = ops_.add();
+  Op& op = ops_[id];
   op.kind = kind;
   op.res = res;
   op.priority = static_cast<int>(s.priority);
@@ -91,7 +90,7 @@ OpId Engine::new_op(StreamState& s, OpKind kind, std::string name, ResourceKind 
 }
 
 void Engine::add_dependency_on_completion(OpId op, OpId dep) {
-  if (dep == kNoOp || ops_[dep].complete()) return;
+  if (dep == kNoOp || ops_.complete(dep)) return;
   ops_[dep].on_complete.push_back(op);
   ++ops_[op].unmet;
 }
@@ -101,7 +100,7 @@ void Engine::link_queue(DeviceState& d, StreamState& s, OpId id) {
   // launched ahead of it into the same queue has started. With one queue this is the false
   // dependency that serialises streams in host launch order.
   OpId& last = d.queue_last[static_cast<size_t>(s.queue)];
-  if (last != kNoOp && !ops_[last].dispatched) {
+  if (last != kNoOp && !ops_.complete(last) && !ops_[last].dispatched) {
     ops_[last].queue_next = id;
     ops_[id].queue_prev = last;
     ++ops_[id].unmet;
@@ -134,7 +133,7 @@ void Engine::wait_for_launch_slot(StreamState& s, const DeviceState& d) {
   Actor& a = current();
   if (limit == 0 || a.graph_replay > 0) return;
   auto prune = [&] {
-    while (!s.pending.empty() && ops_[s.pending.front()].complete()) s.pending.pop_front();
+    while (!s.pending.empty() && ops_.complete(s.pending.front())) s.pending.pop_front();
   };
   prune();
   if (s.pending.size() < limit) return;
@@ -150,7 +149,7 @@ void Engine::wait_for_launch_slot(StreamState& s, const DeviceState& d) {
   const VTime from = a.clock;
   const OpId oldest = s.pending.front();
   block_until_complete(oldest);
-  a.clock = std::max(a.clock, ops_[oldest].end);
+  a.clock = std::max(a.clock, ops_.end(oldest));
   prune();  // another host may have used the stream meanwhile: count what is still pending
   emit_host(a.id, "launch queue full", from, a.clock);
 }
@@ -186,7 +185,7 @@ OpId Engine::issue(StreamState& s, Issue in) {
   link_queue(d, s, id);
   for (auto& b : in.uses) {
     if (b->kind != MemoryKind::Device) continue;
-    std::erase_if(b->uses, [&](OpId u) { return ops_[u].complete(); });
+    std::erase_if(b->uses, [&](OpId u) { return ops_.complete(u); });
     b->uses.push_back(id);
   }
   op.rendezvous = in.rendezvous;
@@ -244,6 +243,7 @@ void Engine::record(StreamState& s, EventState& e) {
       issue(s, {OpKind::Record, ResourceKind::None, "record", cost, 0, 0, 0, {}, {}, nullptr});
   e.engine = this;
   e.op = id;
+  e.device = s.device;
   e.task = ops_[id].task;
 }
 
@@ -324,6 +324,9 @@ void Engine::finish(OpId id) {
   for (auto& r : op.releases)
     if (--r->ops_left == 0) release_memory(*r, std::max(now_, r->not_before));
   op.releases.clear();
+  // Nothing reads the record from here on (whoever holds the id asks the table for the
+  // completion time): its slot goes to the next operation issued.
+  ops_.retire(id, op.end);
 }
 
 bool Engine::advance() {
@@ -341,7 +344,8 @@ bool Engine::advance() {
         satisfy(e.target);
         break;
       case Calendar::What::Complete:
-        if (ops_[e.target].version == e.version && !ops_[e.target].complete()) finish(e.target);
+        // A retired operation's id is never reused, so its stale completions are skipped.
+        if (!ops_.complete(e.target) && ops_[e.target].version == e.version) finish(e.target);
         break;
       case Calendar::What::Wake:
         actors_.wake(actors_[e.target], e.time);

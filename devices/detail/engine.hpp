@@ -53,13 +53,13 @@
 
 #include "devices/detail/actors.hpp"
 #include "devices/detail/calendar.hpp"
-#include "devices/detail/chunked_log.hpp"
 #include "devices/detail/flow_network.hpp"
 #include "devices/detail/functional.hpp"
 #include "devices/detail/functional_rendezvous.hpp"
 #include "devices/detail/hang_watchdog.hpp"
 #include "devices/detail/memory_account.hpp"
 #include "devices/detail/op_id.hpp"
+#include "devices/detail/op_table.hpp"
 #include "devices/detail/shared_resources.hpp"
 #include "devices/gpu_spec.hpp"
 #include "devices/trace.hpp"
@@ -118,7 +118,6 @@ struct Op {
   std::vector<std::shared_ptr<PendingRelease>> releases;
   std::shared_ptr<FuncTask> task;
   RendezvousId rendezvous = kNoRendezvous;  // a party of a multi-party operation
-  bool complete() const { return end >= 0; }
 };
 
 struct Rendezvous {
@@ -153,6 +152,7 @@ class Engine;
 struct EventState {
   Engine* engine = nullptr;  // set by the first record
   OpId op = kNoOp;
+  int device = -1;  // the recording stream's
   std::shared_ptr<FuncTask> task;
 };
 
@@ -210,13 +210,17 @@ class Engine {
   // Blocks the running actor until `op` has completed in virtual time and for real; the clock
   // becomes max(clock, completion) plus the synchronize cost (the spec's, unless given). Throws
   // KernelError for a poisoned op, DeadlockError if the op can never complete.
-  void host_wait(OpId op, const std::shared_ptr<FuncTask>& task, double sync_cost_s = -1);
+  // `device`: where `op` ran (whose spec prices the call).
+  void host_wait(OpId op, int device, const std::shared_ptr<FuncTask>& task,
+                 double sync_cost_s = -1);
   // Has `op` completed by the running actor's clock? Advances the engine that far first, and
   // charges a query (never less than kMinPollSeconds, so a polling loop moves virtual time).
-  bool host_query(OpId op, const std::shared_ptr<FuncTask>& task);
+  bool host_query(OpId op, int device, const std::shared_ptr<FuncTask>& task);
   static constexpr double kMinPollSeconds = 100e-9;
-  VTime completion_time(OpId op) const { return ops_[op].end; }
-  // The time `op` takes alone at full rate (its price), in seconds.
+  // -1 while `op` has not completed.
+  VTime completion_time(OpId op) const { return ops_.end(op); }
+  // The time `op` takes alone at full rate (its price), in seconds; asked of an operation
+  // still in flight (a finished one keeps only its completion time).
   double duration_s(OpId op) const { return ops_[op].duration_s; }
 
   // --- multi-party operations and the fabric (comm/ builds on these) ---
@@ -346,7 +350,7 @@ class Engine {
 
   Mode mode_;
   int max_connections_;
-  ChunkedLog<Op> ops_;
+  OpTable<Op> ops_;
   std::deque<DeviceState> devices_;
   std::deque<StreamState> streams_;
   Actors actors_;

@@ -76,20 +76,21 @@ void Engine::wait_real(const std::shared_ptr<FuncTask>& task) {
   if (f) throw KernelError(f->device, f->stream, f->kernel, f->cause);
 }
 
-void Engine::host_wait(OpId id, const std::shared_ptr<FuncTask>& task, double sync_cost_s) {
+void Engine::host_wait(OpId id, int device, const std::shared_ptr<FuncTask>& task,
+                       double sync_cost_s) {
   if (id == kNoOp) return;
   Actor& a = current();
   block_until_complete(id);
-  a.clock = std::max(a.clock, ops_[id].end);
+  a.clock = std::max(a.clock, ops_.end(id));
   wait_real(task);
-  host_charge(sync_cost_s >= 0 ? sync_cost_s
-                               : devices_[static_cast<size_t>(ops_[id].device)].spec->sync_host_s,
-              "synchronize");
+  host_charge(
+      sync_cost_s >= 0 ? sync_cost_s : devices_[static_cast<size_t>(device)].spec->sync_host_s,
+      "synchronize");
 }
 
 void Engine::block_until_complete(OpId id) {
   Actor& a = current();
-  if (!ops_[id].complete()) {
+  if (!ops_.complete(id)) {
     ops_[id].waiting_hosts.push_back(a.id);
     a.waiting_on = id;
     try {
@@ -110,14 +111,14 @@ void Engine::catch_up_to_host() {
   block_current();
 }
 
-bool Engine::host_query(OpId id, const std::shared_ptr<FuncTask>& task) {
+bool Engine::host_query(OpId id, int device, const std::shared_ptr<FuncTask>& task) {
   if (id == kNoOp) return true;
   Actor& a = current();
   // A query is priced as the cheapest measured call into the runtime, a stream wait.
-  double cost = devices_[static_cast<size_t>(ops_[id].device)].spec->stream_wait_host_s;
+  double cost = devices_[static_cast<size_t>(device)].spec->stream_wait_host_s;
   host_charge(std::max(cost, kMinPollSeconds), "query");
-  if (!ops_[id].complete() && now_ <= a.clock) catch_up_to_host();
-  bool done = ops_[id].complete() && ops_[id].end <= a.clock;
+  if (!ops_.complete(id) && now_ <= a.clock) catch_up_to_host();
+  bool done = ops_.complete(id) && ops_.end(id) <= a.clock;
   if (done) wait_real(task);
   return done;
 }

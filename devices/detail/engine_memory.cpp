@@ -32,7 +32,7 @@ void Engine::account_free(int device, std::uint64_t bytes, const std::vector<OpI
   const DeviceState& d = devices_[static_cast<size_t>(device)];
   const int compute_track = d.streams.empty() ? -1 : d.streams.front()->track;
   for (OpId u : uses) {
-    if (ops_[u].complete()) continue;
+    if (ops_.complete(u)) continue;
     if (ops_[u].track == compute_track && ops_[u].kind == OpKind::Kernel) continue;
     if (pool_track >= 0 && ops_[u].stream_track == pool_track) continue;
     ++r->ops_left;

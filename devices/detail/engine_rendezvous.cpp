@@ -152,15 +152,15 @@ std::string Engine::describe_wait(OpId id) const {
   OpId cur = id;
   for (std::size_t steps = 0; steps < ops_.size(); ++steps) {
     const Op& op = ops_[cur];
-    if (op.prev != kNoOp && !ops_[op.prev].complete()) {
+    if (op.prev != kNoOp && !ops_.complete(op.prev)) {
       cur = op.prev;
-    } else if (op.waits_for != kNoOp && !ops_[op.waits_for].complete()) {
+    } else if (op.waits_for != kNoOp && !ops_.complete(op.waits_for)) {
       cur = op.waits_for;
     } else if (!op.dispatched) {
       // Its stream is ready but its hardware queue is not: the operation launched ahead of it
       // into the same queue has not started (one queue: CUDA_DEVICE_MAX_CONNECTIONS=1).
       const OpId ahead = op.queue_prev;
-      if (ahead == kNoOp || ops_[ahead].complete()) break;
+      if (ahead == kNoOp || ops_.complete(ahead)) break;
       cur = ahead;
     } else {
       break;
