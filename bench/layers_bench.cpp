@@ -57,7 +57,7 @@ std::vector<float> random_floats(std::size_t n, unsigned seed) {
 
 // args: local experts, rows per expert, in (hidden), out (2 x ffn)
 void BM_ExpertGroupedGemm(benchmark::State& state) {
-  blas::ensure_best_kernel();
+  blas::ensure_kernel();
   const std::int64_t E = state.range(0), rows = state.range(1), in = state.range(2),
                      out = state.range(3);
   const std::vector<std::int64_t> groups(std::size_t(E), rows);
@@ -95,7 +95,7 @@ BENCHMARK(BM_ExpertGroupedGemm)
 // on [in][out]; against what it did before the copy was kept (widening the weight, then the GEMM
 // on [out][in]) and against one plain sgemm of the same flops in the faster of the two layouts.
 void BM_ExpertGroupedGemmKeptCopy(benchmark::State& state) {
-  blas::ensure_best_kernel();
+  blas::ensure_kernel();
   const std::int64_t E = state.range(0), rows = state.range(1), in = state.range(2),
                      out = state.range(3);
   const std::vector<std::int64_t> groups(std::size_t(E), rows);

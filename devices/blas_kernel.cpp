@@ -57,39 +57,37 @@ CpuFeatures CpuFeatures::detect() {
   return f;
 }
 
-std::string best_kernel_for(const CpuFeatures& f) {
-  bool avx512 =
-      f.os_saves_avx512 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512cd;
-  if (avx512 && f.avx512_bf16) return "Cooperlake";
-  if (avx512) return "SkylakeX";
+std::string kernel_for(const CpuFeatures& f) {
+  // AVX-512 hosts run the AVX2 kernels too: SkylakeX's and Cooperlake's small-matrix paths break
+  // the numerics promises (blas_kernel.hpp).
   if (f.os_saves_avx && f.avx2 && f.fma) return "Haswell";
   if (f.os_saves_avx && f.avx) return "Sandybridge";
   return "Prescott";
 }
 
-int kernel_rank(const std::string& name) {
-  // Families by the widest SIMD their SGEMM kernels use. Zen and Excavator run AVX2 kernels.
-  static const std::pair<const char*, int> ranks[] = {
-      {"Cooperlake", 50}, {"SapphireRapids", 50}, {"SkylakeX", 40},    {"Haswell", 30},
-      {"Zen", 30},        {"Excavator", 25},      {"Sandybridge", 20}, {"Steamroller", 20},
-      {"Piledriver", 20}, {"Bulldozer", 15}};
-  for (auto& [n, r] : ranks)
-    if (name == n) return r;
-  return 0;
+bool layout_independent(const std::string& name) {
+  // The families without OpenBLAS 0.3.21's small-matrix and direct sgemm paths (x86-64: only
+  // SkylakeX and Cooperlake have them); Zen runs the Haswell kernels.
+  return name == "Haswell" || name == "Zen" || name == "Sandybridge" || name == "Prescott";
 }
 
 std::string KernelChoice::describe() const {
   std::string s = "OpenBLAS kernel " + kernel;
   if (corrected)
-    s += " (OpenBLAS picked " + openblas_pick + "; corrected by NodeEmu)";
+    s += " (OpenBLAS picked " + openblas_pick + "; NodeEmu runs " + wanted + ")";
   else if (user_forced)
     s += " (OPENBLAS_CORETYPE set by the user)";
   else
     s += " (OpenBLAS's own pick)";
-  if (!corrected && !user_forced && kernel_rank(kernel) < kernel_rank(best))
-    s += "; this CPU could run " + best;
+  if (!layout_independent())
+    s += "; its results depend on a GEMM's size and layout, so the numerics may differ from " +
+         wanted + "'s and the transposed expert weights are not kept";
   s += ", " + std::to_string(threads) + " thread per call";
   return s;
+}
+
+bool KernelChoice::layout_independent() const {
+  return blas::layout_independent(kernel);
 }
 
 namespace detail {
@@ -111,12 +109,12 @@ std::string force_kernel(const std::string& name) {
 
 KernelChoice reselect(bool ignore_env) {
   KernelChoice k;
-  k.best = best_kernel_for(CpuFeatures::detect());
+  k.wanted = kernel_for(CpuFeatures::detect());
   k.openblas_pick = current_corename();
   k.user_forced = !ignore_env && std::getenv("OPENBLAS_CORETYPE") != nullptr;
-  if (!k.user_forced && kernel_rank(k.openblas_pick) < kernel_rank(k.best)) {
-    std::string now = force_kernel(k.best);
-    k.corrected = (now == k.best);
+  if (!k.user_forced && k.openblas_pick != k.wanted) {
+    std::string now = force_kernel(k.wanted);
+    k.corrected = (now == k.wanted);
   }
   k.kernel = current_corename();
   openblas_set_num_threads(1);
@@ -132,7 +130,7 @@ KernelChoice reselect(bool ignore_env) {
 
 }  // namespace detail
 
-const KernelChoice& ensure_best_kernel() {
+const KernelChoice& ensure_kernel() {
   static KernelChoice choice;
   static std::once_flag once;
   std::call_once(once, [] { choice = detail::reselect(false); });

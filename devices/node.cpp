@@ -46,7 +46,7 @@ void check_options(const NodeOptions& o, const NodeTopology& t) {
 Node::Node(NodeOptions options) : impl_(std::make_unique<detail::NodeImpl>()) {
   auto& m = *impl_;
   // Decide the GEMM kernel before anything can call BLAS.
-  blas::ensure_best_kernel();
+  blas::ensure_kernel();
   m.topology = load_topology(options);
   check_options(options, *m.topology);
   m.options = std::move(options);
@@ -81,7 +81,7 @@ const HostTopology& Node::host_topology() const {
   return impl_->host;
 }
 const blas::KernelChoice& Node::blas_kernel() const {
-  return blas::ensure_best_kernel();
+  return blas::ensure_kernel();
 }
 Mode Node::mode() const {
   return impl_->options.mode;

@@ -50,6 +50,10 @@ template <class T>
 void gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, const T* A,
           std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
   if (M == 0 || N == 0) return;
+  // The numerics promises hold for the wanted kernel only (devices/blas_kernel.hpp); a Node
+  // decides it first, but a GEMM may also run without one (tests, benchmarks). Once decided this
+  // is one atomic load.
+  blas::ensure_kernel();
   if (K == 0) {  // BLAS leaves C untouched only for beta = 1; an empty sum is beta * C
     for (std::int64_t i = 0; i < M; ++i)
       for (std::int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
@@ -130,7 +134,7 @@ NE_INSTANTIATE(double)
 #undef NE_INSTANTIATE
 
 std::string gemm_kernel_name() {
-  return "openblas-sgemm/" + blas::ensure_best_kernel().kernel;
+  return "openblas-sgemm/" + blas::ensure_kernel().kernel;
 }
 
 }  // namespace nodeemu::layers

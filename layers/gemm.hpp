@@ -47,7 +47,7 @@ void grouped_linear_wgrad(const T* dy, const T* x, T* dw, const std::vector<std:
 // Rows (or, for wgrad, output features) per chunk. Fixed: part of the numerics contract.
 inline constexpr std::int64_t kGemmRowBlock = 256;
 
-// What runs the GEMMs, for summaries: "openblas-sgemm/SkylakeX".
+// What runs the GEMMs, for summaries: "openblas-sgemm/Haswell".
 std::string gemm_kernel_name();
 
 }  // namespace nodeemu::layers

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "devices/blas_kernel.hpp"
 #include "devices/device.hpp"
 #include "layers/transposed_weight_copy.hpp"
 
@@ -62,6 +63,9 @@ Parameter make_parameter(Device& device, std::string name, Shape shape, DType dt
 }
 
 void keep_forward_copy(Parameter& p) {
+  // The copy runs the forward on the other layout: a pure speed-up only with a kernel whose bits
+  // do not depend on it (a user's OPENBLAS_CORETYPE may pick one that does).
+  if (!blas::ensure_kernel().layout_independent()) return;
   const DType t = p.value.dtype();
   if ((t == DType::BF16 || t == DType::F16) && p.value.shape().size() == 3 && !p.value.is_meta())
     p.forward_copy = std::make_shared<TransposedWeightCopy>();

@@ -53,8 +53,9 @@ Parameter make_parameter(Device& device, std::string name, Shape shape, DType dt
 Parameter make_parameter(Device& device, std::string name, Shape shape, DType dtype, Init init,
                          double std, std::uint64_t seed, const ShardIndex& global);
 
-// Gives a 16-bit [groups][out][in] expert weight a kept forward copy (functional mode only; a
-// no-op for other weights), which ops::linear_forward then uses on the grouped GEMM's path.
+// Gives a 16-bit [groups][out][in] expert weight a kept forward copy (functional mode only, with
+// a layout-independent GEMM kernel (devices/blas_kernel.hpp); a no-op for other weights), which
+// ops::linear_forward then uses on the grouped GEMM's path.
 void keep_forward_copy(Parameter& p);
 
 // A standard-normal draw that depends only on (seed, stream, index).
