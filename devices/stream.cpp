@@ -54,8 +54,8 @@ void Stream::launch(Kernel k) {
   if (e.mode() == Mode::Functional && k.body)
     detail::NodeAccess::functional_kernel_flops(node) += k.work.flops;
   e.launch(*state_, OpKind::Kernel, detail::ResourceKind::Sm, t, k.work.sms, std::move(k.name),
-           e.mode() == Mode::Functional ? std::move(k.body) : nullptr, uses, g.kernel_launch_host_s,
-           g.launch_latency_s, op_class(k.work.shape));
+           e.mode() == Mode::Functional ? std::move(k.body) : nullptr, std::move(uses),
+           g.kernel_launch_host_s, g.launch_latency_s, op_class(k.work.shape));
 }
 
 void Stream::copy(const Buffer& dst, const Buffer& src, std::size_t bytes, std::string name,
