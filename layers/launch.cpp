@@ -32,11 +32,12 @@ float* F32Scope::inout(const View& v) {
 }
 
 void launch(Stream& stream, std::string name, const Work& work, std::function<void()> body,
-            std::vector<Tensor> uses, WorkTally* tally) {
+            KernelUses uses, WorkTally* tally) {
   Kernel k{std::move(name), work, std::move(body), {}};
   k.uses.reserve(uses.size());
-  for (auto& t : uses)
+  uses.each([&](const Tensor& t) {
     if (t) k.uses.push_back(t.buffer());
+  });
   if (tally) {
     tally->flops += work.flops;
     tally->bytes += work.bytes;

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -51,10 +52,31 @@ struct WorkTally {
   std::uint64_t kernels = 0;
 };
 
-// Launches `body` as kernel `name` on `stream`, with the timing plane's Work, keeping `uses`
-// alive; adds the cost to `tally` when given.
+// The tensors a kernel uses, by reference: a braced list of the caller's tensors or a vector of
+// them, alive for the call. A list of Tensor copies cost an allocation for each one's shape and
+// one for the list on every launch, millions of times in a meta step.
+class KernelUses {
+ public:
+  KernelUses(std::initializer_list<std::reference_wrapper<const Tensor>> list) : list_(list) {}
+  KernelUses(const std::vector<Tensor>& tensors) : vector_(&tensors) {}
+  std::size_t size() const { return vector_ ? vector_->size() : list_.size(); }
+  template <class F>
+  void each(F&& f) const {
+    if (vector_)
+      for (const Tensor& t : *vector_) f(t);
+    else
+      for (const Tensor& t : list_) f(t);
+  }
+
+ private:
+  std::initializer_list<std::reference_wrapper<const Tensor>> list_;
+  const std::vector<Tensor>* vector_ = nullptr;
+};
+
+// Launches `body` as kernel `name` on `stream`, with the timing plane's Work, keeping the
+// buffers of `uses` alive; adds the cost to `tally` when given.
 void launch(Stream& stream, std::string name, const Work& work, std::function<void()> body,
-            std::vector<Tensor> uses, WorkTally* tally);
+            KernelUses uses, WorkTally* tally);
 
 // Bytes of a set of tensors (what an elementwise kernel reads and writes).
 double bytes_of(std::initializer_list<const Tensor*> ts);
