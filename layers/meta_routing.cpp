@@ -189,12 +189,13 @@ class Replay final : public MetaRouting {
 
 }  // namespace
 
-std::vector<std::int64_t> MetaRouting::counts(const RoutingKey& key) const {
+const std::vector<std::int64_t>& MetaRouting::memoised(const RoutingKey& key,
+                                                       std::unique_lock<std::mutex>& lock) const {
   const MemoKey mk{key.iteration, key.layer, key.microbatch, key.ep_rank, key.tokens};
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (auto it = memo_.find(mk); it != memo_.end()) return it->second;
-  }
+  if (auto it = memo_.find(mk); it != memo_.end()) return it->second;
+  // Drawn without the lock: another thread may ask for other counts meanwhile (and draw these
+  // too: both draws are the same, the first one stored wins).
+  lock.unlock();
   std::vector<std::int64_t> c = draw(key);
   NE_CHECK(c.size() == std::size_t(cfg_.num_experts), "meta routing: one count per expert");
   // A capacity factor without padding drops what exceeds each expert's capacity (get_capacity,
@@ -203,13 +204,24 @@ std::vector<std::int64_t> MetaRouting::counts(const RoutingKey& key) const {
     const std::int64_t cap = cfg_.capacity(long(key.tokens));
     for (auto& n : c) n = std::min(n, cap);
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  lock.lock();
   // Ranks are at most an iteration apart (the optimizer step joins them): older draws are done.
   if (key.iteration > newest_iteration_) {
     newest_iteration_ = key.iteration;
     memo_.erase(memo_.begin(), memo_.lower_bound(MemoKey{newest_iteration_ - 1, 0, 0, 0, 0}));
   }
   return memo_.emplace(mk, std::move(c)).first->second;
+}
+
+std::vector<std::int64_t> MetaRouting::counts(const RoutingKey& key) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return memoised(key, lock);
+}
+
+void MetaRouting::append_counts(const RoutingKey& key, std::vector<std::int64_t>& out) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const std::vector<std::int64_t>& c = memoised(key, lock);
+  out.insert(out.end(), c.begin(), c.end());
 }
 
 std::shared_ptr<const MetaRouting> MetaRouting::forced(const RouterConfig& cfg,

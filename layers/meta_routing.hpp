@@ -48,6 +48,9 @@ class MetaRouting {
   virtual ~MetaRouting() = default;
   // Tokens routed to each expert, summing to tokens x topk. Thread-safe.
   std::vector<std::int64_t> counts(const RoutingKey& key) const;
+  // The same counts appended to `out`: one copy from the memo where counts() makes two (every
+  // rank of an EP group asks for every peer's counts, ~800 k times in a Qwen3 meta step).
+  void append_counts(const RoutingKey& key, std::vector<std::int64_t>& out) const;
   // One line for the run summary.
   virtual std::string describe() const = 0;
 
@@ -64,6 +67,11 @@ class MetaRouting {
   RouterConfig cfg_;
 
  private:
+  // The memoised counts of `key`, drawn on the first ask. Call with mutex_ held; the reference
+  // is valid while it is.
+  const std::vector<std::int64_t>& memoised(const RoutingKey& key,
+                                            std::unique_lock<std::mutex>& lock) const;
+
   // Ordered by iteration first, so that finished iterations drop off the front.
   using MemoKey =
       std::tuple<int, int, int, int, std::int64_t>;  // iteration, layer, mb, rank, tokens

@@ -1,27 +1,42 @@
 #include "layers/saved_tensors.hpp"
 
+#include <algorithm>
+
 #include "devices/errors.hpp"
 
 namespace nodeemu::layers {
 
+std::vector<SavedTensors::Entry>::iterator SavedTensors::find(const std::string& module,
+                                                              const std::string& name) {
+  return std::find_if(saved_.begin(), saved_.end(),
+                      [&](const Entry& e) { return e.name == name && e.module == module; });
+}
+
 void SavedTensors::save(const std::string& module, const std::string& name, Tensor t, Stream& s) {
   if (hooks_) hooks_->tensor_saved({this->module(module), name}, t, s);
-  saved_[{module, name}] = std::move(t);
+  auto it = find(module, name);
+  if (it != saved_.end())
+    it->tensor = std::move(t);
+  else
+    saved_.push_back({module, name, std::move(t)});
 }
 
 Tensor SavedTensors::need(const std::string& module, const std::string& name, Stream& s) {
-  auto it = saved_.find({module, name});
+  auto it = find(module, name);
   if (it == saved_.end())
     throw UsageError("layer " + std::to_string(layer_) + ", micro-batch " +
                      std::to_string(microbatch_) + ": backward needs " + module + "." + name +
                      ", which forward did not save or backward already released; run each "
                      "node's forward once before its backward");
-  if (hooks_) hooks_->tensor_needed({this->module(module), name}, it->second, s);
-  return it->second;
+  if (hooks_) hooks_->tensor_needed({this->module(module), name}, it->tensor, s);
+  return it->tensor;
 }
 
 void SavedTensors::release(const std::string& module, const std::string& name) {
-  if (saved_.erase({module, name}) && hooks_) hooks_->tensor_released({this->module(module), name});
+  auto it = find(module, name);
+  if (it == saved_.end()) return;
+  saved_.erase(it);
+  if (hooks_) hooks_->tensor_released({this->module(module), name});
 }
 
 void SavedTensors::start_module(const std::string& name, Stream& s) {

@@ -20,7 +20,10 @@ std::string shape_str(const Shape& s) {
 }
 
 Tensor::Tensor(Buffer buffer, Shape shape, DType dtype)
-    : buffer_(std::move(buffer)), shape_(std::move(shape)), dtype_(dtype) {}
+    : buffer_(std::move(buffer)),
+      shape_(std::move(shape)),
+      dtype_(dtype),
+      meta_(buffer_ && buffer_.is_meta()) {}
 
 Tensor Tensor::empty(Device& device, Shape shape, DType dtype) {
   for (auto d : shape)

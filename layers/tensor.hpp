@@ -35,7 +35,9 @@ class Tensor {
   std::int64_t numel() const { return numel_of(shape_); }
   std::size_t bytes() const { return static_cast<std::size_t>(numel()) * dtype_bytes(dtype_); }
   DType dtype() const { return dtype_; }
-  bool is_meta() const { return buffer_.is_meta(); }
+  // Kept from construction: every kernel asks it of every tensor it views, and the buffer's
+  // state is a pointer chase to a cold line (2 % of a Qwen3 meta step).
+  bool is_meta() const { return meta_; }
 
   template <class T>
   T* data() const {
@@ -51,6 +53,7 @@ class Tensor {
   Buffer buffer_;
   Shape shape_;
   DType dtype_ = DType::F32;
+  bool meta_ = false;
 };
 
 }  // namespace nodeemu::layers

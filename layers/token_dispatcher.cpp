@@ -52,10 +52,7 @@ std::vector<std::int64_t> TokenDispatcher::meta_counts(const ModelConfig& cfg, i
   key.tokens = tokens;
   std::vector<std::int64_t> all;
   all.reserve(std::size_t(ep_size) * std::size_t(cfg.num_moe_experts));
-  for (key.ep_rank = 0; key.ep_rank < ep_size; ++key.ep_rank) {
-    const auto c = routing->counts(key);
-    all.insert(all.end(), c.begin(), c.end());
-  }
+  for (key.ep_rank = 0; key.ep_rank < ep_size; ++key.ep_rank) routing->append_counts(key, all);
   return all;
 }
 
