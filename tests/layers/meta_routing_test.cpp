@@ -71,12 +71,19 @@ std::uint64_t digest(const std::vector<std::int64_t>& counts) {  // FNV-1a over 
 }
 
 // The draw is pinned: a faster sampler must give the same counts, or every meta timeline hash
-// moves. Values from the first (one word at a time) sampler; 128 experts (a power of two: no
-// rejection) and 60 (Lemire's rejection step in play).
+// moves. Values from the one-word-at-a-time sampler: power-of-two expert counts (no rejection)
+// and others (Lemire's rejection step in play, 60), top-k below, at and above a vector of eight,
+// and every expert taken (8 of 8).
 TEST(MetaRouting, ForcedDrawsArePinned) {
   for (const auto& [experts, topk, expected] :
        {std::tuple{128, 8, std::uint64_t{12548472002374166485ULL}},
-        std::tuple{60, 6, std::uint64_t{9531683223980630619ULL}}}) {
+        std::tuple{60, 6, std::uint64_t{9531683223980630619ULL}},
+        std::tuple{64, 6, std::uint64_t{1854613196741337359ULL}},
+        std::tuple{256, 8, std::uint64_t{18360389130366265435ULL}},
+        std::tuple{16, 8, std::uint64_t{9598587139022242017ULL}},
+        std::tuple{128, 1, std::uint64_t{14675930596622967015ULL}},
+        std::tuple{8, 8, std::uint64_t{6536472569978745315ULL}},
+        std::tuple{512, 10, std::uint64_t{9237695075821733491ULL}}}) {
     RouterConfig c = qwen3_router();
     c.num_experts = experts;
     c.topk = topk;
