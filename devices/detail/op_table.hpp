@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "devices/check.hpp"
@@ -60,7 +61,10 @@ class OpTable {
   void retire(OpId id, VTime end) {
     NE_CHECK(end >= 0, "an operation retires with its completion time");
     const std::size_t slot = slot_of(id);
-    slots_[slot] = T{};
+    // Rebuilt in place: assigning a fresh T{} built a temporary and moved every member.
+    T* record = &slots_[slot];
+    std::destroy_at(record);
+    std::construct_at(record);
     free_.push_back(static_cast<std::uint32_t>(slot));
     word_[id] = end;
   }
