@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <map>
 
+#include "devices/blas_kernel.hpp"
 #include "emu/detail/run_report.hpp"
 #include "emu/recipe_keys.hpp"
 #include "layers/gemm.hpp"
@@ -17,6 +18,12 @@ void describe_run(const RunFacts& run, Node& node, RunReport& rep) {
   rep.mode = run.plan.functional ? "functional" : "meta";
   rep.schedule = run.schedule;
   rep.gemm_kernel = layers::gemm_kernel_name();
+  // A kernel the user chose (OPENBLAS_CORETYPE) that breaks the numerics promises is said where
+  // the kernel is named, in the summary and its JSON (devices/blas_kernel.hpp).
+  if (const blas::KernelChoice& k = node.blas_kernel(); !k.layout_independent())
+    rep.gemm_kernel += " (not " + k.wanted +
+                       ": its results depend on a GEMM's size and layout, so the numerics may "
+                       "differ from other hosts' and between layouts NodeEmu keeps bit-equal)";
   rep.topology = node.topology().name;
   rep.world = node.device_count();
   rep.device_ops = node.engine_ops();

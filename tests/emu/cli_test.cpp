@@ -4,12 +4,14 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "devices/blas_kernel.hpp"
 #include "tests/emu/cli_runner.hpp"
 
 namespace {
@@ -135,6 +137,25 @@ TEST(Cli, HelpWorksForEverySubcommand) {
 }
 
 const std::string kTiny = std::string(NODEEMU_SOURCE_DIR) + "/configs/recipes/tiny_moe.yaml";
+
+// A user's OPENBLAS_CORETYPE wins over NodeEmu's kernel; one whose results depend on a GEMM's
+// size and layout (OpenBLAS's AVX-512 kernels) is said where the summary names the kernel, and
+// without it the summary names NodeEmu's own.
+TEST(Cli, AUsersGemmKernelThatBreaksTheNumericsPromisesIsSaid) {
+  const nodeemu::blas::CpuFeatures f = nodeemu::blas::CpuFeatures::detect();
+  if (!(f.os_saves_avx512 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512cd))
+    GTEST_SKIP() << "needs a CPU that runs OpenBLAS's SkylakeX kernels";
+  Result plain = run("run " + kTiny + " --iterations 1");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_NE(plain.out.find("GEMMs openblas-sgemm/Haswell\n"), std::string::npos) << plain.out;
+  ::setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
+  Result forced = run("run " + kTiny + " --iterations 1");
+  ::unsetenv("OPENBLAS_CORETYPE");
+  ASSERT_EQ(forced.code, 0) << forced.err;
+  EXPECT_NE(forced.out.find("GEMMs openblas-sgemm/SkylakeX (not Haswell: its results depend on"),
+            std::string::npos)
+      << forced.out;
+}
 
 TEST(Cli, OptionsAreCheckedByTheParserInOneLine) {
   Result r = run("run " + kTiny + " --iterations 0");
