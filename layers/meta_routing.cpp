@@ -7,7 +7,7 @@
 #include <random>
 
 #include "devices/check.hpp"
-#include "layers/router.hpp"
+#include "layers/detail/group_limited_draw.hpp"
 
 namespace nodeemu::layers {
 
@@ -55,7 +55,10 @@ class Forced final : public MetaRouting {
  protected:
   std::vector<std::int64_t> draw(const RoutingKey& key) const override {
     auto rng = generator(seed_, key, 1);
-    return cfg_.num_groups > 0 ? group_limited(key.tokens, rng) : plain(key.tokens, rng);
+    // With a group limit the choice depends on the scores' values, not only their order:
+    // drawn from the values' order statistics (layers/detail/group_limited_draw.hpp).
+    return cfg_.num_groups > 0 ? detail::group_limited_forced_counts(cfg_, key.tokens, rng())
+                               : plain(key.tokens, rng);
   }
 
  private:
@@ -94,23 +97,6 @@ class Forced final : public MetaRouting {
       }
     }
     return {count.begin(), count.end()};
-  }
-
-  // With a group limit the choice depends on the scores' values, not only their order: the
-  // router's own code routes drawn standard-normal logits.
-  std::vector<std::int64_t> group_limited(std::int64_t tokens, std::mt19937_64& rng) const {
-    const int E = cfg_.num_experts;
-    std::vector<float> logits(std::size_t(tokens) * std::size_t(E));
-    std::normal_distribution<float> normal;
-    for (float& l : logits) l = normal(rng);
-    RouterConfig c = cfg_;
-    c.force_load_balancing = false;
-    c.capacity_factor.reset();  // drops are applied by counts(), as for the plain draw
-    c.pad_to_capacity = false;
-    c.aux_loss_coeff = c.z_loss_coeff = 0;
-    c.load_balancing = LoadBalancing::None;
-    const Routing<float> r = route<float>(c, logits.data(), tokens, tokens, nullptr);
-    return r.tokens_per_expert;
   }
 
   std::uint64_t seed_;

@@ -4,8 +4,9 @@
 //
 //  - forced: Megatron-Core's moe_router_force_load_balancing (router.py apply_random_logits /
 //    moe_utils.py RandomSTE): every micro-batch draws fresh standard-normal logits from the
-//    expert-parallel RNG and routes them with the router's own top-k. Balanced only on average:
-//    each EP rank's counts scatter, and the slowest rank sets the step.
+//    expert-parallel RNG and routes them with the router's own top-k (drawn here from the same
+//    distribution, cheaper: meta_routing.cpp, detail/group_limited_draw.hpp). Balanced only on
+//    average: each EP rank's counts scatter, and the slowest rank sets the step.
 //  - replay: tokens per expert recorded from a real run (Megatron's router trace), so a user
 //    replays the imbalance their model really has.
 //  - skewed: a what-if: each layer's experts have Zipf popularities 1 / (1 + r)^skew, r a
