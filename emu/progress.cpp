@@ -1,6 +1,8 @@
 #include "emu/progress.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <iomanip>
 #include <ostream>
 #include <sstream>
@@ -15,6 +17,8 @@ constexpr double kLongRunS = 60;
 constexpr double kEstimateAfterS = 2;
 // In-place redraws at most this often.
 constexpr double kRedrawS = 0.2;
+// Not a terminal: a progress line at most this often.
+constexpr double kLogLineS = 60;
 
 std::string duration(double s) {
   std::ostringstream o;
@@ -28,26 +32,37 @@ std::string duration(double s) {
   return o.str();
 }
 
+// "37 %", or "0.4 %" below ten, so that a long run's first estimate does not read "0 %".
+std::string percent(long part, long whole) {
+  const double p = 100.0 * double(part) / double(whole);
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(p < 10 ? 1 : 0) << (p < 10 ? p : std::floor(p)) << " %";
+  return o.str();
+}
+
 }  // namespace
 
-Progress::Progress(std::ostream* os, bool terminal, int iterations, int steps_per_iteration,
+Progress::Progress(std::ostream* os, bool terminal, int iterations, long parts_per_iteration,
                    std::function<double()> clock)
     : os_(os),
       terminal_(terminal),
       iterations_(iterations),
-      steps_per_iteration_(steps_per_iteration > 0 ? steps_per_iteration : 1),
+      parts_per_iteration_(parts_per_iteration > 0 ? parts_per_iteration : 1),
       clock_(clock ? std::move(clock) : [] {
         return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
             .count();
       }) {
   start_ = clock_();
+  // A log's first progress line comes a minute in, not at the first step.
+  if (!terminal_) last_draw_ = 0;
 }
 
-void Progress::step_done(int iteration) {
+void Progress::part_done(int iteration) {
   if (!os_) return;
+  std::lock_guard lock(mu_);
   ++done_;
   const double t = elapsed_s();
-  const long total = long(iterations_) * steps_per_iteration_;
+  const long total = long(iterations_) * parts_per_iteration_;
   const double left = done_ < total ? t / double(done_) * double(total - done_) : 0;
   if (!estimate_said_ && t >= kEstimateAfterS) {
     estimate_said_ = true;
@@ -55,21 +70,32 @@ void Progress::step_done(int iteration) {
       if (line_shown_) *os_ << "\r\033[K";
       line_shown_ = false;
       *os_ << "nodeemu: this run will take about " << duration(t + left) << " of wall time ("
-           << done_ << " of " << total << " micro-batch steps in " << duration(t) << ")\n"
+           << percent(done_, total) << " of every rank's micro-batch steps in " << duration(t)
+           << ")\n"
            << std::flush;
+      last_draw_ = t;
     }
   }
-  if (!terminal_ || t - last_draw_ < kRedrawS) return;
+  if (t - last_draw_ < (terminal_ ? kRedrawS : kLogLineS)) return;
   last_draw_ = t;
-  const long in_iteration = done_ - long(iteration) * steps_per_iteration_;
-  *os_ << "\r\033[Kiter " << iteration + 1 << "/" << iterations_ << ": micro-batch step "
-       << in_iteration << "/" << steps_per_iteration_ << ", " << duration(t) << ", about "
-       << duration(left) << " left" << std::flush;
-  line_shown_ = true;
+  // Ranks may be an iteration apart: the share is of every rank's steps done so far.
+  const long in_iteration =
+      std::clamp(done_ - long(iteration) * parts_per_iteration_, 0L, parts_per_iteration_);
+  const std::string line =
+      "iter " + std::to_string(iteration + 1) + "/" + std::to_string(iterations_) + ": " +
+      percent(in_iteration, parts_per_iteration_) + " of its micro-batch steps, " + duration(t) +
+      ", about " + duration(left) + " left";
+  if (terminal_) {
+    *os_ << "\r\033[K" << line << std::flush;
+    line_shown_ = true;
+  } else {
+    *os_ << line << "\n" << std::flush;
+  }
 }
 
 void Progress::iteration_done(const std::string& line) {
   if (!os_) return;
+  std::lock_guard lock(mu_);
   if (line_shown_) *os_ << "\r\033[K";
   line_shown_ = false;
   *os_ << line << "\n" << std::flush;

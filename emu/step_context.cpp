@@ -104,6 +104,7 @@ layers::ChunkPlan& StepContext::Impl::plan(PlanId id) {
     if (last_stage(id.chunk)) losses_[id.microbatch] = p->loss_sum_handle();
     if (last_stage(id.chunk) && p->mtp_loss_sum_handle())
       mtp_losses_[id.microbatch] = p->mtp_loss_sum_handle();
+    if (on_progress_) on_progress_();
   }
   return *p;
 }
@@ -224,7 +225,7 @@ void StepContext::Impl::release(PlanId id) {
     throw UsageError("schedule: " + describe(id) + " is released with a receive not waited for");
   plans_.erase(key);
   released_[key] = true;
-  if (on_release_) on_release_();
+  if (on_progress_) on_progress_();
 }
 
 void StepContext::Impl::check_finished(const std::string& schedule) const {

@@ -72,8 +72,9 @@ class StepContext::Impl {
   void recv_forward(PlanId id);
   void recv_backward(PlanId id);
   void release(PlanId id);
-  // Called after every release (a micro-batch step done on this rank): progress reports.
-  void on_release(std::function<void()> f) { on_release_ = std::move(f); }
+  // Called when a micro-batch step's plan is made (its forward starts on this rank) and when it
+  // is released (its backward is done): progress reports.
+  void on_progress(std::function<void()> f) { on_progress_ = std::move(f); }
   // Throws UsageError naming the schedule's omission when a micro-batch's forward or backward
   // never ran.
   void check_finished(const std::string& schedule) const;
@@ -106,7 +107,7 @@ class StepContext::Impl {
   std::map<Key, Event> fwd_pending_, bwd_pending_;
   std::set<Key> fwd_arrived_, bwd_arrived_;
   std::optional<Event> comm_send_in_flight_;  // the comm stream's last forward send
-  std::function<void()> on_release_;
+  std::function<void()> on_progress_;
 };
 
 }  // namespace nodeemu::emu

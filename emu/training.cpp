@@ -239,7 +239,7 @@ void RankRun::forward_backward(int it, std::optional<StepContext::Impl>& impl) {
             cp_.rank);
       },
       s_.loss_scale, layers::Shape{s_.mbs * s_.seq / (tp_.size * cp_.size), s_.cfg.hidden_size});
-  if (r_ == 0) impl->on_release([this, it] { sh_.progress.step_done(it); });
+  impl->on_progress([this, it] { sh_.progress.part_done(it); });
   StepContext step(*impl);
   {
     // full_iteration: the whole forward-backward of every micro-batch is one captured graph
@@ -354,7 +354,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
                    std::vector<int>(static_cast<std::size_t>(setup.world)),
                    std::vector<int>(2 * static_cast<std::size_t>(setup.world), 0),
                    Progress(options.progress, options.progress_terminal, setup.iterations,
-                            setup.microbatches * setup.vpp)};
+                            2 * long(setup.microbatches) * setup.vpp * setup.world)};
   std::iota(shared.all_ranks.begin(), shared.all_ranks.end(), 0);
   node.run([&](Host& host) {
     RankRun rank(setup, shared, host);
