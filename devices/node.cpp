@@ -31,6 +31,12 @@ void check_options(const NodeOptions& o, const NodeTopology& t) {
                           std::to_string(o.cuda_device_max_connections));
   if (o.thread_budget < 0)
     throw ConfigError(src, "thread_budget", "must be >= 0 (0 = the hardware threads)");
+  const int devices = o.nodes * t.gpus;
+  for (int d : o.trace_devices)
+    if (d < 0 || d >= devices)
+      throw ConfigError("<options>", "trace_devices",
+                        "GPU " + std::to_string(d) + " does not exist; the run has " +
+                            std::to_string(devices) + " (0-" + std::to_string(devices - 1) + ")");
   if (o.workers_per_device < 0 || o.workers_per_device > 256)
     throw ConfigError(src, "workers_per_device", "must be between 0 (automatic) and 256");
   if (!(o.collective_timeout_s == 0 ||
@@ -58,7 +64,11 @@ Node::Node(NodeOptions options) : impl_(std::make_unique<detail::NodeImpl>()) {
   m.budget = std::make_unique<ExecutionBudget>(budget);
   m.engine =
       std::make_shared<detail::Engine>(m.options.mode, m.options.cuda_device_max_connections);
-  if (m.options.record_trace) m.engine->add_observer(&m.recorder);
+  if (m.options.record_trace) {
+    if (!m.options.trace_devices.empty())
+      m.recorder.keep_only(m.options.trace_devices, &m.engine->layout());
+    m.engine->add_observer(&m.recorder);
+  }
   m.engine->set_hang_timeout(m.options.collective_timeout_s);
   for (const auto& p : m.placements) {
     std::string name = "node " + std::to_string(p.node) + " GPU " + std::to_string(p.local);

@@ -54,6 +54,8 @@ struct NodeOptions {
   std::string synthetic_host;           // hwloc synthetic description; empty = this machine
   bool record_trace = false;            // keep every record for trace()/write_chrome_trace;
                                         // the timeline hash is always kept
+  std::vector<int> trace_devices;       // with record_trace: only these devices' records (and
+                                        // their hosts'); empty: every device
   // Wall-clock seconds a collective may wait for a rank that never issues it while the other
   // hosts keep running; then the report goes to stderr and the process exits with status 3
   // (NCCL's watchdog default is 10 minutes). 0 disables. A hang in which every host is blocked

@@ -3,7 +3,9 @@
 #include <nlohmann/json.hpp>
 
 #include <map>
+
 #include <ostream>
+#include "devices/check.hpp"
 
 namespace nodeemu {
 
@@ -43,12 +45,24 @@ const char* to_string(OpClass c) {
   return "?";
 }
 
+void TraceRecorder::keep_only(const std::vector<int>& devices, const TimelineLayout* layout) {
+  keep_.clear();
+  for (int d : devices) {
+    NE_CHECK(d >= 0, "trace: a negative device to keep");
+    if (std::size_t(d) >= keep_.size()) keep_.resize(std::size_t(d) + 1, 0);
+    keep_[std::size_t(d)] = 1;
+  }
+  layout_ = layout;
+}
+
 void TraceRecorder::on_op(const OpRecord& r) {
+  if (!kept(r.device)) return;
   ops_.push_back({r.id, r.device, r.track, r.kind, *r.name, r.start, r.end, r.host, r.waits_for,
                   r.cls, r.bytes});
 }
 
 void TraceRecorder::on_host(const HostRecord& r) {
+  if (!keep_.empty() && !kept(layout_->host_device.at(std::size_t(r.host)))) return;
   host_.push_back({r.host, *r.name, r.start, r.end});
 }
 
@@ -94,16 +108,19 @@ Json metadata(const char* name, int pid, Json args) {
 void TraceRecorder::write_chrome_json(std::ostream& os, const TimelineLayout& layout) const {
   EventWriter put(os);
   for (size_t d = 0; d < layout.device_names.size(); ++d) {
+    if (!kept(int(d))) continue;
     put(metadata("process_name", int(d), {{"name", layout.device_names[d]}}));
     put(metadata("process_sort_index", int(d), {{"sort_index", d}}));
   }
   for (auto& t : layout.tracks) {
+    if (!kept(t.device)) continue;
     Json e = metadata("thread_name", t.device, {{"name", t.name}});
     e["tid"] = t.track;
     put(e);
   }
   bool any_free_host = false;
   for (size_t h = 0; h < layout.host_names.size(); ++h) {
+    if (!kept(layout.host_device[h])) continue;
     const int pid = layout.host_device[h] >= 0 ? layout.host_device[h] : kHostPid;
     any_free_host |= pid == kHostPid;
     Json e = metadata("thread_name", pid, {{"name", "host " + layout.host_names[h]}});

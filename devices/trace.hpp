@@ -69,6 +69,11 @@ struct TimelineLayout {
 // on it. Times are virtual microseconds.
 class TraceRecorder : public TimelineObserver {
  public:
+  // Keep only these devices' operations and the calls of the hosts that drive them (and of the
+  // hosts that drive none). A full-size run's trace (DeepSeek-V3: 1024 GPUs, ~90 M operations)
+  // would not fit in memory nor open in a viewer; a few GPUs of it do. `layout` (the engine's,
+  // which outlives the recorder's use) says which device a host drives.
+  void keep_only(const std::vector<int>& devices, const TimelineLayout* layout);
   void on_op(const OpRecord& r) override;
   void on_host(const HostRecord& r) override;
   void write_chrome_json(std::ostream& os, const TimelineLayout& layout) const;
@@ -92,8 +97,14 @@ class TraceRecorder : public TimelineObserver {
   const std::vector<Host>& host_calls() const { return host_; }
 
  private:
+  bool kept(int device) const {
+    return keep_.empty() || device < 0 ||
+           (std::size_t(device) < keep_.size() && keep_[std::size_t(device)]);
+  }
   std::vector<Op> ops_;
   std::vector<Host> host_;
+  std::vector<char> keep_;  // by device; empty: every device
+  const TimelineLayout* layout_ = nullptr;
 };
 
 // FNV-1a over every record in the order the engine produced them; equal hashes mean equal

@@ -2,6 +2,8 @@
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <charconv>
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -30,7 +32,7 @@ struct RecipeArgs {
   std::vector<std::string> tail;
   std::vector<std::string> overrides;  // before the first --case
   std::vector<std::pair<std::string, std::vector<std::string>>> cases;
-  std::string mode, trace, summary, json, baseline = "on";
+  std::string mode, trace, trace_gpus, summary, json, baseline = "on";
   int iterations = 0;  // 0: the recipe's train_iters
 
   void split_tail(const std::string& command);
@@ -142,6 +144,35 @@ int validate(const RecipeArgs& a, std::ostream& out, std::ostream& err) {
   return 0;
 }
 
+// "0-7,64" -> 0..7 and 64, in the order given, each once.
+std::vector<int> gpu_list(const std::string& text) {
+  const auto bad = [&] {
+    return ConfigError("nodeemu run", "--trace-gpus",
+                       "'" + text + "' is not a list of GPU numbers and ranges; write e.g. 0-7,64");
+  };
+  std::vector<int> out;
+  std::size_t at = 0;
+  const auto number = [&] {
+    int v = 0;
+    const char* first = text.data() + at;
+    const auto [end, ec] = std::from_chars(first, text.data() + text.size(), v);
+    if (ec != std::errc() || end == first) throw bad();
+    at += std::size_t(end - first);
+    return v;
+  };
+  while (true) {
+    const int lo = number();
+    int hi = lo;
+    if (at < text.size() && text[at] == '-') ++at, hi = number();
+    if (hi < lo) throw bad();
+    for (int g = lo; g <= hi; ++g)
+      if (std::find(out.begin(), out.end(), g) == out.end()) out.push_back(g);
+    if (at == text.size()) return out;
+    if (text[at] != ',') throw bad();
+    ++at;
+  }
+}
+
 int run(const RecipeArgs& a, std::ostream& out, std::ostream& err) {
   const auto r = prepared(a.recipe, a.overrides, a.mode, err, "", true);
   if (!r) {
@@ -153,6 +184,7 @@ int run(const RecipeArgs& a, std::ostream& out, std::ostream& err) {
   o.progress = &err;
   o.progress_terminal = is_terminal(err);
   o.trace_path = a.trace;
+  if (!a.trace_gpus.empty()) o.trace_gpus = gpu_list(a.trace_gpus);
   RunReport rep = train(*r, o);
   if (a.baseline == "on" && has_memory_savers(*r)) {
     err << "baseline: the same recipe with offload and recompute off, for peak memory\n";
@@ -160,7 +192,9 @@ int run(const RecipeArgs& a, std::ostream& out, std::ostream& err) {
   }
   print_summary(rep, out);
   if (!o.trace_path.empty())
-    out << "trace written to " << o.trace_path << " (open it in https://ui.perfetto.dev)\n";
+    out << "trace written to " << o.trace_path
+        << (a.trace_gpus.empty() ? "" : " (GPUs " + a.trace_gpus + ")")
+        << " (open it in https://ui.perfetto.dev)\n";
   if (!a.summary.empty()) {
     write_summary_file(rep, *r, a.summary);
     out << "summary written to " << a.summary << "\n";
@@ -240,7 +274,13 @@ detail::CommandBody detail::add_run(CLI::App& app, Streams io) {
   auto a = add_recipe_args(app);
   add_mode(app, *a);
   add_iterations(app, *a);
-  app.add_option("--trace", a->trace, "write the run's Chrome trace here")->type_name("FILE");
+  auto* trace =
+      app.add_option("--trace", a->trace, "write the run's Chrome trace here")->type_name("FILE");
+  app.add_option("--trace-gpus", a->trace_gpus,
+                 "only these GPUs (global ranks, e.g. 0-7,64) and their hosts in the trace: a "
+                 "full-size run's trace of every GPU does not fit in memory")
+      ->type_name("LIST")
+      ->needs(trace);
   app.add_option("--summary", a->summary, "write the summary as JSON here")->type_name("FILE");
   app.add_option("--baseline", a->baseline,
                  "with offload or recompute on, also run without them for the peak memory they "

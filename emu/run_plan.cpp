@@ -35,6 +35,12 @@ RunPlan::RunPlan(const Recipe& r, const TrainOptions& options)
       pipeline(pipeline_comm(r)),
       schedule(schedule_choice(r)) {
   node.record_trace = !options.trace_path.empty();
+  for (int g : options.trace_gpus)
+    if (g < 0 || g >= world)
+      throw ConfigError(r.name(), "--trace-gpus",
+                        "GPU " + std::to_string(g) + " does not exist; the recipe lays out " +
+                            std::to_string(world) + " GPUs (0-" + std::to_string(world - 1) + ")");
+  node.trace_devices = options.trace_gpus;
   cfg.meta_routing = meta_routing(r, cfg, microbatches);
   cfg.validate();
   if (stage_layers.empty())

@@ -19,6 +19,7 @@ namespace nodeemu::emu {
 struct TrainOptions {
   int iterations = 0;                // 0 = train.train_iters
   std::string trace_path;            // write the Chrome/Perfetto trace here ("" = none)
+  std::vector<int> trace_gpus;       // only these GPUs (global ranks) in it; empty: all
   std::ostream* progress = nullptr;  // one line per iteration (emu/progress.hpp)
   // `progress` is a terminal: a line rewritten in place shows the micro-batches inside an
   // iteration.

@@ -4,9 +4,11 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -305,6 +307,33 @@ TEST(Cli, RunWritesItsSummaryTraceAndTable) {
   const std::string t = read_file(trace);
   EXPECT_NE(t.find("\"traceEvents\""), std::string::npos);
   EXPECT_NE(t.find("dispatch"), std::string::npos);
+}
+
+// A full-size run's trace of every GPU does not fit in memory: --trace-gpus keeps a few.
+TEST(Cli, TraceGpusKeepsTheTraceToThoseGpus) {
+  const std::string trace = ::testing::TempDir() + std::to_string(getpid()) + "_gpus_trace.json";
+  Result r = run("run " + kTiny + " --iterations 1 --trace " + trace + " --trace-gpus 1,3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("(GPUs 1,3)"), std::string::npos) << r.out;
+  std::set<int> pids;
+  const auto json = nlohmann::json::parse(read_file(trace));
+  for (const auto& e : json["traceEvents"])
+    if (e["ph"] == "X") pids.insert(e["pid"].get<int>());
+  EXPECT_EQ(pids, (std::set<int>{1, 3}));
+  std::remove(trace.c_str());
+  for (const auto& [list, why] :
+       {std::pair{"4", "GPU 4 does not exist; the recipe lays out 4 GPUs (0-3)"},
+        std::pair{"0-x", "not a list of GPU numbers and ranges; write e.g. 0-7,64"},
+        std::pair{"3-1", "not a list of GPU numbers and ranges"}}) {
+    Result bad = run("run " + kTiny + " --iterations 1 --trace " + trace + " --trace-gpus " + list);
+    EXPECT_EQ(bad.code, 2) << list;
+    EXPECT_NE(bad.err.find(why), std::string::npos) << bad.err;
+    EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+    EXPECT_FALSE(std::ifstream(trace).good()) << "nothing half-written";
+  }
+  Result alone = run("run " + kTiny + " --iterations 1 --trace-gpus 1");
+  EXPECT_EQ(alone.code, 2);
+  EXPECT_NE(alone.err.find("--trace-gpus requires --trace"), std::string::npos) << alone.err;
 }
 
 TEST(Cli, CompareRunsTheCasesSideBySide) {
