@@ -8,27 +8,30 @@ View view(const Tensor& t) {
 
 F32Scope::~F32Scope() {
   for (auto& p : outputs_)
-    if (p.dst.numel > 0) from_f32(p.dst.dtype, p.buf.data(), p.dst.data, std::size_t(p.dst.numel));
+    if (p.dst.numel > 0) from_f32(p.dst.dtype, p.buf.get(), p.dst.data, std::size_t(p.dst.numel));
 }
 
 const float* F32Scope::in(const View& v) {
   if (v.dtype == DType::F32) return v.as<const float>();
-  auto& b = inputs_.emplace_back(std::size_t(v.numel));
-  if (v.numel > 0) to_f32(v.dtype, v.data, b.data(), b.size());
-  return b.data();
+  const auto n = std::size_t(v.numel);
+  float* b = inputs_.emplace_back(std::make_unique_for_overwrite<float[]>(n)).get();
+  if (n > 0) to_f32(v.dtype, v.data, b, n);
+  return b;
 }
 
 float* F32Scope::out(const View& v) {
   if (v.dtype == DType::F32) return v.as<float>();
-  auto& p = outputs_.emplace_back(Pending{v, std::vector<float>(std::size_t(v.numel))});
-  return p.buf.data();
+  return outputs_.emplace_back(Pending{v, std::make_unique<float[]>(std::size_t(v.numel))})
+      .buf.get();
 }
 
 float* F32Scope::inout(const View& v) {
   if (v.dtype == DType::F32) return v.as<float>();
-  auto& p = outputs_.emplace_back(Pending{v, std::vector<float>(std::size_t(v.numel))});
-  if (v.numel > 0) to_f32(v.dtype, v.data, p.buf.data(), p.buf.size());
-  return p.buf.data();
+  const auto n = std::size_t(v.numel);
+  float* b =
+      outputs_.emplace_back(Pending{v, std::make_unique_for_overwrite<float[]>(n)}).buf.get();
+  if (n > 0) to_f32(v.dtype, v.data, b, n);
+  return b;
 }
 
 void launch(Stream& stream, std::string name, const Work& work, std::function<void()> body,
