@@ -2,12 +2,12 @@
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
-#include <algorithm>
 #include <charconv>
 #include <iostream>
 #include <limits>
 #include <memory>
 #include <ostream>
+#include <set>
 
 #include "devices/errors.hpp"
 #include "emu/detail/commands.hpp"
@@ -151,6 +151,7 @@ std::vector<int> gpu_list(const std::string& text) {
                        "'" + text + "' is not a list of GPU numbers and ranges; write e.g. 0-7,64");
   };
   std::vector<int> out;
+  std::set<int> seen;
   std::size_t at = 0;
   const auto number = [&] {
     int v = 0;
@@ -164,9 +165,10 @@ std::vector<int> gpu_list(const std::string& text) {
     const int lo = number();
     int hi = lo;
     if (at < text.size() && text[at] == '-') ++at, hi = number();
-    if (hi < lo) throw bad();
+    // No run has a million GPUs: a larger number is a typo, not a range to walk.
+    if (hi < lo || hi >= 1'000'000) throw bad();
     for (int g = lo; g <= hi; ++g)
-      if (std::find(out.begin(), out.end(), g) == out.end()) out.push_back(g);
+      if (seen.insert(g).second) out.push_back(g);
     if (at == text.size()) return out;
     if (text[at] != ',') throw bad();
     ++at;

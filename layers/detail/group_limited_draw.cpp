@@ -102,8 +102,8 @@ std::vector<std::int64_t> group_limited_forced_counts(const RouterConfig& cfg, s
   const auto at = [&](int g, int j) -> double& {
     return log_u[std::size_t(g) * std::size_t(depth) + std::size_t(j)];
   };
-  std::vector<double> inv_left(
-      static_cast<std::size_t>(depth));  // 1 / (members below the j-th value + 1)
+  // 1 / (members not yet drawn) for the j-th value: a multiply in the loop instead of a divide.
+  std::vector<double> inv_left(static_cast<std::size_t>(depth));
   for (int j = 0; j < depth; ++j) inv_left[std::size_t(j)] = 1.0 / double(n - j);
   const auto draw_next = [&](int g) {
     const int j = drawn[std::size_t(g)]++;
