@@ -6,6 +6,7 @@
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <set>
 
@@ -32,8 +33,9 @@ struct RecipeArgs {
   std::vector<std::string> tail;
   std::vector<std::string> overrides;  // before the first --case
   std::vector<std::pair<std::string, std::vector<std::string>>> cases;
-  std::string mode, trace, trace_gpus, summary, json, baseline = "on";
-  int iterations = 0;  // 0: the recipe's train_iters
+  std::string mode, trace, summary, json, baseline = "on";
+  std::optional<std::string> trace_gpus;  // given, even empty (which is refused)
+  int iterations = 0;                     // 0: the recipe's train_iters
 
   void split_tail(const std::string& command);
 };
@@ -186,7 +188,7 @@ int run(const RecipeArgs& a, std::ostream& out, std::ostream& err) {
   o.progress = &err;
   o.progress_terminal = is_terminal(err);
   o.trace_path = a.trace;
-  if (!a.trace_gpus.empty()) o.trace_gpus = gpu_list(a.trace_gpus);
+  if (a.trace_gpus) o.trace_gpus = gpu_list(*a.trace_gpus);
   RunReport rep = train(*r, o);
   if (a.baseline == "on" && has_memory_savers(*r)) {
     err << "baseline: the same recipe with offload and recompute off, for peak memory\n";
@@ -195,7 +197,7 @@ int run(const RecipeArgs& a, std::ostream& out, std::ostream& err) {
   print_summary(rep, out);
   if (!o.trace_path.empty())
     out << "trace written to " << o.trace_path
-        << (a.trace_gpus.empty() ? "" : " (GPUs " + a.trace_gpus + ")")
+        << (a.trace_gpus ? " (GPUs " + *a.trace_gpus + ")" : "")
         << " (open it in https://ui.perfetto.dev)\n";
   if (!a.summary.empty()) {
     write_summary_file(rep, *r, a.summary);

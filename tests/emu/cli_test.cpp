@@ -325,7 +325,8 @@ TEST(Cli, TraceGpusKeepsTheTraceToThoseGpus) {
        {std::pair{"4", "GPU 4 does not exist; the recipe lays out 4 GPUs (0-3)"},
         std::pair{"0-x", "not a list of GPU numbers and ranges; write e.g. 0-7,64"},
         std::pair{"3-1", "not a list of GPU numbers and ranges"},
-        std::pair{"0-2000000000", "not a list of GPU numbers and ranges"}}) {
+        std::pair{"0-2000000000", "not a list of GPU numbers and ranges"},
+        std::pair{"''", "'' is not a list of GPU numbers and ranges"}}) {
     Result bad = run("run " + kTiny + " --iterations 1 --trace " + trace + " --trace-gpus " + list);
     EXPECT_EQ(bad.code, 2) << list;
     EXPECT_NE(bad.err.find(why), std::string::npos) << bad.err;
