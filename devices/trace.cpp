@@ -3,8 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include <map>
-
 #include <ostream>
+
 #include "devices/check.hpp"
 
 namespace nodeemu {
