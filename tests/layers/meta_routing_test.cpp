@@ -95,7 +95,7 @@ TEST(MetaRouting, ForcedDrawsArePinned) {
 // The group-limited draw is pinned too (DeepSeek-V3: 256 experts, 8 groups, 4 used, sigmoid), so
 // that a change of its sampler is deliberate. It was last changed on purpose (issue 17): the draw
 // that routed 256 drawn logits per token with the router's code became the order-statistics
-// sampler of layers/detail/group_limited_draw.hpp, ~15x faster, with the same distribution
+// sampler of layers/detail/group_limited_draw.hpp, ~8x faster, with the same distribution
 // (GroupLimitedDrawsAreDistributedAsTheRouterOnDrawnLogits below); every meta timeline of a
 // group-limited recipe moved with it.
 TEST(MetaRouting, GroupLimitedForcedDrawsArePinned) {
