@@ -96,7 +96,8 @@ TEST(MetaRouting, ForcedDrawsArePinned) {
 // that a change of its sampler is deliberate. It was last changed on purpose (issue 17): the draw
 // that routed 256 drawn logits per token with the router's code became the order-statistics
 // sampler of layers/detail/group_limited_draw.hpp, ~8x faster, with the same distribution
-// (GroupLimitedDrawsAreDistributedAsTheRouterOnDrawnLogits below); every meta timeline of a
+// (GroupLimitedDraw.DrawsAreDistributedAsTheRouterOnDrawnLogits, group_limited_draw_test.cpp);
+// every meta timeline of a
 // group-limited recipe moved with it.
 TEST(MetaRouting, GroupLimitedForcedDrawsArePinned) {
   RouterConfig c;
