@@ -97,8 +97,7 @@ TEST(MetaRouting, ForcedDrawsArePinned) {
 // that routed 256 drawn logits per token with the router's code became the order-statistics
 // sampler of layers/detail/group_limited_draw.hpp, ~8x faster, with the same distribution
 // (GroupLimitedDraw.DrawsAreDistributedAsTheRouterOnDrawnLogits, group_limited_draw_test.cpp);
-// every meta timeline of a
-// group-limited recipe moved with it.
+// every meta timeline of a group-limited recipe moved with it.
 TEST(MetaRouting, GroupLimitedForcedDrawsArePinned) {
   RouterConfig c;
   c.num_experts = 256;
