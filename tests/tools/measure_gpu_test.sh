@@ -74,4 +74,13 @@ refused "device cpu needs --quick" --device cpu --out "$tmp/r2"
 refused "gemm_bf16.csv: no rows measured" --device cpu --quick --tables gemm --memory-gib 1e-9 \
   --out "$tmp/r3"
 test ! -e "$tmp/r3/gemm_bf16.csv"
-echo "measure_gpu.py -> nodeemu calibrate -> nodeemu cost: ok"
+# Two measurements compared: a folder against itself differs by nothing; the H200 measured twice
+# (bench/README.md, "Repeatability") agrees on GEMMs within a few per cent at the median.
+"$py" "$src/tools/compare_gpu_tables.py" "$tmp/measured" "$tmp/measured" > "$tmp/self.txt"
+grep -q "^gemm_bf16.csv  *seconds .* 0.00%  *0.00%" "$tmp/self.txt" || { cat "$tmp/self.txt"; exit 1; }
+"$py" "$src/tools/compare_gpu_tables.py" "$src/configs/gpus/h200_sxm" \
+  "$src/bench/data/h200_sxm_2026-11-28" > "$tmp/repeat.txt"
+awk '$1 == "gemm_bf16.csv" { found = 1; if ($3 != 1860 || $4 + 0 > 5) bad = 1 }
+     END { exit !(found && !bad) }' "$tmp/repeat.txt" || { cat "$tmp/repeat.txt"; exit 1; }
+"$nodeemu" calibrate "$src/bench/data/h200_sxm_2026-11-28" > /dev/null
+echo "measure_gpu.py -> nodeemu calibrate -> nodeemu cost, compare_gpu_tables.py: ok"
