@@ -159,8 +159,8 @@ class FlexPlan final : public DispatchPlan {
   // pairs by sort_within_budget's rule; notes a drop on the dispatcher (meta mode's over-budget
   // flag).
   std::vector<std::int64_t> within_budget(const std::vector<std::int64_t>& pairs) const {
-    const std::int64_t a = kFusedGroupedMlpAlign;
-    auto padded = [a](std::int64_t n) { return (n + a - 1) / a * a; };
+    constexpr std::int64_t a = kFusedGroupedMlpAlign;
+    auto padded = [](std::int64_t n) { return (n + a - 1) / a * a; };
     std::vector<std::int64_t> kept(pairs.size());
     std::int64_t start = 0;
     for (std::size_t e = 0; e < pairs.size(); ++e) {

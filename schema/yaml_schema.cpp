@@ -100,7 +100,7 @@ std::string unquote_hint(const YAML::Node& n, bool parses_unquoted) {
 class Validator {
  public:
   Validator(const std::string& file, const Field& root, const CustomLeaf& custom)
-      : file_(file), root_(root), custom_(custom), keys_(dotted_keys(root)) {}
+      : file_(file), custom_(custom), keys_(dotted_keys(root)) {}
 
   void check(const YAML::Node& node, const Field& field, const std::string& path) const {
     if (field.kind == Kind::kMap) return check_map(node, field, path);
@@ -258,7 +258,6 @@ class Validator {
   }
 
   const std::string& file_;
-  const Field& root_;
   const CustomLeaf& custom_;
   const std::vector<std::string> keys_;  // every dotted key of the schema, for suggestions
 };

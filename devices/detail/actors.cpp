@@ -8,12 +8,14 @@
 #include "devices/check.hpp"
 #include "devices/host_topology.hpp"
 
-#if defined(__SANITIZE_ADDRESS__)
+#include "devices/sanitizers.hpp"
+
+#if NODEEMU_UNDER_ASAN
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define NODEEMU_ASAN_FIBERS 1
 #endif
-#if defined(__SANITIZE_THREAD__)
+#if NODEEMU_UNDER_TSAN
 #include <sanitizer/tsan_interface.h>
 #define NODEEMU_TSAN_FIBERS 1
 #endif

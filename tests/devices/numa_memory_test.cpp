@@ -14,23 +14,14 @@
 #include <vector>
 
 #include "devices/errors.hpp"
+#include "devices/sanitizers.hpp"
 
 namespace nodeemu::numa {
 namespace {
 
 // AddressSanitizer and ThreadSanitizer turn mlock/munlock into no-ops that report success, so the
 // kernel's count of locked memory cannot be checked in such a build.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kMlockIsReal = false;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kMlockIsReal = false;
-#else
-constexpr bool kMlockIsReal = true;
-#endif
-#else
-constexpr bool kMlockIsReal = true;
-#endif
+constexpr bool kMlockIsReal = !(NODEEMU_UNDER_ASAN || NODEEMU_UNDER_TSAN);
 
 const std::size_t kPage = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
 

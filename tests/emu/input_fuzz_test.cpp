@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "devices/sanitizers.hpp"
 #include "emu/cli.hpp"
 #include "emu/recipe.hpp"
 #include "tests/emu/emu_test_support.hpp"
@@ -31,17 +32,7 @@
 namespace nodeemu::emu {
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr int kScale = 20;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr int kScale = 20;
-#else
-constexpr int kScale = 1;
-#endif
-#else
-constexpr int kScale = 1;
-#endif
+constexpr int kScale = NODEEMU_UNDER_ASAN || NODEEMU_UNDER_TSAN ? 20 : 1;
 
 // The case being run, for the crash handler and the hang guard: a fixed buffer, so that the
 // signal handler can write it without allocating.

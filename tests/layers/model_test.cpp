@@ -153,7 +153,11 @@ void expect_gradients_match_finite_differences(const ModelConfig& cfg,
   const StepResult base = run_reference(cfg, 2);
   std::vector<Elements> checks = only;
   for (const std::string& name : names) checks.push_back({name, 0, base.grads.at(name).size()});
-  for (const auto& [name, first, last] : checks) {
+  for (const Elements& check : checks) {
+    // Named copies, not a structured binding: clang before 16 (the ThreadSanitizer build, see
+    // CMakePresets.json) refuses a binding captured by the lambda below.
+    const std::string& name = check.name;
+    const std::size_t first = check.first, last = check.last;
     SCOPED_TRACE(name + " [" + std::to_string(first) + ", " + std::to_string(last) + ")");
     std::vector<float> g = base.grads.at(name);
     for (std::size_t i = 0; i < g.size(); ++i)
