@@ -18,7 +18,7 @@
 // Under TSan this file is built uninstrumented (devices/CMakeLists.txt says why), which also
 // turns NODEEMU_UNDER_TSAN off here: the TSan fiber calls below are compiled out in that build,
 // as they have been since the file lost its instrumentation. Every actor runs on the thread that
-// called Node::run, one at a time, so TSan sees their accesses in that thread's program order.
+// built the engine, one at a time, so TSan sees their accesses in that thread's program order.
 #if NODEEMU_UNDER_TSAN
 #include <sanitizer/tsan_interface.h>
 #define NODEEMU_TSAN_FIBERS 1

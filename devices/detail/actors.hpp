@@ -10,8 +10,9 @@
 // context switch (a few nanoseconds) instead of waking another OS thread (1-4 us measured here,
 // bench/README "Meta mode against the number of GPUs"); one actor at a time ran before as well, so
 // the switch changes no decision. What a thread gave an actor for free is kept by hand: the CPU
-// binding (bindpcie) is re-applied when the next actor's differs, and ASan and TSan are told of
-// every switch (their fiber interfaces), so the sanitizer builds check the same code that runs.
+// binding (bindpcie) is re-applied when the next actor's differs, and ASan is told of every
+// switch (its fiber interface), so the sanitizer build checks the same code that runs. TSan is
+// not: actors.cpp is built uninstrumented there, and one thread's program order is what it sees.
 #pragma once
 
 #include <boost/context/fiber.hpp>
