@@ -159,10 +159,10 @@ Placement allocate_on_node(std::size_t bytes, int node, bool zeroed) {
   // Writing a byte of every page faults every page in under the node's policy, so the placement
   // read back below is real and later timing does not pay for first-touch faults. The pages are
   // fresh anonymous ones, which the kernel hands out zero-filled: a memset of every byte would
-  // add nothing but its own cost (under ThreadSanitizer, shadow writes and copy-on-write faults
-  // for every byte, a sixth of a tensor-parallel run's time, mostly for channel rings of which a
-  // small run uses a few KiB). If the node runs out of memory here the kernel's OOM handling
-  // applies; there is no error to return.
+  // add nothing but its own cost (under GCC's ThreadSanitizer, shadow writes and copy-on-write
+  // faults for every byte, ~8 % of a tensor-parallel test's time, mostly for channel rings of
+  // which a small run uses a few KiB). If the node runs out of memory here the kernel's OOM
+  // handling applies; there is no error to return.
   const std::size_t page = page_size();
   for (std::size_t offset = 0; offset < bytes; offset += page)
     static_cast<volatile unsigned char*>(ptr)[offset] = 0;

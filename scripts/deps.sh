@@ -31,7 +31,7 @@ nodeemu_install_missing() {
 }
 
 # The ThreadSanitizer preset builds with clang 14 (CMakePresets.json): its TSan runtime is
-# LLVM's third version, which ran the test suite ~2x faster than GCC 12's (bench/README.md,
+# LLVM's third version, which ran the test suite ~1.7x faster than GCC 12's (bench/README.md,
 # "The test suite under ThreadSanitizer"). The runtime library is only recommended by clang-14,
 # so it is named.
 nodeemu_tsan_packages=(clang-14 libclang-rt-14-dev)

@@ -154,7 +154,7 @@ void expect_gradients_match_finite_differences(const ModelConfig& cfg,
   std::vector<Elements> checks = only;
   for (const std::string& name : names) checks.push_back({name, 0, base.grads.at(name).size()});
   for (const Elements& check : checks) {
-    // Named copies, not a structured binding: clang before 16 (the ThreadSanitizer build, see
+    // Plain variables, not a structured binding: clang before 16 (the ThreadSanitizer build, see
     // CMakePresets.json) refuses a binding captured by the lambda below.
     const std::string& name = check.name;
     const std::size_t first = check.first, last = check.last;
