@@ -1,23 +1,21 @@
 #include "layers/meta_routing.hpp"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <numeric>
 #include <random>
 
 #include "devices/check.hpp"
 #include "layers/detail/group_limited_draw.hpp"
+#include "layers/detail/splitmix64.hpp"
+#include "layers/detail/uniform_subset_draw.hpp"
 
 namespace nodeemu::layers {
 
 namespace {
 
-std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
+std::uint64_t mix(std::uint64_t x) {
+  return detail::splitmix64_finalise(x + detail::kSplitMixGamma);
 }
 
 // One generator per decision, from the seed and the decision's coordinates: Megatron draws from
@@ -32,18 +30,6 @@ std::mt19937_64 generator(std::uint64_t seed, const RoutingKey& k, std::uint64_t
   return std::mt19937_64(h);
 }
 
-// splitmix64's words as 32-bit halves (each word's low half, then its high half), made a block
-// at a time: the mixes of a block are independent, so they overlap in the pipeline.
-constexpr std::size_t kWordBlock = 512;
-void fill_words(std::uint64_t& state, std::array<std::uint32_t, kWordBlock>& words) {
-  for (std::size_t i = 0; i < kWordBlock; i += 2) {
-    state += 0x9e3779b97f4a7c15ULL;
-    const std::uint64_t z = mix(state);
-    words[i] = std::uint32_t(z);
-    words[i + 1] = std::uint32_t(z >> 32);
-  }
-}
-
 class Forced final : public MetaRouting {
  public:
   Forced(const RouterConfig& cfg, std::uint64_t seed) : MetaRouting(cfg), seed_(seed) {}
@@ -56,49 +42,16 @@ class Forced final : public MetaRouting {
   std::vector<std::int64_t> draw(const RoutingKey& key) const override {
     auto rng = generator(seed_, key, 1);
     // With a group limit the choice depends on the scores' values, not only their order:
-    // drawn from the values' order statistics (layers/detail/group_limited_draw.hpp).
-    return cfg_.num_groups > 0 ? detail::group_limited_forced_counts(cfg_, key.tokens, rng())
-                               : plain(key.tokens, rng);
+    // drawn from the values' order statistics (layers/detail/group_limited_draw.hpp). Without
+    // one, a uniformly random k-set per token (layers/detail/uniform_subset_draw.hpp), from a
+    // stream that starts one step past the generator's word, as it always has (the pinned
+    // counts follow it).
+    if (cfg_.num_groups > 0) return detail::group_limited_forced_counts(cfg_, key.tokens, rng());
+    return detail::uniform_subset_counts(cfg_.num_experts, cfg_.topk, key.tokens,
+                                         rng() + detail::kSplitMixGamma);
   }
 
  private:
-  // Plain top-k of iid continuous scores (softmax and sigmoid keep the order) picks a uniformly
-  // random set of k experts per token: drawn here directly, expert by expert without
-  // replacement (a repeat is drawn again, which keeps every set equally likely), from a fast
-  // counter-based generator. Drawing the E logits per token would cost E / k times more.
-  //
-  // Each pick takes the next word w and maps it to expert (w * E) >> 32, drawing again while the
-  // low half of w * E is below 2^32 mod E (Lemire's rejection step: exactly uniform). Speed: the
-  // loop keeps its position in the block in a register, so fetching a pick's word waits for no
-  // earlier pick (with the position in a generator object, each pick's load waited on the
-  // previous pick's store of it; the draw was ~30 % of a Qwen3 meta step, now ~23 %).
-  std::vector<std::int64_t> plain(std::int64_t tokens, std::mt19937_64& rng) const {
-    const auto E = static_cast<std::uint32_t>(cfg_.num_experts);
-    const int k = cfg_.topk;
-    const std::uint32_t reject_below = std::uint32_t(-E) % E;  // 2^32 mod E
-    // A token's experts are marked with the token's number (plus one), so nothing is cleared
-    // between tokens; the counts are 32-bit while drawing (at most `tokens` each).
-    std::vector<std::uint32_t> count(E, 0);
-    std::vector<std::uint32_t> mark(E, 0);
-    std::uint64_t state = rng();
-    std::array<std::uint32_t, kWordBlock> words;
-    std::size_t used = kWordBlock;
-    for (std::int64_t t = 0; t < tokens; ++t) {
-      const auto token = std::uint32_t(t + 1);
-      for (int j = 0; j < k;) {
-        if (used == kWordBlock) fill_words(state, words), used = 0;
-        const std::uint64_t m = std::uint64_t(words[used++]) * E;
-        if (std::uint32_t(m) < reject_below) continue;
-        const auto e = std::size_t(m >> 32);
-        if (mark[e] == token) continue;  // a repeat is drawn again
-        mark[e] = token;
-        ++count[e];
-        ++j;
-      }
-    }
-    return {count.begin(), count.end()};
-  }
-
   std::uint64_t seed_;
 };
 

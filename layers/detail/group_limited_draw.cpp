@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "devices/check.hpp"
+#include "layers/detail/splitmix64.hpp"
 
 namespace nodeemu::layers::detail {
 
@@ -45,15 +46,8 @@ double normal_quantile_of_log(double log_p) {
 
 namespace {
 
-// splitmix64 (Steele, Lea and Flood 2014): a counter-based stream, as the plain draw uses.
-struct SplitMix64 {
-  std::uint64_t state;
-  std::uint64_t next() {
-    std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
+// The stream of layers/detail/splitmix64.hpp, with the two ways this draw reads it.
+struct Stream : SplitMix64 {
   // Uniform on the open interval (0, 1): a midpoint of 2^53 cells, so its logarithm is finite
   // and negative.
   double open_uniform() { return (double(next() >> 11) + 0.5) * 0x1.0p-53; }
@@ -87,7 +81,7 @@ std::vector<std::int64_t> group_limited_forced_counts(const RouterConfig& cfg, s
     return sigmoid ? 1.0 / (1.0 + std::exp(-x)) : exp_scores ? std::exp(x) : x;
   };
 
-  SplitMix64 rng{state};
+  Stream rng{{state}};
   std::vector<std::uint32_t> count(std::size_t(E), 0);
   std::vector<std::uint32_t> mark(std::size_t(E), 0);  // the last token that picked the member
   const auto per_group = static_cast<std::size_t>(G);
