@@ -235,8 +235,10 @@ void RankRun::forward_backward(int it, std::optional<StepContext::Impl>& impl) {
         // sample does not depend on how the ranks are pipelined.
         const int index = (it * s_.microbatches + mb) * int(s_.dp_size) + d_;
         return layers::context_parallel_slice(
-            layers::synthetic_microbatch(s_.cfg, s_.mbs, s_.seq, s_.seed, 0, index), cp_.size,
-            cp_.rank);
+            dev_.node().mode() == Mode::Meta
+                ? layers::shape_only_microbatch(s_.mbs, s_.seq)
+                : layers::synthetic_microbatch(s_.cfg, s_.mbs, s_.seq, s_.seed, 0, index),
+            cp_.size, cp_.rank);
       },
       s_.loss_scale, layers::Shape{s_.mbs * s_.seq / (tp_.size * cp_.size), s_.cfg.hidden_size});
   impl->on_progress([this, it] { sh_.progress.part_done(it); });

@@ -30,6 +30,15 @@ MicroBatch synthetic_microbatch(const ModelConfig& cfg, std::int64_t batch, std:
   return mb;
 }
 
+MicroBatch shape_only_microbatch(std::int64_t batch, std::int64_t seq) {
+  MicroBatch mb;
+  mb.batch = batch;
+  mb.seq = seq;
+  mb.tokens.assign(static_cast<std::size_t>(batch * seq), 0);
+  mb.labels = mb.tokens;
+  return mb;
+}
+
 MicroBatch context_parallel_slice(const MicroBatch& mb, int size, int rank) {
   if (size == 1) return mb;
   if (mb.seq % (2 * size) != 0)

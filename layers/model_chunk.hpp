@@ -30,6 +30,9 @@ struct MicroBatch {
 // Deterministic synthetic data: micro-batch `index` of data-parallel rank `dp_rank`.
 MicroBatch synthetic_microbatch(const ModelConfig& cfg, std::int64_t batch, std::int64_t seq,
                                 std::uint64_t seed, int dp_rank, int index);
+// Meta mode's micro-batch: the shape, with every token and label 0. Nothing reads a meta batch's
+// values (its tensors hold no data), and drawing them cost ~4 k normals per micro-batch and rank.
+MicroBatch shape_only_microbatch(std::int64_t batch, std::int64_t seq);
 // The positions of a micro-batch that CP rank `rank` of `size` holds: chunks rank and
 // 2 * size - 1 - rank of each sequence cut into 2 * size (Megatron's get_batch_on_this_cp_rank;
 // kernels::AttentionShape::position). size 1: the micro-batch itself.
