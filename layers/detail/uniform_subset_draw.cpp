@@ -2,7 +2,6 @@
 
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstddef>
 
 #include "devices/check.hpp"
@@ -15,13 +14,11 @@ namespace {
 // The stream is read a block at a time: its words, then their picks, then the picks in order.
 constexpr std::size_t kWordsPerBlock = 256;
 constexpr std::size_t kPicksPerBlock = 2 * kWordsPerBlock;
-// Sentinels after a block's picks, so that a check of up to 16 picks never reads past them.
-constexpr std::size_t kPickPadding = 16;
 
 struct Block {
   alignas(64) std::uint64_t words[kWordsPerBlock];
   // Each pick's expert, or `experts` (the sentinel) where the word is rejected.
-  alignas(64) std::uint32_t picks[kPicksPerBlock + kPickPadding];
+  alignas(64) std::uint32_t picks[kPicksPerBlock];
 };
 
 // The picks of a block's words: each word's low half, then its high half.
@@ -37,9 +34,9 @@ inline void pick_experts(Block& b, std::uint32_t experts) {
   }
 }
 
-// The tokens' picks so far. Kept in locals of the drawing function (it is inlined there), so
-// the compiler need not reload the counters after every store to the counts: they are all
-// 32-bit, and a store through one could alias another in memory.
+// The tokens' picks so far. A local of draw() (its methods are inlined there), so the compiler
+// keeps the counters in registers: through a pointer it would reload them after every store to
+// the counts, which are 32-bit too and could alias them.
 struct Tally {
   std::uint32_t* count;  // [experts + 1]: the last slot takes nothing
   std::uint32_t* mark;   // [experts + 1]: the last token that picked each expert
@@ -59,34 +56,33 @@ struct Tally {
     picked = 0;
     return token++ == last;
   }
-  // Takes a whole token's k picks, known to be accepted and distinct. Its marks are not set:
-  // the next token has another number, so they would never be read.
-  bool take_token(const std::uint32_t* e) {
-    for (int q = 0; q < k; ++q) ++count[e[q]];
-    return token++ == last;
-  }
 };
 
-std::vector<std::int64_t> counts_of(const std::vector<std::uint32_t>& count, int experts) {
-  return {count.begin(), count.begin() + experts};
+// A block of the stream, words and picks: word n of the stream that starts at `state` is
+// splitmix64_finalise(state + n * gamma), n = 1, 2, ...
+using FillBlock = void (*)(std::uint64_t state, std::uint32_t experts, Block& b);
+
+inline void fill_block_portable(std::uint64_t state, std::uint32_t experts, Block& b) {
+  SplitMix64 stream{state};
+  for (auto& w : b.words) w = stream.next();
+  pick_experts(b, experts);
 }
 
-std::vector<std::int64_t> draw_portable(int experts, int k, std::int64_t tokens,
-                                        std::uint64_t state) {
+std::vector<std::int64_t> draw(int experts, int k, std::int64_t tokens, std::uint64_t state,
+                               FillBlock fill_block) {
   std::vector<std::uint32_t> count(std::size_t(experts) + 1, 0), mark(count.size(), 0);
   Tally t{count.data(), mark.data(), std::uint32_t(experts), 1, std::uint32_t(tokens), 0, k};
-  SplitMix64 stream{state};
   Block b;
   for (;;) {
-    for (auto& w : b.words) w = stream.next();
-    pick_experts(b, t.experts);
+    fill_block(state, t.experts, b);
+    state += kSplitMixGamma * kWordsPerBlock;
     for (std::size_t i = 0; i < kPicksPerBlock; ++i)
-      if (t.take(b.picks[i])) return counts_of(count, experts);
+      if (t.take(b.picks[i])) return {count.begin(), count.begin() + experts};
   }
 }
 
 #if defined(__x86_64__)
-#define NODEEMU_AVX512_DRAW __attribute__((target("avx512f,avx512dq,avx512cd")))
+#define NODEEMU_AVX512_DRAW __attribute__((target("avx512f,avx512dq")))
 
 // z >> N per lane. The zero-masking form with every lane kept: GCC 12's unmasked form starts from
 // _mm512_undefined_epi32(), which -Wmaybe-uninitialized reports.
@@ -95,9 +91,11 @@ NODEEMU_AVX512_DRAW __m512i shift_right(__m512i z) {
   return _mm512_maskz_srli_epi64(__mmask8(0xFF), z, N);
 }
 
-// A block of the stream's words, eight at a time: word n is splitmix64_finalise(state + n *
-// gamma), so the lanes need nothing from each other.
-NODEEMU_AVX512_DRAW void fill_words_avx512(std::uint64_t state, std::uint64_t* words) {
+// fill_block_portable with the words made eight at a time (they need nothing from each other),
+// and the picks vectorised for AVX-512 (inlined here). Also tried: a token's k picks checked for
+// a repeat at once with vpconflictd, and taken together where there is none (~80 % of tokens at
+// 128 experts and top-8): no faster on Zen 4, and Intel microcodes vpconflictd. Not kept.
+NODEEMU_AVX512_DRAW void fill_block_avx512(std::uint64_t state, std::uint32_t experts, Block& b) {
   const __m512i gamma = _mm512_set1_epi64(std::int64_t(kSplitMixGamma));
   const __m512i m1 = _mm512_set1_epi64(std::int64_t(0xbf58476d1ce4e5b9ULL));
   const __m512i m2 = _mm512_set1_epi64(std::int64_t(0x94d049bb133111ebULL));
@@ -107,62 +105,43 @@ NODEEMU_AVX512_DRAW void fill_words_avx512(std::uint64_t state, std::uint64_t* w
   for (std::size_t i = 0; i < kWordsPerBlock; i += 8) {
     __m512i z = _mm512_mullo_epi64(_mm512_xor_si512(x, shift_right<30>(x)), m1);
     z = _mm512_mullo_epi64(_mm512_xor_si512(z, shift_right<27>(z)), m2);
-    _mm512_store_si512(words + i, _mm512_xor_si512(z, shift_right<31>(z)));
+    _mm512_store_si512(b.words + i, _mm512_xor_si512(z, shift_right<31>(z)));
     x = _mm512_add_epi64(x, step);
   }
+  pick_experts(b, experts);
 }
 
-// As draw_portable, with one more step: at a token's start, its next k picks are checked at
-// once for a rejection or a repeat (vpconflictd), and taken together where there is none, as
-// for ~80 % of tokens at 128 experts and top-8. The rest go pick by pick, exactly as before.
-NODEEMU_AVX512_DRAW std::vector<std::int64_t> draw_avx512(int experts, int k, std::int64_t tokens,
-                                                          std::uint64_t state) {
-  std::vector<std::uint32_t> count(std::size_t(experts) + 1, 0), mark(count.size(), 0);
-  Tally t{count.data(), mark.data(), std::uint32_t(experts), 1, std::uint32_t(tokens), 0, k};
-  const bool checks_tokens = k <= 16;
-  const auto lanes = __mmask16((1u << std::min(k, 16)) - 1);
-  const __m512i sentinel = _mm512_set1_epi32(experts);
-  Block b;
-  for (std::size_t i = kPicksPerBlock; i < kPicksPerBlock + kPickPadding; ++i)
-    b.picks[i] = t.experts;  // a token that runs past the block is never taken at once
-  for (;;) {
-    fill_words_avx512(state, b.words);
-    state += kSplitMixGamma * kWordsPerBlock;
-    pick_experts(b, t.experts);
-    std::size_t i = 0;
-    while (i < kPicksPerBlock) {
-      if (checks_tokens && t.picked == 0) {
-        const __m512i e = _mm512_maskz_loadu_epi32(lanes, b.picks + i);
-        const __m512i earlier_equal = _mm512_maskz_conflict_epi32(lanes, e);
-        const __mmask16 bad = _mm512_mask_test_epi32_mask(lanes, earlier_equal, earlier_equal) |
-                              _mm512_mask_cmpeq_epi32_mask(lanes, e, sentinel);
-        if (bad == 0) {
-          if (t.take_token(b.picks + i)) return counts_of(count, experts);
-          i += std::size_t(k);
-          continue;
-        }
-      }
-      if (t.take(b.picks[i++])) return counts_of(count, experts);
-    }
-  }
+// fill_block_portable, its picks vectorised for AVX2 (inlined here). Making the words four at a
+// time with AVX2 (a 64-bit multiply from three 32-bit ones) was no faster.
+__attribute__((target("avx2"))) void fill_block_avx2(std::uint64_t state, std::uint32_t experts,
+                                                     Block& b) {
+  fill_block_portable(state, experts, b);
 }
 
-bool cpu_has_avx512_draw() {
+bool cpu_runs(SubsetDrawPath path) {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512cd");
+  switch (path) {
+    case SubsetDrawPath::Portable:
+      return true;
+    case SubsetDrawPath::Avx2:
+      return __builtin_cpu_supports("avx2");
+    case SubsetDrawPath::Avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  }
+  return false;
 }
 #else
-bool cpu_has_avx512_draw() {
-  return false;
+bool cpu_runs(SubsetDrawPath path) {
+  return path == SubsetDrawPath::Portable;
 }
 #endif
 
 }  // namespace
 
 bool subset_draw_path_runs_here(SubsetDrawPath path) {
-  static const bool avx512 = cpu_has_avx512_draw();
-  return path == SubsetDrawPath::Portable || avx512;
+  static const bool avx2 = cpu_runs(SubsetDrawPath::Avx2);
+  static const bool avx512 = cpu_runs(SubsetDrawPath::Avx512);
+  return path == SubsetDrawPath::Portable || (path == SubsetDrawPath::Avx2 ? avx2 : avx512);
 }
 
 std::vector<std::int64_t> uniform_subset_counts(int experts, int k, std::int64_t tokens,
@@ -173,16 +152,19 @@ std::vector<std::int64_t> uniform_subset_counts(int experts, int k, std::int64_t
   NE_CHECK(subset_draw_path_runs_here(path), "uniform subset draw: a path this CPU cannot run");
   if (tokens == 0) return std::vector<std::int64_t>(std::size_t(experts), 0);
 #if defined(__x86_64__)
-  if (path == SubsetDrawPath::Avx512) return draw_avx512(experts, k, tokens, state);
+  if (path == SubsetDrawPath::Avx512) return draw(experts, k, tokens, state, fill_block_avx512);
+  if (path == SubsetDrawPath::Avx2) return draw(experts, k, tokens, state, fill_block_avx2);
 #endif
-  return draw_portable(experts, k, tokens, state);
+  return draw(experts, k, tokens, state, fill_block_portable);
 }
 
 std::vector<std::int64_t> uniform_subset_counts(int experts, int k, std::int64_t tokens,
                                                 std::uint64_t state) {
-  const bool fast = subset_draw_path_runs_here(SubsetDrawPath::Avx512);
-  return uniform_subset_counts(experts, k, tokens, state,
-                               fast ? SubsetDrawPath::Avx512 : SubsetDrawPath::Portable);
+  static const SubsetDrawPath fastest =
+      subset_draw_path_runs_here(SubsetDrawPath::Avx512) ? SubsetDrawPath::Avx512
+      : subset_draw_path_runs_here(SubsetDrawPath::Avx2) ? SubsetDrawPath::Avx2
+                                                         : SubsetDrawPath::Portable;
+  return uniform_subset_counts(experts, k, tokens, state, fastest);
 }
 
 }  // namespace nodeemu::layers::detail

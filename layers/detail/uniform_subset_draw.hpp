@@ -23,11 +23,11 @@ std::vector<std::int64_t> uniform_subset_counts(int experts, int k, std::int64_t
                                                 std::uint64_t state);
 
 // The code paths, for tests and benchmarks: uniform_subset_counts takes the fastest one this
-// CPU runs.
+// CPU runs. Every path gives the same counts.
 enum class SubsetDrawPath {
   Portable,  // any CPU
-  Avx512,    // AVX-512 F/DQ/CD: the stream eight words at a time, and a token's k picks checked
-             // for repeats at once (vpconflictd)
+  Avx2,      // the picks made eight at a time
+  Avx512,    // AVX-512 F/DQ: the stream's words eight at a time, its picks sixteen
 };
 bool subset_draw_path_runs_here(SubsetDrawPath path);
 std::vector<std::int64_t> uniform_subset_counts(int experts, int k, std::int64_t tokens,
