@@ -12,11 +12,38 @@ namespace {
 
 // A micro-batch of `T` tokens, all id 0 (meta mode reads shapes, not ids).
 MicroBatch token_zeros(std::int64_t T) {
-  MicroBatch mb;
-  mb.seq = T;
-  mb.tokens.assign(std::size_t(T), 0);
-  mb.labels.assign(std::size_t(T), 0);
-  return mb;
+  return shape_only_microbatch(1, T);
+}
+
+// The trainer gives meta mode batches of zero ids (shape_only_microbatch) instead of drawn ones:
+// the timeline of a whole model chunk (embedding, MoE layers, output layer and loss) must not
+// depend on the ids.
+TEST(Meta, ATimelineDoesNotDependOnTokenIds) {
+  ModelConfig cfg = testing::tiny_moe(DType::BF16);
+  cfg.router.force_load_balancing = true;  // meta mode's routing, as the shipped meta recipes
+  const std::int64_t seq = 64;
+  const auto timeline = [&](const MicroBatch& mb) {
+    Node node(testing::model_options(1, 1, 1, Mode::Meta));
+    Communicator comm(node);
+    node.run([&](Host& host) {
+      Device& dev = host.device();
+      ModelChunk chunk(cfg, {0, cfg.num_layers, true, true}, dev, testing::kSeed,
+                       comm.group({0}, "ep"), 0);
+      ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
+      auto plan = chunk.plan(ctx, 0, mb, 1.0 / double(seq));
+      plan->forward_all();
+      plan->backward_all();
+      dev.synchronize();
+    });
+    EXPECT_GT(node.engine_ops(), 50u);
+    return node.timeline_hash();
+  };
+  const MicroBatch drawn = synthetic_microbatch(cfg, 1, seq, testing::kSeed, 0, 0);
+  const MicroBatch zeros = shape_only_microbatch(1, seq);
+  ASSERT_EQ(zeros.tokens.size(), drawn.tokens.size());
+  ASSERT_EQ(zeros.labels.size(), drawn.labels.size());
+  ASSERT_NE(zeros.tokens, drawn.tokens);
+  EXPECT_EQ(timeline(zeros), timeline(drawn));
 }
 
 TEST(Meta, Qwen3LayerReportsFlopsBytesAndMemoryWithoutData) {
