@@ -1,7 +1,5 @@
 #include "layers/detail/uniform_subset_draw.hpp"
 
-#include <immintrin.h>
-
 #include <cstddef>
 
 #include "devices/check.hpp"
@@ -82,6 +80,8 @@ std::vector<std::int64_t> draw(int experts, int k, std::int64_t tokens, std::uin
 }
 
 #if defined(__x86_64__)
+#include <immintrin.h>
+
 #define NODEEMU_AVX512_DRAW __attribute__((target("avx512f,avx512dq")))
 
 // z >> N per lane. The zero-masking form with every lane kept: GCC 12's unmasked form starts from
