@@ -66,7 +66,7 @@ TEST(UniformSubsetDraw, EveryPathDrawsTheSpecifiedCounts) {
         }
       }
     }
-  EXPECT_GE(cases, 300);
+  EXPECT_GE(cases, 250 * int(paths.size()));  // 73 (experts, top-k) pairs x 4 token counts
 }
 
 TEST(UniformSubsetDraw, EachTokenPicksKDistinctExperts) {
