@@ -36,8 +36,8 @@ inline void pick_experts(Block& b, std::uint32_t experts) {
 // keeps the counters in registers: through a pointer it would reload them after every store to
 // the counts, which are 32-bit too and could alias them.
 struct Tally {
-  std::uint32_t* count;  // [experts + 1]: the last slot takes nothing
-  std::uint32_t* mark;   // [experts + 1]: the last token that picked each expert
+  std::uint32_t* count;  // [experts]
+  std::uint32_t* mark;   // [experts]: the last token that picked each expert
   std::uint32_t experts;
   std::uint32_t token;  // numbered from 1, so that a zeroed mark is no token's
   std::uint32_t last;
@@ -68,14 +68,14 @@ inline void fill_block_portable(std::uint64_t state, std::uint32_t experts, Bloc
 
 std::vector<std::int64_t> draw(int experts, int k, std::int64_t tokens, std::uint64_t state,
                                FillBlock fill_block) {
-  std::vector<std::uint32_t> count(std::size_t(experts) + 1, 0), mark(count.size(), 0);
+  std::vector<std::uint32_t> count(std::size_t(experts), 0), mark(count.size(), 0);
   Tally t{count.data(), mark.data(), std::uint32_t(experts), 1, std::uint32_t(tokens), 0, k};
   Block b;
   for (;;) {
     fill_block(state, t.experts, b);
     state += kSplitMixGamma * kWordsPerBlock;
     for (std::size_t i = 0; i < kPicksPerBlock; ++i)
-      if (t.take(b.picks[i])) return {count.begin(), count.begin() + experts};
+      if (t.take(b.picks[i])) return {count.begin(), count.end()};
   }
 }
 

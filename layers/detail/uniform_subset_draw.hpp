@@ -9,7 +9,7 @@
 // per token would cost E / k times more.
 //
 // The counts feed every meta-mode timeline (the all-to-all splits and each expert's GEMM), and
-// MetaRouting.ForcedDrawsArePinned pins them: every code path below gives the same counts.
+// MetaRouting.ForcedDrawsArePinned pins them: every SubsetDrawPath gives the same counts.
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -10,11 +10,6 @@
 namespace nodeemu::layers {
 namespace {
 
-// A micro-batch of `T` tokens, all id 0 (meta mode reads shapes, not ids).
-MicroBatch token_zeros(std::int64_t T) {
-  return shape_only_microbatch(1, T);
-}
-
 // The trainer gives meta mode batches of zero ids (shape_only_microbatch) instead of drawn ones:
 // the timeline of a whole model chunk (embedding, MoE layers, output layer and loss) must not
 // depend on the ids.
@@ -58,7 +53,7 @@ TEST(Meta, Qwen3LayerReportsFlopsBytesAndMemoryWithoutData) {
     Device& dev = host.device();
     ModelChunk chunk(cfg, {0, 1, false, false}, dev, 1, comm.group({0}, "ep"), 0);
     ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
-    auto plan = chunk.plan(ctx, 0, token_zeros(T), 1.0 / double(T));
+    auto plan = chunk.plan(ctx, 0, shape_only_microbatch(1, T), 1.0 / double(T));
     plan->input = Tensor::empty(dev, {T, H}, DType::BF16);
     dev.synchronize();
     before = dev.memory();
@@ -133,7 +128,7 @@ FlexRun run_flex_layer(DispatcherType type, FlexBackend backend, int ranks,
     Device& dev = host.device();
     ModelChunk chunk(cfg, {0, 1, false, false}, dev, 1, comm.group(all, "ep"), host.rank());
     ExecContext ctx{dev.default_stream(), dev.create_stream(Priority::High, "comm")};
-    auto plan = chunk.plan(ctx, 0, token_zeros(T), 1.0 / double(T));
+    auto plan = chunk.plan(ctx, 0, shape_only_microbatch(1, T), 1.0 / double(T));
     plan->input = Tensor::empty(dev, {T, H}, DType::BF16);
     plan->forward_all();
     host_after[std::size_t(host.rank())] = host.now_s();
