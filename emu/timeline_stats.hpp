@@ -26,6 +26,7 @@ class TimelineStats : public TimelineObserver {
 
  private:
   using Intervals = std::vector<std::pair<VTime, VTime>>;
+  static void add(Intervals& set, VTime start, VTime end);
   std::vector<Intervals> work_, comm_, kernels_, offload_, recompute_;
 };
 
