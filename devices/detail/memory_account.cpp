@@ -9,7 +9,7 @@ namespace nodeemu::detail {
 void MemoryAccount::allocate(VTime t, std::uint64_t bytes) {
   NE_CHECK(fits(bytes), "an allocation was booked past the device's capacity");
   live_ += bytes;
-  deltas_.emplace_back(t, static_cast<std::int64_t>(bytes));
+  deltas_.emplace_back() = {t, static_cast<std::int64_t>(bytes)};
 }
 
 void MemoryAccount::release(VTime t, std::uint64_t bytes, bool was_deferred) {
@@ -17,11 +17,12 @@ void MemoryAccount::release(VTime t, std::uint64_t bytes, bool was_deferred) {
            "more memory released than was allocated");
   live_ -= bytes;
   if (was_deferred) deferred_ -= bytes;
-  deltas_.emplace_back(t, -static_cast<std::int64_t>(bytes));
+  deltas_.emplace_back() = {t, -static_cast<std::int64_t>(bytes)};
 }
 
 std::uint64_t MemoryAccount::peak(VTime from, VTime to) const {
-  auto deltas = deltas_;
+  std::vector<std::pair<VTime, std::int64_t>> deltas(deltas_.size());
+  for (std::size_t i = 0; i < deltas.size(); ++i) deltas[i] = deltas_[i];
   std::stable_sort(deltas.begin(), deltas.end(), [](const auto& x, const auto& y) {
     return x.first != y.first ? x.first < y.first : x.second < y.second;
   });
