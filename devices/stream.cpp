@@ -50,12 +50,13 @@ void Stream::launch(Kernel k) {
   detail::Engine& e = detail::NodeAccess::engine(node);
   const GpuSpec& g = device_->spec();
   const double t = node.price_book().seconds(g, k.work, k.name);
-  auto uses = states_of(k.uses);
+  for (const Buffer& b : k.uses)
+    if (!b) throw UsageError("launch: Kernel::uses holds an empty Buffer");
   if (e.mode() == Mode::Functional && k.body)
     detail::NodeAccess::functional_kernel_flops(node) += k.work.flops;
   e.launch(*state_, OpKind::Kernel, detail::ResourceKind::Sm, t, k.work.sms, std::move(k.name),
-           e.mode() == Mode::Functional ? std::move(k.body) : nullptr, std::move(uses),
-           g.kernel_launch_host_s, g.launch_latency_s, op_class(k.work.shape));
+           e.mode() == Mode::Functional ? std::move(k.body) : nullptr, {}, g.kernel_launch_host_s,
+           g.launch_latency_s, op_class(k.work.shape), k.uses);
 }
 
 void Stream::copy(const Buffer& dst, const Buffer& src, std::size_t bytes, std::string name,

@@ -183,11 +183,13 @@ OpId Engine::issue(StreamState& s, Issue in) {
     add_dependency_on_completion(id, in.waits->op);
   }
   link_queue(d, s, id);
-  for (auto& b : in.uses) {
-    if (b->kind != MemoryKind::Device) continue;
-    std::erase_if(b->uses, [&](OpId u) { return ops_.complete(u); });
-    b->uses.push_back(id);
-  }
+  const auto note_use = [&](BufferState& b) {
+    if (b.kind != MemoryKind::Device) return;
+    std::erase_if(b.uses, [&](OpId u) { return ops_.complete(u); });
+    b.uses.push_back(id);
+  };
+  for (auto& b : in.uses) note_use(*b);
+  for (const Buffer& b : in.use_handles) note_use(*b.state());
   op.rendezvous = in.rendezvous;
   if (mode_ == Mode::Functional && in.rendezvous != kNoRendezvous) {
     join_functional(rvs_[in.rendezvous], s, id, in.waits, std::move(in.phase_bodies),
@@ -195,6 +197,7 @@ OpId Engine::issue(StreamState& s, Issue in) {
   } else if (mode_ == Mode::Functional) {
     auto t = exec_.make(id, s.device, s.name, op.name, std::move(in.body), d.pool);
     t->keep = std::move(in.uses);
+    for (const Buffer& b : in.use_handles) t->keep.push_back(b.state()->shared_from_this());
     exec_.depend(t, s.last_task);
     if (in.waits) exec_.depend(t, in.waits->task);
     op.task = t;
@@ -210,10 +213,11 @@ OpId Engine::issue(StreamState& s, Issue in) {
 OpId Engine::launch(StreamState& s, OpKind kind, ResourceKind res, double duration_s, int sms,
                     std::string name, std::function<void()> body,
                     std::vector<std::shared_ptr<BufferState>> uses, double host_cost_s,
-                    double latency_s, OpClass cls) {
+                    double latency_s, OpClass cls, std::span<const Buffer> use_handles) {
   Issue in{kind,       res, std::move(name), host_cost_s,     latency_s,
            duration_s, sms, std::move(body), std::move(uses), nullptr};
   in.cls = cls;
+  in.use_handles = use_handles;
   return issue(s, std::move(in));
 }
 

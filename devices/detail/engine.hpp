@@ -47,6 +47,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -197,7 +198,7 @@ class Engine {
   OpId launch(StreamState& s, OpKind kind, ResourceKind res, double duration_s, int sms,
               std::string name, std::function<void()> body,
               std::vector<std::shared_ptr<BufferState>> uses, double host_cost_s, double latency_s,
-              OpClass cls = OpClass::Other);
+              OpClass cls = OpClass::Other, std::span<const Buffer> use_handles = {});
   // Inside a CUDA-graph scope the running host's launches, records and waits replay from the
   // captured graph: each costs the host graph_kernel_host_s and starts without launch latency.
   void enter_graph_replay();
@@ -289,6 +290,10 @@ class Engine {
     std::function<void()> body;
     std::vector<std::shared_ptr<BufferState>> uses;
     const EventState* waits;  // Wait: the event whose marked work must complete first
+    // More buffers the work uses, as the caller's handles: shared ownership of their states is
+    // taken only where functional work must keep their bytes alive. A kernel's uses come this
+    // way, so a meta launch makes no vector of shared_ptrs (one weak_ptr lock each).
+    std::span<const Buffer> use_handles = {};
     RendezvousId rendezvous = kNoRendezvous;
     std::vector<std::function<void()>> phase_bodies;  // a rendezvous party's functional work
     OpClass cls = OpClass::Other;
