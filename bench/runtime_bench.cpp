@@ -83,6 +83,53 @@ void BM_EmptyKernelLaunchToCompletion(benchmark::State& state) {
 }
 BENCHMARK(BM_EmptyKernelLaunchToCompletion)->UseManualTime()->Iterations(20000)->Repetitions(5);
 
+// The fixed cost of a functional node.run with nothing in it, P ranks on the dgx_h100 topology
+// with two workers at once (as bench_comm's collectives run): what a user pays per program
+// besides its work. Baseline in the same process: starting and joining one std::thread, which a
+// run that created a thread per rank (issue 19's diagnosis) paid P times.
+void BM_EmptyNodeRun(benchmark::State& state) {
+  const int ranks = static_cast<int>(state.range(0));
+  NodeOptions o;
+  o.topology_path = topo();
+  o.record_trace = false;
+  o.mode = Mode::Functional;
+  o.thread_budget = 2;
+  o.workers_per_device = 1;
+  auto t = std::make_shared<NodeTopology>(NodeTopology::from_file(topo()));
+  t->gpus = ranks;
+  t->host.gpu_numa.resize(static_cast<size_t>(ranks));
+  t->nic.per_node = ranks;
+  o.topology = t;
+  Node node(o);
+  for (int i = 0; i < 20; ++i) node.run([](Host&) {});  // warm-up
+  std::vector<double> samples;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    node.run([](Host&) {});
+    const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    samples.push_back(us);
+    state.SetIterationTime(us * 1e-6);
+  }
+  std::vector<double> spawn;
+  for (int i = 0; i < 200; ++i) {
+    auto t0 = Clock::now();
+    std::thread([] {}).join();
+    spawn.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  const double med = median(samples), base = median(spawn);
+  state.counters["median_us"] = med;
+  state.counters["per_rank_us"] = med / ranks;
+  state.counters["thread_spawn_join_us"] = base;
+  state.counters["vs_thread_per_rank"] = med / (base * ranks);
+}
+BENCHMARK(BM_EmptyNodeRun)
+    ->Arg(2)
+    ->Arg(8)
+    ->ArgName("ranks")
+    ->UseManualTime()
+    ->Iterations(300)
+    ->Repetitions(5);
+
 void BM_EventRecordWait(benchmark::State& state) {
   NodeOptions o;
   o.topology_path = topo();

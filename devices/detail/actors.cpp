@@ -4,6 +4,8 @@
 #include <boost/context/protected_fixedsize_stack.hpp>
 #include <cstdio>
 #include <exception>
+#include <mutex>
+#include <vector>
 
 #include "devices/check.hpp"
 #include "devices/host_topology.hpp"
@@ -25,21 +27,70 @@
 #endif
 
 namespace nodeemu::detail {
-namespace {
 
 // A rank's host program runs model code as deep as any thread's: the same 8 MiB a thread gets by
 // default (reserved, not committed: only the pages touched become memory), with a guard page
 // below so an overflow faults instead of writing into a neighbour.
+//
+// The stacks of finished actors are kept for the next ones (a node.run makes one actor per
+// rank): mapping a fresh stack and its guard page, faulting its first pages in, and unmapping it
+// at the end (a TLB shootdown on every core) cost ~40 us per rank per node.run on this VM, most
+// of an empty run (bench_runtime BM_EmptyNodeRun, bench/README). The pool holds as many stacks
+// as were ever live at once, each with the pages its deepest actor touched.
 constexpr std::size_t kActorStackBytes = std::size_t{8} << 20;
 
+class ActorStackPool {
+ public:
+  ActorStackPool() = default;
+  ActorStackPool(const ActorStackPool&) = delete;
+  ActorStackPool& operator=(const ActorStackPool&) = delete;
+  ~ActorStackPool() {
+    for (auto& sc : free_) alloc_.deallocate(sc);
+  }
+  boost::context::stack_context take() {
+    std::lock_guard lock(mu_);
+    if (free_.empty()) {
+      ++mapped_;
+      return alloc_.allocate();
+    }
+    boost::context::stack_context sc = free_.back();
+    free_.pop_back();
+    return sc;
+  }
+  std::uint64_t mapped() const {
+    std::lock_guard lock(mu_);
+    return mapped_;
+  }
+  void give(const boost::context::stack_context& sc) noexcept {
+    std::lock_guard lock(mu_);
+    try {
+      free_.push_back(sc);
+    } catch (...) {
+      boost::context::stack_context s = sc;
+      alloc_.deallocate(s);  // no room to keep it: unmap it, as before there was a pool
+    }
+  }
+
+ private:
+  // Fibers end on the engine's thread, but a Node may be destroyed on another one than the one
+  // that ran it: the lock costs nothing next to a hand-over.
+  mutable std::mutex mu_;
+  std::vector<boost::context::stack_context> free_;
+  boost::context::protected_fixedsize_stack alloc_{kActorStackBytes};
+  std::uint64_t mapped_ = 0;
+};
+
+namespace {
+
 // The fiber's stack allocator: records the stack's bounds in its actor (ASan needs them when it
-// is told of a switch to it) and clears ASan's marks on the stack before it is unmapped, so a
-// later mapping at the same address does not inherit them.
+// is told of a switch to it) and clears ASan's marks on the stack before it goes back to the
+// pool, so the next fiber on it does not inherit them.
 class ActorStack {
  public:
-  explicit ActorStack(Actor* actor) : actor_(actor) {}
+  ActorStack(Actor* actor, std::shared_ptr<ActorStackPool> pool)
+      : actor_(actor), pool_(std::move(pool)) {}
   boost::context::stack_context allocate() {
-    boost::context::stack_context sc = inner_.allocate();
+    boost::context::stack_context sc = pool_->take();
     actor_->stack_bottom = static_cast<char*>(sc.sp) - sc.size;
     actor_->stack_size = sc.size;
     return sc;
@@ -48,17 +99,17 @@ class ActorStack {
 #if defined(NODEEMU_ASAN_FIBERS)
     __asan_unpoison_memory_region(static_cast<char*>(sc.sp) - sc.size, sc.size);
 #endif
-    inner_.deallocate(sc);
+    pool_->give(sc);
   }
 
  private:
   Actor* actor_;
-  boost::context::protected_fixedsize_stack inner_{kActorStackBytes};
+  std::shared_ptr<ActorStackPool> pool_;
 };
 
 }  // namespace
 
-Actors::Actors() {
+Actors::Actors() : stacks_(std::make_shared<ActorStackPool>()) {
   Actor& main = actors_.emplace_back();
   main.id = 0;
   main.name = "main";
@@ -68,6 +119,10 @@ Actors::Actors() {
   main.tsan_fiber = __tsan_get_current_fiber();
 #endif
   running_ = &main;
+}
+
+std::uint64_t Actors::stacks_mapped() const {
+  return stacks_->mapped();
 }
 
 Actors::~Actors() {
@@ -97,7 +152,7 @@ void Actors::start(Actor& a) {
   NE_CHECK(a.body, "an actor was handed the baton twice from the start");
   // hand_over's resume_with has already kept the giver's continuation, so the one passed in
   // here is empty.
-  a.context = boost::context::fiber(std::allocator_arg, ActorStack(&a),
+  a.context = boost::context::fiber(std::allocator_arg, ActorStack(&a, stacks_),
                                     [this, &a, body = std::move(a.body)](boost::context::fiber&&) {
                                       after_switch(a);
                                       Actor& next = body();

@@ -21,6 +21,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <queue>
 #include <string>
 #include <utility>
@@ -55,6 +56,9 @@ struct Actor {
   void* fake_stack = nullptr;  // ASan: its fake stack while switched out
   void* tsan_fiber = nullptr;  // TSan: its fiber context
 };
+
+// Fiber stacks kept from finished actors for the next ones (actors.cpp).
+class ActorStackPool;
 
 class Actors {
  public:
@@ -97,6 +101,9 @@ class Actors {
   void bind_thread(int binding);
   // How many times a hand-over re-bound the thread (a system call each).
   std::uint64_t rebinds() const { return rebinds_; }
+  // How many fiber stacks were mapped: finished actors' stacks are reused, so this is the most
+  // actors ever started and not yet finished at once.
+  std::uint64_t stacks_mapped() const;
 
  private:
   void make_runnable(Actor& a);
@@ -110,6 +117,9 @@ class Actors {
   void before_switch(Actor& self, Actor& next, bool self_finished);
   void after_switch(Actor& self);
 
+  // Shared with every fiber's stack allocator: a fiber's stack goes back to the pool when Boost
+  // destroys the fiber, which may be after this object's other members are gone.
+  std::shared_ptr<ActorStackPool> stacks_;
   std::deque<Actor> actors_;  // stable addresses: fibers and the engine hold their Actor
   Actor* running_;
   Actor* switching_from_ = nullptr;  // the actor whose switch is in flight (ASan bookkeeping)

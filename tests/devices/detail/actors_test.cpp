@@ -88,6 +88,28 @@ TEST(Actors, HandOverRunsTheNextActorAndComesBack) {
   EXPECT_FALSE(r.context);  // its stack is gone
 }
 
+// A finished actor's stack is the next actor's: a node.run makes an actor per rank, and mapping a
+// fresh stack for each was most of an empty run's cost.
+TEST(Actors, AFinishedActorsStackIsTheNextOnes) {
+  Actors a;
+  Actor& main = a[0];
+  std::vector<int> trace;
+  for (int round = 0; round < 3; ++round) {
+    Actor& r = a.add("r" + std::to_string(round), 0, 0, 0, finishing(a, trace, round));
+    Actor& s = a.add("s" + std::to_string(round), 1, 0, 0, finishing(a, trace, 10 + round));
+    a.block(main);
+    a.hand_over(main, *a.pick());  // r runs and finishes, back to main (clock 0, id 0)
+    a.block(main);
+    a.hand_over(main, *a.pick());  // then s
+    EXPECT_EQ(r.state, Actor::State::Done);
+    EXPECT_EQ(s.state, Actor::State::Done);
+    // r's stack went back to the pool before s started, so s ran on it.
+    EXPECT_EQ(s.stack_bottom, r.stack_bottom);
+    EXPECT_EQ(a.stacks_mapped(), 1u) << "round " << round;
+  }
+  EXPECT_EQ(trace, (std::vector<int>{0, 10, 1, 11, 2, 12}));
+}
+
 // Two actors that block and wake each other resume exactly where they stopped, their locals
 // intact (each on its own stack), in the order the baton is passed.
 TEST(Actors, BlockedActorsResumeWhereTheyStopped) {
