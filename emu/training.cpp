@@ -268,6 +268,10 @@ void RankRun::digest_gradients(int it) {
 }
 
 void RankRun::iteration(int it) {
+  // Nothing writes a weight from here until the optimizer step: the step and the parameter
+  // all-gather come after the micro-batches, or (overlap_param_gather) in the next iteration
+  // before a weight's first use, which that iteration's generation then compares.
+  ctx_.weights_generation = std::uint64_t(it) + 1;
   std::optional<StepContext::Impl> impl;
   if (offloader_) offloader_->begin_iteration();
   forward_backward(it, impl);

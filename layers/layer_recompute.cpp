@@ -8,7 +8,9 @@
 namespace nodeemu::layers {
 
 ops::At LayerPlan::recompute_at(Stream& s) const {
-  return ops::At{s, ctx_.tally, "recompute.", &L_.cfg_.kernels};
+  ops::At at{s, ctx_.tally, "recompute.", &L_.cfg_.kernels};
+  at.weights_generation = ctx_.weights_generation;
+  return at;
 }
 
 bool LayerPlan::re_fc1() const {

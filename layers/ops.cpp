@@ -222,8 +222,8 @@ Tensor forward(At at, const std::string& name, const Tensor& x, const Tensor& w,
   auto body = [=, split = BodyRows(rows)](std::int64_t first, std::int64_t count,
                                           int g) -> std::function<void()> {
     if (!copy || g >= 0) return plain(first, count, g);
-    return [=] {
-      const auto kept = copy->of(vw, ws.groups, ws.out, ws.in);
+    return [=, generation = at.weights_generation] {
+      const auto kept = copy->of(vw, ws.groups, ws.out, ws.in, generation);
       F32Scope f;
       grouped_linear_forward_transposed(f.in(vx), kept->transposed.data(), f.out(vy), split.now(),
                                         ws.in, ws.out);

@@ -38,6 +38,9 @@ struct At {
   // wgrad's input, the dgrad's output (so the output layer's fp32 logits gradient, which Megatron
   // has in bf16 until the loss upcasts it, takes a bf16 GEMM).
   bool fp32_gemms = false;
+  // The weights generation the kernels run in (ExecContext::weights_generation): a kept expert
+  // weight copy is compared with the weight once per generation. 0: at every use.
+  std::uint64_t weights_generation = 0;
   std::string named(std::string name) const { return tag ? tag + name : name; }
   const KernelChoices& k() const { return kernels ? *kernels : KernelChoices::defaults(); }
   // A new zero-filled tensor on the stream's device.

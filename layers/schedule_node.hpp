@@ -7,6 +7,7 @@
 // the compute and comm streams while another micro-batch's chain is free to overlap it.
 // backward_dw() neither waits nor records: only its stream's order places it (REFERENCE §1).
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -68,6 +69,10 @@ struct ExecContext {
   // overlap_param_gather: told, before the first micro-batch's forward reads weights, which
   // (DistributedDataParallel::parameters_needed: the stream then waits for their gather).
   std::function<void(const std::vector<Parameter*>&, Stream&)> parameters_needed;
+  // Non-zero while nothing writes the weights (TransposedWeightCopy::of): the trainer starts a
+  // new one per iteration, as Megatron's schedules tell TE `is_first_microbatch`. 0 (a caller that
+  // promises nothing): kept weight copies are compared with the weights at every use.
+  std::uint64_t weights_generation = 0;
   Stream& stream(StreamKind k) { return k == StreamKind::Compute ? compute : comm; }
 };
 

@@ -426,7 +426,9 @@ Tensor LayerPlan::scattered(ops::At at, const Tensor& x, const char* name) const
 }
 
 ops::At LayerPlan::at_(Stream& s) const {
-  return ops::At{s, ctx_.tally, nullptr, &L_.cfg_.kernels};
+  ops::At at{s, ctx_.tally, nullptr, &L_.cfg_.kernels};
+  at.weights_generation = ctx_.weights_generation;
+  return at;
 }
 
 ops::At LayerPlan::router_at(Stream& s) const {

@@ -9,18 +9,37 @@ namespace nodeemu::layers {
 std::shared_ptr<const TransposedWeightCopy::Copy> TransposedWeightCopy::of(const View& w,
                                                                            std::int64_t groups,
                                                                            std::int64_t out,
-                                                                           std::int64_t in) {
+                                                                           std::int64_t in,
+                                                                           std::uint64_t generation) {
   NE_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F16,
            "a transposed weight copy of a weight that is not 16-bit");
   NE_CHECK(w.numel == groups * out * in, "a transposed weight copy of the wrong shape");
   const std::size_t bytes = std::size_t(w.numel) * dtype_bytes(w.dtype);
+  const auto same_bits = [&](const Copy& c) {
+    compared_.fetch_add(1, std::memory_order_relaxed);
+    return c.source.size() == bytes && std::memcmp(c.source.data(), w.data, bytes) == 0;
+  };
   std::shared_ptr<const Copy> kept;
+  bool promised = false;
   {
     std::lock_guard lock(mu_);
     kept = kept_;
+    promised = generation != 0 && kept && kept_generation_ == generation;
   }
-  if (kept && kept->source.size() == bytes && std::memcmp(kept->source.data(), w.data, bytes) == 0)
+  if (promised) {
+#ifndef NDEBUG
+    NE_CHECK(same_bits(*kept),
+             "an expert weight was written inside a weights generation (a caller of "
+             "TransposedWeightCopy::of promised it would not be)");
+#endif
     return kept;
+  }
+  if (kept && same_bits(*kept)) {
+    // A use without a generation leaves the one the copy was compared in standing.
+    std::lock_guard lock(mu_);
+    if (kept_ == kept && generation != 0) kept_generation_ = generation;
+    return kept;
+  }
   // The bits changed: let go of the old copy first, so that its storage comes back to the spare
   // (its deleter runs here when nobody else holds it, the usual case: last step's copy, every
   // kernel that read it done) and the new copy refills it instead of doubling the memory.
@@ -53,6 +72,7 @@ std::shared_ptr<const TransposedWeightCopy::Copy> TransposedWeightCopy::of(const
   made_.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard lock(mu_);
   kept_ = made;
+  kept_generation_ = generation;
   return made;
 }
 

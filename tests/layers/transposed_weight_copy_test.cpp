@@ -30,6 +30,54 @@ TEST(TransposedWeightCopy, IsKeptWhileTheBitsHoldAndRemadeWhenTheyChange) {
   EXPECT_EQ(first->transposed[6 + 1 * 3 + 2], 12.0f) << "a holder's copy is never changed";
 }
 
+// A weights generation is the caller's promise that nothing writes the weight while it lasts
+// (the trainer's iteration): only its first use compares the bits; a new generation compares
+// again and sees a write made between the two; generation 0 compares at every use.
+TEST(TransposedWeightCopy, WithinAGenerationOnlyTheFirstUseComparesTheBits) {
+  std::vector<std::uint16_t> w(4096, f32_to_bf16(1.0f));
+  const View v{w.data(), DType::BF16, 4096};
+  TransposedWeightCopy copy;
+  const auto first = copy.of(v, 1, 64, 64, 1);
+  EXPECT_EQ(copy.made(), 1u);
+  const std::uint64_t compared = copy.compared();
+  for (int microbatch = 1; microbatch < 4; ++microbatch) EXPECT_EQ(copy.of(v, 1, 64, 64, 1), first);
+#ifdef NDEBUG
+  EXPECT_EQ(copy.compared(), compared) << "the promise saves the comparison";
+#else
+  EXPECT_EQ(copy.compared(), compared + 3) << "a build with assertions checks every promise";
+#endif
+  w[7] = f32_to_bf16(3.0f);  // the optimizer step, between two iterations
+  const auto second = copy.of(v, 1, 64, 64, 2);
+  EXPECT_EQ(copy.made(), 2u);
+  EXPECT_EQ(second->transposed[7 * 64], 3.0f);
+  EXPECT_EQ(copy.of(v, 1, 64, 64, 2), second);
+  // A generation whose first use finds the bits unchanged keeps the copy, and trusts it after.
+  const auto third = copy.of(v, 1, 64, 64, 3);
+  EXPECT_EQ(third, second);
+  EXPECT_EQ(copy.made(), 2u);
+  const std::uint64_t before = copy.compared();
+  copy.of(v, 1, 64, 64, 0);
+  copy.of(v, 1, 64, 64, 0);
+  EXPECT_EQ(copy.compared(), before + 2) << "no generation: every use compares";
+#ifdef NDEBUG
+  copy.of(v, 1, 64, 64, 3);
+  EXPECT_EQ(copy.compared(), before + 2) << "and leaves generation 3's comparison standing";
+#endif
+}
+
+#ifndef NDEBUG
+// With assertions on (the ASan+UBSan preset), a weight written inside a generation is a broken
+// promise, reported, not a silently stale copy.
+TEST(TransposedWeightCopyDeathTest, AWriteInsideAGenerationIsReportedWhereAssertionsAreOn) {
+  std::vector<std::uint16_t> w(4096, f32_to_bf16(1.0f));
+  const View v{w.data(), DType::BF16, 4096};
+  TransposedWeightCopy copy;
+  copy.of(v, 1, 64, 64, 5);
+  w[0] = f32_to_bf16(2.0f);
+  EXPECT_DEATH(copy.of(v, 1, 64, 64, 5), "written inside a weights generation");
+}
+#endif
+
 // A weight changes once a step; its new copy refills the old one's storage when nobody holds the
 // old one any more, so the host keeps one copy per weight, not two.
 TEST(TransposedWeightCopy, ANewCopyReusesTheStorageOfOneNobodyHolds) {
