@@ -6,11 +6,9 @@
 
 namespace nodeemu::layers {
 
-std::shared_ptr<const TransposedWeightCopy::Copy> TransposedWeightCopy::of(const View& w,
-                                                                           std::int64_t groups,
-                                                                           std::int64_t out,
-                                                                           std::int64_t in,
-                                                                           std::uint64_t generation) {
+std::shared_ptr<const TransposedWeightCopy::Copy> TransposedWeightCopy::of(
+    const View& w, std::int64_t groups, std::int64_t out, std::int64_t in,
+    std::uint64_t generation) {
   NE_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F16,
            "a transposed weight copy of a weight that is not 16-bit");
   NE_CHECK(w.numel == groups * out * in, "a transposed weight copy of the wrong shape");
