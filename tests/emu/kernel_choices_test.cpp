@@ -39,6 +39,16 @@ TEST(KernelChoices, EachKeyChangesTheTimelineNotTheNumerics) {
   EXPECT_EQ(local.numerics_hash, base.numerics_hash);
 }
 
+// The experts' kept weight copy is compared with the weight once per weights generation, one
+// per iteration: across optimizer steps the grouped path must still give the plain path's bits
+// (a copy kept from the previous iteration would not).
+TEST(KernelChoices, TheKeptExpertWeightCopyFollowsTheOptimizerAcrossIterations) {
+  const RunReport grouped = run({}, 3);
+  const RunReport plain = run({"model.moe_grouped_gemm=false"}, 3);
+  ASSERT_TRUE(grouped.numerics_hash);
+  EXPECT_EQ(grouped.numerics_hash, plain.numerics_hash);
+}
+
 // At the tiny recipe's size both fused backends run at the kernel floor; at Qwen3's they differ as
 // the attention table says (FlashAttention about half cuDNN's rate on an H100).
 TEST(KernelChoices, AttentionBackendsArePricedFromTheirOwnRows) {
