@@ -40,7 +40,7 @@ class MemoryAccount {
   std::uint64_t deferred_ = 0;  // of live_: dropped by the host, waiting for their last uses
   // In booking order, one per allocation and release: millions in a long run, so a chunked log
   // rather than a vector, whose doubling copied the whole log and faulted its pages in again
-  // (~2 % of a Qwen3 meta step).
+  // (the account's share of a Qwen3 meta step's samples went from 4.8 to 2.0 %).
   ChunkedLog<std::pair<VTime, std::int64_t>> deltas_;
 };
 
