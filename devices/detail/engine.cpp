@@ -321,8 +321,6 @@ void Engine::finish(OpId id) {
   hasher_.add(rec);
   for (auto* o : observers_) o->on_op(rec);
   for (OpId n : op.on_complete) satisfy(n);
-  op.on_complete.clear();
-  op.on_complete.shrink_to_fit();
   for (int h : op.waiting_hosts) actors_.wake(actors_[static_cast<size_t>(h)], now_);
   op.waiting_hosts.clear();
   for (auto& r : op.releases)

@@ -42,6 +42,9 @@ class PriceBook {
   struct Entry {
     Key key;
     KernelPrice price;
+    // Unpriced shapes: the last kernel name seen with it, which unpriced_ holds.
+    bool noted = false;
+    std::string noted_as;
   };
   Slot& slot_for(const Key& k, std::uint64_t h);
   void grow();
