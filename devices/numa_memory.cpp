@@ -17,6 +17,7 @@
 #include <mutex>
 #include <vector>
 
+#include "devices/detail/block_cache.hpp"
 #include "devices/errors.hpp"
 #include "devices/units.hpp"
 
@@ -94,37 +95,11 @@ bool node_exists(int node) {
 
 namespace {
 
-// Released unpinned blocks, by (node, bytes): see allocate_on_node.
-struct BlockCache {
-  static constexpr std::size_t kCapBytes = std::size_t(1) << 30;
-  std::mutex mu;
-  std::map<std::pair<int, std::size_t>, std::vector<Placement>> free;
-  std::size_t cached = 0;
-};
-
-BlockCache& block_cache() {
-  static BlockCache* c = new BlockCache;  // never destroyed: released blocks may outlive statics
+// Released unpinned blocks: see allocate_on_node and detail/block_cache.hpp.
+numa::detail::BlockCache& block_cache() {
+  // Never destroyed: released blocks may outlive statics.
+  static auto* c = new numa::detail::BlockCache(std::size_t(1) << 30, release);
   return *c;
-}
-
-bool take_cached(std::size_t bytes, int node, Placement& out) {
-  BlockCache& c = block_cache();
-  std::lock_guard<std::mutex> lock(c.mu);
-  auto it = c.free.find({node, bytes});
-  if (it == c.free.end() || it->second.empty()) return false;
-  out = it->second.back();
-  it->second.pop_back();
-  c.cached -= bytes;
-  return true;
-}
-
-bool keep_cached(const Placement& p) {
-  BlockCache& c = block_cache();
-  std::lock_guard<std::mutex> lock(c.mu);
-  if (c.cached + p.bytes > BlockCache::kCapBytes) return false;
-  c.free[{p.requested_node, p.bytes}].push_back(p);
-  c.cached += p.bytes;
-  return true;
 }
 
 }  // namespace
@@ -141,16 +116,18 @@ Placement allocate_on_node(std::size_t bytes, int node, bool zeroed) {
   p.requested_node = node;
   // Like cudaMallocHost(0): nothing to place, a null pointer that release() accepts.
   if (bytes == 0) return p;
-  if (take_cached(bytes, node, p)) {
+  p.capacity = detail::capacity_for(bytes, page_size());
+  if (block_cache().take(node, p.capacity, p)) {
+    p.bytes = bytes;
     if (zeroed) std::memset(p.ptr, 0, bytes);
     return p;
   }
 
   void* ptr = nullptr;
   if (available()) {
-    ptr = numa_alloc_onnode(bytes, node);
+    ptr = numa_alloc_onnode(p.capacity, node);
   } else {
-    ptr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ptr = mmap(nullptr, p.capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (ptr == MAP_FAILED) ptr = nullptr;
   }
   if (ptr == nullptr)
@@ -164,7 +141,7 @@ Placement allocate_on_node(std::size_t bytes, int node, bool zeroed) {
   // which a small run uses a few KiB). If the node runs out of memory here the kernel's OOM
   // handling applies; there is no error to return.
   const std::size_t page = page_size();
-  for (std::size_t offset = 0; offset < bytes; offset += page)
+  for (std::size_t offset = 0; offset < p.capacity; offset += page)
     static_cast<volatile unsigned char*>(ptr)[offset] = 0;
   p.ptr = ptr;
   p.actual_node = available() ? node_of(ptr) : -1;
@@ -173,23 +150,23 @@ Placement allocate_on_node(std::size_t bytes, int node, bool zeroed) {
 
 Placement allocate_pinned_on_node(std::size_t bytes, int node) {
   Placement p = allocate_on_node(bytes, node);
-  if (p.ptr != nullptr) p.locked = mlock(p.ptr, p.bytes) == 0;
+  if (p.ptr != nullptr) p.locked = mlock(p.ptr, p.capacity) == 0;
   return p;
 }
 
 void recycle(const Placement& p) {
-  if (p.ptr != nullptr && !p.locked && keep_cached(p)) return;
+  if (p.ptr != nullptr && !p.locked && block_cache().keep(p)) return;
   release(p);
 }
 
 void release(const Placement& p) {
   if (p.ptr == nullptr) return;
-  if (p.locked) munlock(p.ptr, p.bytes);
+  if (p.locked) munlock(p.ptr, p.capacity);
   // available() cannot change during a run, so it tells which allocator made p.
   if (available())
-    numa_free(p.ptr, p.bytes);
+    numa_free(p.ptr, p.capacity);
   else
-    munmap(p.ptr, p.bytes);
+    munmap(p.ptr, p.capacity);
 }
 
 int node_of(const void* addr) {

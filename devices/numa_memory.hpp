@@ -15,7 +15,8 @@ bool node_exists(int node);
 
 struct Placement {
   void* ptr = nullptr;
-  std::size_t bytes = 0;
+  std::size_t bytes = 0;     // asked for
+  std::size_t capacity = 0;  // mapped (bytes rounded up to the block cache's size class)
   int requested_node = -1;
   int actual_node = -1;  // where the first page really is; -1 if unknown
   bool locked = false;   // pinned (mlock) for pinned host memory
@@ -25,10 +26,11 @@ struct Placement {
 // exist, and OutOfMemory-like HostError if the host has no memory left. When libnuma is not
 // usable, falls back to ordinary page-aligned memory and reports actual_node = -1.
 //
-// Recycled unpinned blocks are kept (up to 1 GiB, by node and exact size) and handed out again, as
-// a caching allocator would: faulting in and checking fresh pages costs several times the copy
-// that fills them. `zeroed = false` skips the zero-fill of a reused block, for memory the caller
-// overwrites at once (a reload's destination).
+// Recycled unpinned blocks are kept (up to 1 GiB, by node and size class, the oldest given up
+// first: devices/detail/block_cache.hpp) and handed out again, as a caching allocator would:
+// faulting in and checking fresh pages costs several times the copy that fills them.
+// `zeroed = false` skips the zero-fill of a reused block, for memory the caller overwrites at
+// once (a reload's destination).
 Placement allocate_on_node(std::size_t bytes, int node, bool zeroed = true);
 // The same, then mlock()ed: pinned host memory for copy engines. Failing to lock is not an
 // error (RLIMIT_MEMLOCK); `locked` says what happened.

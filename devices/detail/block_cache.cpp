@@ -1,0 +1,60 @@
+#include "devices/detail/block_cache.hpp"
+
+#include <bit>
+
+#include "devices/check.hpp"
+
+namespace nodeemu::numa::detail {
+
+std::size_t capacity_for(std::size_t bytes, std::size_t page) {
+  const std::size_t pages = (bytes + page - 1) / page;
+  if (pages <= 16) return pages * page;
+  // An eighth of the largest power of two not above it: at most 12.5 % more than asked.
+  const std::size_t step = std::bit_floor(pages) / 8;
+  return (pages + step - 1) / step * step * page;
+}
+
+BlockCache::BlockCache(std::size_t cap_bytes, std::function<void(const Placement&)> release)
+    : cap_(cap_bytes), release_(std::move(release)) {}
+
+bool BlockCache::take(int node, std::size_t capacity, Placement& out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_key_.find({node, capacity});
+  if (it == by_key_.end() || it->second.empty()) return false;
+  // The newest: the likeliest to be still in the cache hierarchy.
+  out = *it->second.back();
+  oldest_first_.erase(it->second.back());
+  it->second.pop_back();
+  cached_ -= capacity;
+  return true;
+}
+
+bool BlockCache::keep(const Placement& p) {
+  if (p.capacity > cap_) return false;
+  std::vector<Placement> victims;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (cached_ + p.capacity > cap_) {
+      const Placement& victim = oldest_first_.front();
+      auto& same = by_key_[{victim.requested_node, victim.capacity}];
+      // Its key's list is oldest first too, so the victim is at its front.
+      NE_CHECK(!same.empty() && &*same.front() == &victim, "the block cache's lists disagree");
+      same.erase(same.begin());
+      cached_ -= victim.capacity;
+      victims.push_back(victim);
+      oldest_first_.pop_front();
+    }
+    oldest_first_.push_back(p);
+    by_key_[{p.requested_node, p.capacity}].push_back(std::prev(oldest_first_.end()));
+    cached_ += p.capacity;
+  }
+  for (const Placement& v : victims) release_(v);
+  return true;
+}
+
+std::size_t BlockCache::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cached_;
+}
+
+}  // namespace nodeemu::numa::detail
