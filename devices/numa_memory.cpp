@@ -133,16 +133,22 @@ Placement allocate_on_node(std::size_t bytes, int node, bool zeroed) {
   if (ptr == nullptr)
     throw HostError("numa: allocating " + format_bytes(bytes) + " on node " + std::to_string(node) +
                     " failed: out of host memory; free host buffers or shrink the request");
-  // Writing a byte of every page faults every page in under the node's policy, so the placement
-  // read back below is real and later timing does not pay for first-touch faults. The pages are
-  // fresh anonymous ones, which the kernel hands out zero-filled: a memset of every byte would
-  // add nothing but its own cost (under GCC's ThreadSanitizer, shadow writes and copy-on-write
-  // faults for every byte, ~8 % of a tensor-parallel test's time, mostly for channel rings of
-  // which a small run uses a few KiB). If the node runs out of memory here the kernel's OOM
-  // handling applies; there is no error to return.
-  const std::size_t page = page_size();
-  for (std::size_t offset = 0; offset < p.capacity; offset += page)
-    static_cast<volatile unsigned char*>(ptr)[offset] = 0;
+  // Every page is faulted in under the node's policy, so that the placement read back below is
+  // real and later timing does not pay for first-touch faults. MADV_POPULATE_WRITE (Linux 5.14)
+  // does it in one call: faulting page by page cost ~10 us a page in a VM (a 4 KiB fault is a
+  // trap to the hypervisor), 2.6 ms per MiB against 0.13 ms populated, and first touches were
+  // a sixth of the mid-size functional run's samples. An older kernel refuses the advice, and
+  // a byte of every page is written instead. The pages are fresh anonymous ones, which the
+  // kernel hands out zero-filled: a memset of every byte would add nothing but its own cost
+  // (under GCC's ThreadSanitizer, shadow writes and copy-on-write faults for every byte, ~8 % of
+  // a tensor-parallel test's time, mostly for channel rings of which a small run uses a few
+  // KiB). If the node runs out of memory here the kernel's OOM handling applies; there is no
+  // error to return.
+  if (madvise(ptr, p.capacity, MADV_POPULATE_WRITE) != 0) {
+    const std::size_t page = page_size();
+    for (std::size_t offset = 0; offset < p.capacity; offset += page)
+      static_cast<volatile unsigned char*>(ptr)[offset] = 0;
+  }
   p.ptr = ptr;
   p.actual_node = available() ? node_of(ptr) : -1;
   return p;
