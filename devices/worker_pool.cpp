@@ -9,16 +9,6 @@
 namespace nodeemu {
 namespace {
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
-// How long an idle thread keeps polling before it sleeps. Short enough that an idle emulated
-// GPU costs nothing measurable, long enough to cover the gap between back-to-back launches.
-constexpr auto kSpinFor = std::chrono::microseconds(50);
-
 thread_local WorkerPool* tls_pool = nullptr;
 
 }  // namespace
@@ -47,31 +37,6 @@ void ExecutionBudget::release() {
   free_.notify_one();
 }
 
-namespace {
-// At most half the hardware threads spin at once. Emulated devices outnumber real cores many
-// times over (16 pools and 16 host threads on 2 cores): when every idle thread spun, the spinners
-// took the cores from the one thread moving bytes, and a 64-byte all-to-all on 8 ranks cost
-// half a millisecond.
-std::atomic<int> g_spinners{0};
-const int g_max_spinners = [] {
-  const int hw = static_cast<int>(std::thread::hardware_concurrency());
-  return hw > 1 ? hw / 2 : 0;
-}();
-}  // namespace
-
-void spin_then_wait(const std::atomic<std::uint32_t>& word, std::uint32_t seen) {
-  if (g_spinners.fetch_add(1, std::memory_order_relaxed) < g_max_spinners) {
-    auto deadline = std::chrono::steady_clock::now() + kSpinFor;
-    int n = 0;
-    while (word.load(std::memory_order_acquire) == seen) {
-      cpu_relax();
-      if ((++n & 63) == 0 && std::chrono::steady_clock::now() >= deadline) break;
-    }
-  }
-  g_spinners.fetch_sub(1, std::memory_order_relaxed);
-  while (word.load(std::memory_order_acquire) == seen) word.wait(seen, std::memory_order_acquire);
-}
-
 // A parallel_for in flight: chunks are claimed through `next`, so any number of threads can
 // help and the partition stays fixed.
 struct WorkerPool::ParallelJob {
@@ -80,13 +45,10 @@ struct WorkerPool::ParallelJob {
   std::atomic<std::size_t> next{0};
   // Bumped (and notified) whenever a chunk finishes or a helper leaves, so that the caller can
   // sleep until the job is over instead of spinning.
-  std::atomic<std::uint32_t> progress{0};
+  WakeWord progress;
   std::atomic<std::size_t> done{0};
   std::atomic<int> helpers{0};
-  void bump() {
-    progress.fetch_add(1, std::memory_order_release);
-    progress.notify_all();
-  }
+  void bump() { progress.bump(); }
 };
 
 WorkerPool::WorkerPool(std::string name, int workers, std::vector<int> real_pus,
@@ -105,8 +67,7 @@ WorkerPool::WorkerPool(std::string name, int workers, std::vector<int> real_pus,
 
 WorkerPool::~WorkerPool() {
   stop_.store(true);
-  epoch_.fetch_add(1, std::memory_order_release);
-  epoch_.notify_all();
+  epoch_.bump();
   for (auto& t : threads_) t.join();
 }
 
@@ -120,8 +81,7 @@ void WorkerPool::submit(Task t) {
     std::lock_guard lk(mu_);
     queue_.push_back(std::move(t));
   }
-  epoch_.fetch_add(1, std::memory_order_release);
-  epoch_.notify_one();
+  epoch_.bump(/*all=*/false);
 }
 
 bool WorkerPool::run_one_task() {
@@ -179,10 +139,10 @@ void WorkerPool::worker_main(int index, std::latch& pinned) {
   }
   pinned.count_down();
   while (!stop_.load(std::memory_order_acquire)) {
-    std::uint32_t seen = epoch_.load(std::memory_order_acquire);
+    const std::uint32_t seen = epoch_.load();
     if (run_one_task()) continue;
     if (help_parallel()) continue;
-    spin_then_wait(epoch_, seen);
+    epoch_.wait_while(seen);
   }
   // Drain: work submitted before destruction still runs.
   while (run_one_task()) {
@@ -212,8 +172,7 @@ void WorkerPool::parallel_for(std::size_t chunks, const std::function<void(std::
     for (std::size_t i = 0; i < chunks; ++i) fn(i);
     return;
   }
-  pool->epoch_.fetch_add(1, std::memory_order_release);
-  pool->epoch_.notify_all();
+  pool->epoch_.bump();
   // The caller already holds a budget token (it is running a task).
   for (std::size_t i; (i = job->next.fetch_add(1)) < chunks;) {
     fn(i);
@@ -226,11 +185,11 @@ void WorkerPool::parallel_for(std::size_t chunks, const std::function<void(std::
   // Helpers may still be finishing a chunk that reads `fn` (on this stack): sleep until they
   // have all left. Every finished chunk and every leaving helper bumps `progress`.
   for (;;) {
-    std::uint32_t seen = job->progress.load(std::memory_order_acquire);
+    const std::uint32_t seen = job->progress.load();
     if (job->done.load(std::memory_order_acquire) == chunks &&
         job->helpers.load(std::memory_order_acquire) == 0)
       break;
-    spin_then_wait(job->progress, seen);
+    job->progress.wait_while(seen);
   }
 }
 

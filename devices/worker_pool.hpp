@@ -5,7 +5,7 @@
 //  - A node-wide ExecutionBudget of tokens (default: the hardware threads) bounds how many
 //    workers run kernels at once. A worker holds a token only while it runs a task.
 //  - Nobody spins without bound. Idle workers spin for a short, fixed time (so back-to-back
-//    kernels start in well under 2 us), then sleep in an atomic wait (a futex on Linux).
+//    kernels start in well under 2 us), then sleep in a futex wait (WakeWord).
 #pragma once
 
 #include <atomic>
@@ -19,6 +19,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "devices/wake_word.hpp"
 
 namespace nodeemu {
 
@@ -34,10 +36,6 @@ class ExecutionBudget {
   int tokens_;
   std::atomic<int> free_;
 };
-
-// Spins for a short bounded time, then sleeps on `word` until it differs from `seen`.
-// The spin keeps the wake-up latency of a busy pipeline in the sub-microsecond range.
-void spin_then_wait(const std::atomic<std::uint32_t>& word, std::uint32_t seen);
 
 class WorkerPool {
  public:
@@ -76,7 +74,7 @@ class WorkerPool {
   std::deque<Task> queue_;
   std::shared_ptr<ParallelJob> job_;  // guarded by mu_; shared so helpers outlive the caller
   std::vector<std::vector<int>> bindings_;
-  std::atomic<std::uint32_t> epoch_{0};
+  WakeWord epoch_;  // bumped when there is work: a task, a parallel job, the stop
   std::atomic<bool> stop_{false};
 };
 

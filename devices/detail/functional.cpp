@@ -110,8 +110,7 @@ void FunctionalExecutor::complete(const std::shared_ptr<FuncTask>& task) {
   // Free captures and buffers now: a finished task may stay referenced (stream tail, events).
   task->body = nullptr;
   task->keep.clear();
-  task->finished.store(1, std::memory_order_release);
-  task->finished.notify_all();
+  task->finished.store(1);
   for (auto& d : next) {
     if (failure) {
       std::lock_guard lk(d->mu);
@@ -124,8 +123,7 @@ void FunctionalExecutor::complete(const std::shared_ptr<FuncTask>& task) {
 }
 
 void FunctionalExecutor::wait(const FuncTask& task) {
-  spin_then_wait(task.finished, 0);
-  while (task.finished.load(std::memory_order_acquire) == 0) task.finished.wait(0);
+  task.finished.wait_while(0);
 }
 
 void FunctionalExecutor::drain() {

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "devices/wake_word.hpp"
+
 namespace nodeemu {
 class WorkerPool;
 }
@@ -38,7 +40,7 @@ struct FuncTask {
   std::vector<std::shared_ptr<BufferState>> keep;  // alive until the body has run
 
   std::atomic<int> pending{1};
-  std::atomic<std::uint32_t> finished{0};
+  WakeWord finished;  // 1 once complete() has run
   std::mutex mu;  // guards done, dependents, failure
   bool done = false;
   std::vector<std::shared_ptr<FuncTask>> dependents;
