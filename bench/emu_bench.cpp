@@ -100,6 +100,13 @@ void BM_FunctionalMidSize(benchmark::State& state) {
   state.counters["vs_fma_peak"] = gflops * 1e9 / (nodeemu::measure_fma_peak() * cores);
   state.counters["host_mib_per_gpu"] =
       rep.peak_host_bytes ? double(*rep.peak_host_bytes) / (1 << 20) / rep.world : -1;
+  // What that holds: the emulated device memory at its peak, and at most this much of released
+  // blocks kept for reuse; the rest is the emulator's own (BLAS buffers, stacks, the heap).
+  double device_peaks = 0;
+  for (const auto& d : rep.devices) device_peaks += double(d.peak_mem_bytes);
+  state.counters["device_mib_per_gpu"] = device_peaks / (1 << 20) / rep.world;
+  state.counters["kept_blocks_mib_per_gpu"] =
+      double(rep.peak_kept_block_bytes) / (1 << 20) / rep.world;
 }
 BENCHMARK(BM_FunctionalMidSize)->UseManualTime()->Unit(benchmark::kSecond)->Iterations(1);
 

@@ -164,6 +164,14 @@ void recycle(const Placement& p) {
   release(p);
 }
 
+std::size_t kept_peak_bytes() {
+  return block_cache().peak_bytes();
+}
+
+void reset_kept_peak() {
+  block_cache().reset_peak();
+}
+
 void release(const Placement& p) {
   if (p.ptr == nullptr) return;
   if (p.locked) munlock(p.ptr, p.capacity);

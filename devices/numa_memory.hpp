@@ -38,6 +38,10 @@ Placement allocate_pinned_on_node(std::size_t bytes, int node);
 void release(const Placement& p);
 // Like release, but an unpinned block may be kept for allocate_on_node to hand out again.
 void recycle(const Placement& p);
+// The bytes of released blocks kept for reuse: the most held at once since the last
+// reset_kept_peak() (a run's report bounds their share of its peak host memory by it).
+std::size_t kept_peak_bytes();
+void reset_kept_peak();
 
 // The real NUMA node of the page holding `addr`, or -1 if the kernel cannot say.
 int node_of(const void* addr);

@@ -221,6 +221,8 @@ void print_summary(const RunReport& r, std::ostream& os) {
       std::uint64_t device_peaks = 0;
       for (const auto& d : r.devices) device_peaks += d.peak_mem_bytes;
       os << " (device memory at its peak: " << gib(device_peaks / std::uint64_t(r.world))
+         << " GiB per GPU; released blocks kept for reuse: at most "
+         << gib(r.peak_kept_block_bytes / std::uint64_t(r.world))
          << " GiB per GPU; the rest is the emulator and the host side)\n";
     }
   }

@@ -80,6 +80,7 @@ void write_summary_json(const RunReport& r, const Recipe& recipe, std::ostream& 
   j["wall_time_s"] = r.wall_time_s;
   j["functional_kernel_flops"] = r.functional_kernel_flops;
   j["peak_host_bytes"] = or_null(r.peak_host_bytes);
+  j["peak_kept_block_bytes"] = r.peak_kept_block_bytes;
   j["config"] = Json::object();
   for (const auto& [k, v] : recipe.flattened()) j["config"][k] = v;
   // Invalid UTF-8 in a recipe's text (a description) is replaced, not a failed write.

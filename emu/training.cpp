@@ -17,6 +17,7 @@
 #include "devices/errors.hpp"
 #include "devices/host_topology.hpp"
 #include "devices/node.hpp"
+#include "devices/numa_memory.hpp"
 #include "devices/process_memory.hpp"
 #include "emu/detail/rank_result.hpp"
 #include "emu/detail/run_report.hpp"
@@ -346,6 +347,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
   const auto wall_start = std::chrono::steady_clock::now();
   // The run's own peak, not an earlier case's of the same process (compare runs several).
   const bool peak_reset = reset_peak_resident();
+  numa::reset_kept_peak();
   const RunPlan setup(recipe, options);
   TimelineStats stats(setup.world);  // outlives the node, which reports to it
   Node node(NodeOptions(setup.node));
@@ -373,6 +375,7 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
   rep.wall_time_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   if (peak_reset) rep.peak_host_bytes = peak_resident_bytes();
+  rep.peak_kept_block_bytes = numa::kept_peak_bytes();
   return rep;
 }
 

@@ -91,6 +91,9 @@ struct RunReport {
   // The process's peak resident memory during the run (train() starts a new peak): the host
   // memory the emulated node cost. Nothing where Linux does not say.
   std::optional<std::uint64_t> peak_host_bytes;
+  // Functional mode: the most host memory that released device blocks, kept for reuse by the
+  // allocator (devices/numa_memory.hpp), held at once during the run: part of the peak above.
+  std::uint64_t peak_kept_block_bytes = 0;
   std::vector<std::string> warnings;
   // "key=value" for each key of keys_without_effect() the recipe sets (the summary says so).
   std::vector<std::string> keys_without_effect;

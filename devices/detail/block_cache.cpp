@@ -1,5 +1,6 @@
 #include "devices/detail/block_cache.hpp"
 
+#include <algorithm>
 #include <bit>
 
 #include "devices/check.hpp"
@@ -47,6 +48,7 @@ bool BlockCache::keep(const Placement& p) {
     oldest_first_.push_back(p);
     by_key_[{p.requested_node, p.capacity}].push_back(std::prev(oldest_first_.end()));
     cached_ += p.capacity;
+    peak_ = std::max(peak_, cached_);
   }
   for (const Placement& v : victims) release_(v);
   return true;
@@ -55,6 +57,16 @@ bool BlockCache::keep(const Placement& p) {
 std::size_t BlockCache::cached_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return cached_;
+}
+
+std::size_t BlockCache::peak_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peak_;
+}
+
+void BlockCache::reset_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  peak_ = cached_;
 }
 
 }  // namespace nodeemu::numa::detail

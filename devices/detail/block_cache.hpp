@@ -41,6 +41,10 @@ class BlockCache {
   // larger than the cap; otherwise the oldest kept blocks are released until it fits.
   bool keep(const Placement& p);
   std::size_t cached_bytes() const;
+  // The most the cache held at once since it was made or since reset_peak() (which restarts it
+  // from what it holds now): its share of a run's peak host memory is at most this.
+  std::size_t peak_bytes() const;
+  void reset_peak();
 
  private:
   using Key = std::pair<int, std::size_t>;
@@ -50,6 +54,7 @@ class BlockCache {
   std::list<Placement> oldest_first_;  // every kept block, in the order they were released
   std::map<Key, std::vector<std::list<Placement>::iterator>> by_key_;  // each list oldest first
   std::size_t cached_ = 0;
+  std::size_t peak_ = 0;
 };
 
 }  // namespace nodeemu::numa::detail

@@ -34,6 +34,17 @@ TEST(RunReport, PeakHostMemoryHoldsTheDevicesMemory) {
   EXPECT_GE(*r.peak_host_bytes, devices);
 }
 
+// The blocks the allocator keeps for reuse are a bounded part of that peak: a functional run
+// frees activations every micro-batch, so some are kept, never more than the 1 GiB cap; a meta
+// run holds no bytes and keeps none.
+TEST(RunReport, KeptBlocksAreReportedAndBounded) {
+  const RunReport r = train(testing::tiny(), {.iterations = 1});
+  EXPECT_GT(r.peak_kept_block_bytes, 0u);
+  EXPECT_LE(r.peak_kept_block_bytes, std::uint64_t(1) << 30);
+  ASSERT_TRUE(r.peak_host_bytes.has_value());
+  EXPECT_LE(r.peak_kept_block_bytes, *r.peak_host_bytes);
+}
+
 RunReport with_devices(int n, double comm_step_s) {
   RunReport r;
   r.recipe = "synthetic";

@@ -78,5 +78,19 @@ TEST(BlockCache, AFullCacheGivesUpItsOldestBlocks) {
   EXPECT_EQ(cache.cached_bytes(), 6 * kPage);
 }
 
+TEST(BlockCache, ThePeakIsTheMostHeldAtOnceSinceTheLastReset) {
+  BlockCache cache(10 * kPage, [](const Placement&) {});
+  ASSERT_TRUE(cache.keep(block(1, 4 * kPage)));
+  ASSERT_TRUE(cache.keep(block(2, 4 * kPage)));
+  Placement out;
+  ASSERT_TRUE(cache.take(0, 4 * kPage, out));
+  EXPECT_EQ(cache.peak_bytes(), 8 * kPage);
+  cache.reset_peak();  // restarts from what is held now
+  EXPECT_EQ(cache.peak_bytes(), 4 * kPage);
+  ASSERT_TRUE(cache.keep(block(3, 6 * kPage)));
+  ASSERT_TRUE(cache.keep(block(4, 4 * kPage)));  // gives up block 1: never above the cap
+  EXPECT_EQ(cache.peak_bytes(), 10 * kPage);
+}
+
 }  // namespace
 }  // namespace nodeemu::numa::detail
