@@ -41,7 +41,7 @@ struct FuncTask {
 
   std::atomic<int> pending{1};
   WakeWord finished;  // 1 once complete() has run
-  std::mutex mu;  // guards done, dependents, failure
+  std::mutex mu;      // guards done, dependents, failure
   bool done = false;
   std::vector<std::shared_ptr<FuncTask>> dependents;
   std::shared_ptr<const KernelFailure> failure;
