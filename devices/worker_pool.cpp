@@ -155,6 +155,22 @@ void WorkerPool::parallel_for(std::size_t chunks, const std::function<void(std::
     for (std::size_t i = 0; i < chunks; ++i) fn(i);
     return;
   }
+  pool->fan_out(chunks, fn);
+}
+
+void WorkerPool::parallel_for_from_host(std::size_t chunks,
+                                        const std::function<void(std::size_t)>& fn) {
+  NE_CHECK(tls_pool != this,
+           "parallel_for_from_host called on one of the pool's own workers: use parallel_for");
+  if (chunks <= 1) {
+    for (std::size_t i = 0; i < chunks; ++i) fn(i);
+    return;
+  }
+  fan_out(chunks, fn);
+}
+
+void WorkerPool::fan_out(std::size_t chunks, const std::function<void(std::size_t)>& fn) {
+  WorkerPool* pool = this;
   auto job = std::make_shared<ParallelJob>();
   job->fn = &fn;
   job->chunks = chunks;
@@ -173,7 +189,8 @@ void WorkerPool::parallel_for(std::size_t chunks, const std::function<void(std::
     return;
   }
   pool->epoch_.bump();
-  // The caller already holds a budget token (it is running a task).
+  // The caller runs chunks without taking a token: a worker caller already holds one (it is
+  // running a task), and a host's thread is not budgeted (it runs the host program anyway).
   for (std::size_t i; (i = job->next.fetch_add(1)) < chunks;) {
     fn(i);
     job->done.fetch_add(1, std::memory_order_release);

@@ -59,12 +59,17 @@ class WorkerPool {
   // kernel that partitions its work by problem size gives the same bits with 1 or 8 workers.
   // Called outside a worker (or with one worker) it runs every chunk on the caller.
   static void parallel_for(std::size_t chunks, const std::function<void(std::size_t)>& fn);
+  // The same from a thread that is none of this pool's workers (a host program's): the caller
+  // and this pool's idle workers that can get a budget token share the chunks. For host-side
+  // work whose pieces do not depend on who runs them (initialising a weight from its counters).
+  void parallel_for_from_host(std::size_t chunks, const std::function<void(std::size_t)>& fn);
 
  private:
   struct ParallelJob;
   void worker_main(int index, std::latch& pinned);
   bool run_one_task();
   bool help_parallel();
+  void fan_out(std::size_t chunks, const std::function<void(std::size_t)>& fn);
 
   std::string name_;
   std::vector<int> real_pus_;

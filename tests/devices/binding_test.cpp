@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -107,6 +108,33 @@ TEST(Binding, ParallelForGivesTheSameBitsWithAnyWorkerCount) {
                 });
               }});
     s.synchronize();
+    if (ref.empty()) ref = out;
+    EXPECT_EQ(out, ref) << workers << " workers";
+  }
+}
+
+// A host program's own work spread over its device's idle workers: every chunk runs once, and
+// the result is the serial one whatever the worker count. Called from one of the pool's own
+// workers it is a usage error caught by a check, not a deadlock.
+TEST(Binding, ParallelForFromHostRunsEveryChunkOnceWithAnyWorkerCount) {
+  std::vector<double> ref;
+  for (int workers : {1, 2, 4}) {
+    NodeOptions o;
+    o.topology_path = testing::topology_path("dgx_h100");
+    o.workers_per_device = workers;
+    o.thread_budget = 4;
+    Node node(o);
+    std::vector<double> out(257, 0.0);
+    std::vector<std::atomic<int>> runs(out.size());
+    node.run({0}, [&](Host& h) {
+      h.device().pool().parallel_for_from_host(out.size(), [&](size_t c) {
+        runs[c].fetch_add(1);
+        double acc = 0;
+        for (int i = 1; i < 20000; ++i) acc += 1.0 / (i + static_cast<double>(c));
+        out[c] = acc;
+      });
+    });
+    for (auto& r : runs) EXPECT_EQ(r.load(), 1) << workers << " workers";
     if (ref.empty()) ref = out;
     EXPECT_EQ(out, ref) << workers << " workers";
   }
