@@ -90,22 +90,28 @@ TEST(Binding, ThreadBudgetKeepsSixteenGpusFromThrashing) {
   EXPECT_LT(cpu_us(after) - cpu_us(before), 30000) << "idle workers are spinning";
 }
 
+NodeOptions with_workers(int workers) {
+  NodeOptions o;
+  o.topology_path = testing::topology_path("dgx_h100");
+  o.workers_per_device = workers;
+  o.thread_budget = 4;
+  return o;
+}
+
+double chunk_sum(size_t c) {  // enough work per chunk for helpers to join
+  double acc = 0;
+  for (int i = 1; i < 20000; ++i) acc += 1.0 / (i + static_cast<double>(c));
+  return acc;
+}
+
 TEST(Binding, ParallelForGivesTheSameBitsWithAnyWorkerCount) {
   std::vector<double> ref;
   for (int workers : {1, 2, 4}) {
-    NodeOptions o;
-    o.topology_path = testing::topology_path("dgx_h100");
-    o.workers_per_device = workers;
-    o.thread_budget = 4;
-    Node node(o);
+    Node node(with_workers(workers));
     std::vector<double> out(64, 0.0);
     Stream s = node.device(0).default_stream();
     s.launch({"sum", Work{.fixed_s = 1e-6}, [&out] {
-                WorkerPool::parallel_for(out.size(), [&](size_t c) {
-                  double acc = 0;
-                  for (int i = 1; i < 20000; ++i) acc += 1.0 / (i + static_cast<double>(c));
-                  out[c] = acc;
-                });
+                WorkerPool::parallel_for(out.size(), [&](size_t c) { out[c] = chunk_sum(c); });
               }});
     s.synchronize();
     if (ref.empty()) ref = out;
@@ -114,24 +120,17 @@ TEST(Binding, ParallelForGivesTheSameBitsWithAnyWorkerCount) {
 }
 
 // A host program's own work spread over its device's idle workers: every chunk runs once, and
-// the result is the serial one whatever the worker count. Called from one of the pool's own
-// workers it is a usage error caught by a check, not a deadlock.
+// the result is the serial one whatever the worker count.
 TEST(Binding, ParallelForFromHostRunsEveryChunkOnceWithAnyWorkerCount) {
   std::vector<double> ref;
   for (int workers : {1, 2, 4}) {
-    NodeOptions o;
-    o.topology_path = testing::topology_path("dgx_h100");
-    o.workers_per_device = workers;
-    o.thread_budget = 4;
-    Node node(o);
+    Node node(with_workers(workers));
     std::vector<double> out(257, 0.0);
     std::vector<std::atomic<int>> runs(out.size());
     node.run({0}, [&](Host& h) {
       h.device().pool().parallel_for_from_host(out.size(), [&](size_t c) {
         runs[c].fetch_add(1);
-        double acc = 0;
-        for (int i = 1; i < 20000; ++i) acc += 1.0 / (i + static_cast<double>(c));
-        out[c] = acc;
+        out[c] = chunk_sum(c);
       });
     });
     for (auto& r : runs) EXPECT_EQ(r.load(), 1) << workers << " workers";
