@@ -39,19 +39,14 @@ std::shared_ptr<FuncTask> FunctionalRendezvous::join(Party party,
 void FunctionalRendezvous::wire() {
   // A small operation runs every party's part on one thread: waking a worker per party cost more
   // than the bytes (P thread switches per phase on a host with fewer cores than emulated GPUs: a
-  // 64-byte all-to-all of 8 ranks took 370 us). One thread can do every part alone: a part waits
-  // only for a role another thread holds (Exchange::run), and the bytes are the same whoever
-  // copies them. A tiny one runs inline (no pool: on the thread that makes it ready, often the
-  // last party's host, which would otherwise hand it to a worker and wait); a larger one on the
-  // first party's workers, so that the host goes on issuing while it is copied.
-  enum class Where { Inline, OneWorker, OwnWorkers };
-  const Where where = payload_bytes_ <= kInlineRendezvousBytes      ? Where::Inline
-                      : payload_bytes_ <= kOneWorkerRendezvousBytes ? Where::OneWorker
-                                                                    : Where::OwnWorkers;
+  // 64-byte all-to-all of 8 ranks took 370 us), and so did waking even one
+  // (kInlineRendezvousBytes). One thread can do every part alone: a part waits only for a role
+  // another thread holds (Exchange::run), and the bytes are the same whoever copies them. It runs
+  // inline, with no pool: on the thread that makes it ready, often the last party's host, which
+  // would otherwise hand it to a worker and wait.
+  const bool inline_parts = payload_bytes_ <= kInlineRendezvousBytes;
   for (Party& p : waiting_) {
-    WorkerPool* pool = where == Where::Inline      ? nullptr
-                       : where == Where::OneWorker ? waiting_.front().pool
-                                                   : p.pool;
+    WorkerPool* pool = inline_parts ? nullptr : p.pool;
     for (int k = 0; k < phases_; ++k) {
       auto t = exec_->make(p.seq, p.device, p.stream, p.name,
                            std::move(p.bodies[static_cast<std::size_t>(k)]), pool);

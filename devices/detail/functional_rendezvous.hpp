@@ -5,8 +5,8 @@
 // ranks run on any number of worker threads.
 //
 // Where the parties' tasks run is decided once, when the last party joins and the operation's
-// size is known (its whole footprint, not per transfer): every party's on one thread when it is
-// small (kInlineRendezvousBytes, kOneWorkerRendezvousBytes), each on its own device's workers
+// size is known (its whole footprint, not per transfer): every party's inline, on the thread that
+// makes it ready, when it is small (kInlineRendezvousBytes), each on its own device's workers
 // otherwise. The timing plane of the same operation is the engine's (a flow of the FlowNetwork).
 #pragma once
 
@@ -24,13 +24,14 @@ class WorkerPool;
 
 namespace nodeemu::detail {
 
-// A rendezvous whose parties send at most this much in all runs on one worker: below it, waking
-// a thread per party costs more than the copies it would share. Measured with bench_comm on 2
-// cores (bench/README): one worker was faster for 2 x 1 MiB (2 MiB in all) and 8 x 64 KiB
-// (3.5 MiB), slower for 8 x 256 KiB (14 MiB).
-inline constexpr double kOneWorkerRendezvousBytes = 4.0 * 1024 * 1024;
-// ... and one of at most this much runs inline, on the thread that makes it ready.
-inline constexpr double kInlineRendezvousBytes = 64.0 * 1024;
+// A rendezvous whose parties send at most this much in all runs inline, every party's part on the
+// thread that makes it ready: below it, handing the copies to workers costs more than sharing
+// them saves. A hand-off is a futex wake of an idle worker and one back, ~45 us on the 2-vCPU
+// development VM, where an idle vCPU halts. Measured with bench_comm (bench/README, "The
+// collective's own thread"): inline beat one worker at 2 x 64 KiB to 2 x 1 MiB and 8 x 64 KiB
+// (3.5 MiB in all); every party on its own device's workers beat inline from 8 x 256 KiB (14
+// MiB) on, and tied with it at 2 x 4 MiB (8 MiB).
+inline constexpr double kInlineRendezvousBytes = 4.0 * 1024 * 1024;
 
 class FunctionalRendezvous {
  public:

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "devices/worker_pool.hpp"
@@ -83,8 +84,8 @@ TEST(FunctionalRendezvous, AnEventTheLaunchWaitsOnHoldsPhaseZeroToo) {
 }
 
 // Every party's part of phase k runs before any part of phase k + 1: the receivers of phase 1
-// read what every sender wrote in phase 0. Inline (128 bytes in all), on the first party's
-// pool (2 MiB), each on its own device's pool (8 MiB).
+// read what every sender wrote in phase 0. Inline (128 bytes and 2 MiB in all), each on its own
+// device's pool (8 MiB).
 TEST(FunctionalRendezvous, PhasesAreBarriersAcrossParties) {
   for (double bytes : {64.0, 1024.0 * 1024, 4.0 * 1024 * 1024}) {
     ExecutionBudget budget(2);
@@ -109,7 +110,7 @@ TEST(FunctionalRendezvous, PhasesAreBarriersAcrossParties) {
 
 // A party's failed part is reported as that party's operation, whichever thread ran it; the
 // other parts of that phase still run, and no later phase does (a sticky error). Inline (192
-// bytes in all), on the first party's pool (3 MiB), each on its own pool (12 MiB).
+// bytes and 3 MiB in all), each on its own pool (12 MiB).
 TEST(FunctionalRendezvous, AFailedPartIsItsPartys) {
   for (double bytes : {64.0, 1024.0 * 1024, 4.0 * 1024 * 1024}) {
     ExecutionBudget budget(2);
@@ -132,6 +133,47 @@ TEST(FunctionalRendezvous, AFailedPartIsItsPartys) {
     EXPECT_EQ(end->failure->stream, "s1") << bytes;
     EXPECT_EQ(end->failure->cause, "bad split 1") << bytes;
     EXPECT_EQ(log.events, std::vector<std::string>{"rank 0 phase 0"}) << bytes;
+  }
+}
+
+// Where the parts run is decided from what every party sends together: up to
+// kInlineRendezvousBytes every part runs on the thread that makes the operation ready (here the
+// test's, which arms the last party's stream), above it each party's part on its own device's
+// workers.
+TEST(FunctionalRendezvous, WhereThePartsRunFollowsTheWholePayload) {
+  const double at_limit = kInlineRendezvousBytes / 2;
+  for (double per_party : {at_limit, at_limit + 1}) {
+    ExecutionBudget budget(2);
+    WorkerPool pool0("dev0", 1, {}, budget), pool1("dev1", 1, {}, budget);
+    FunctionalExecutor exec;
+    std::mutex mu;
+    std::vector<std::thread::id> ran_on(2);
+    FunctionalRendezvous r(exec, 2, 1, "all_to_all #3");
+    std::vector<std::shared_ptr<FuncTask>> earlier;
+    WorkerPool* pools[] = {&pool0, &pool1};
+    for (int rank = 0; rank < 2; ++rank) {
+      FunctionalRendezvous::Party p{
+          std::uint64_t(rank), rank, pools[rank], "s", "a2a", {}, {}, per_party};
+      p.bodies.push_back([&, rank] {
+        std::lock_guard lk(mu);
+        ran_on[std::size_t(rank)] = std::this_thread::get_id();
+      });
+      earlier.push_back(stream_work(exec, rank));
+      r.join(std::move(p), earlier.back(), nullptr);
+    }
+    exec.arm(earlier[0]);
+    exec.arm(earlier[1]);
+    exec.drain();
+    const auto me = std::this_thread::get_id();
+    if (per_party == at_limit) {
+      EXPECT_EQ(ran_on[0], me);
+      EXPECT_EQ(ran_on[1], me);
+    } else {
+      EXPECT_NE(ran_on[0], me);
+      EXPECT_NE(ran_on[1], me);
+      EXPECT_NE(ran_on[0], ran_on[1]);  // one worker each, in two pools
+      EXPECT_NE(ran_on[0], std::thread::id());
+    }
   }
 }
 
