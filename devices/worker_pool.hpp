@@ -51,6 +51,8 @@ class WorkerPool {
   int workers() const { return static_cast<int>(threads_.size()); }
   const std::vector<int>& real_pus() const { return real_pus_; }
   const std::string& name() const { return name_; }
+  // The tokens its workers (and every pool sharing them) run under.
+  const ExecutionBudget& budget() const { return budget_; }
   // The real binding each worker reported after pinning itself (for `nodeemu info` and tests).
   std::vector<std::vector<int>> worker_bindings() const;
 

@@ -6,8 +6,9 @@
 //
 // Where the parties' tasks run is decided once, when the last party joins and the operation's
 // size is known (its whole footprint, not per transfer): every party's inline, on the thread that
-// makes it ready, when it is small (kInlineRendezvousBytes), each on its own device's workers
-// otherwise. The timing plane of the same operation is the engine's (a flow of the FlowNetwork).
+// makes it ready, when it is small (kInlineRendezvousBytes); otherwise dealt round-robin to that
+// thread and the workers of the first parties' devices, one thread per token of the execution
+// budget. The timing plane of the same operation is the engine's (a flow of the FlowNetwork).
 #pragma once
 
 #include <cstdint>
@@ -29,8 +30,8 @@ namespace nodeemu::detail {
 // them saves. A hand-off is a futex wake of an idle worker and one back, ~45 us on the 2-vCPU
 // development VM, where an idle vCPU halts. Measured with bench_comm (bench/README, "The
 // collective's own thread"): inline beat one worker at 2 x 64 KiB to 2 x 1 MiB and 8 x 64 KiB
-// (3.5 MiB in all); every party on its own device's workers beat inline from 8 x 256 KiB (14
-// MiB) on, and tied with it at 2 x 4 MiB (8 MiB).
+// (3.5 MiB in all); above it one thread was slower than the parties dealt to two (8 x 256 KiB,
+// 14 MiB in all: 1.5 ms inline, 0.63-0.73 ms dealt).
 inline constexpr double kInlineRendezvousBytes = 4.0 * 1024 * 1024;
 
 class FunctionalRendezvous {

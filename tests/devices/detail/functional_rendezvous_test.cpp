@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <future>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -84,8 +85,8 @@ TEST(FunctionalRendezvous, AnEventTheLaunchWaitsOnHoldsPhaseZeroToo) {
 }
 
 // Every party's part of phase k runs before any part of phase k + 1: the receivers of phase 1
-// read what every sender wrote in phase 0. Inline (128 bytes and 2 MiB in all), each on its own
-// device's pool (8 MiB).
+// read what every sender wrote in phase 0. Inline (128 bytes and 2 MiB in all), dealt to this
+// thread and party 1's pool (8 MiB).
 TEST(FunctionalRendezvous, PhasesAreBarriersAcrossParties) {
   for (double bytes : {64.0, 1024.0 * 1024, 4.0 * 1024 * 1024}) {
     ExecutionBudget budget(2);
@@ -110,7 +111,7 @@ TEST(FunctionalRendezvous, PhasesAreBarriersAcrossParties) {
 
 // A party's failed part is reported as that party's operation, whichever thread ran it; the
 // other parts of that phase still run, and no later phase does (a sticky error). Inline (192
-// bytes and 3 MiB in all), each on its own pool (12 MiB).
+// bytes and 3 MiB in all), dealt to this thread and party 1's pool (12 MiB).
 TEST(FunctionalRendezvous, AFailedPartIsItsPartys) {
   for (double bytes : {64.0, 1024.0 * 1024, 4.0 * 1024 * 1024}) {
     ExecutionBudget budget(2);
@@ -136,24 +137,39 @@ TEST(FunctionalRendezvous, AFailedPartIsItsPartys) {
   }
 }
 
-// Where the parts run is decided from what every party sends together: up to
+// Where the parts run is decided from what every party sends together. Up to
 // kInlineRendezvousBytes every part runs on the thread that makes the operation ready (here the
-// test's, which arms the last party's stream), above it each party's part on its own device's
-// workers.
-TEST(FunctionalRendezvous, WhereThePartsRunFollowsTheWholePayload) {
-  const double at_limit = kInlineRendezvousBytes / 2;
-  for (double per_party : {at_limit, at_limit + 1}) {
-    ExecutionBudget budget(2);
-    WorkerPool pool0("dev0", 1, {}, budget), pool1("dev1", 1, {}, budget);
+// test's, which arms the last party's stream). Above it the parties are dealt round-robin to as
+// many threads as the budget has tokens: that thread takes parties 0, T, ..., and party g's
+// workers parties g, g + T, ...
+TEST(FunctionalRendezvous, WhereThePartsRunFollowsTheWholePayloadAndTheBudget) {
+  const double at_limit = kInlineRendezvousBytes / 3;
+  struct Case {
+    double per_party;
+    int tokens;
+    std::vector<int> thread_of;  // per party: -1 the test's thread, else the pool whose worker
+  };
+  for (const Case& c : {Case{at_limit, 3, {-1, -1, -1}}, Case{at_limit + 1, 2, {-1, 1, -1}},
+                        Case{at_limit + 1, 3, {-1, 1, 2}}, Case{at_limit + 1, 8, {-1, 1, 2}}}) {
+    ExecutionBudget budget(c.tokens);
+    WorkerPool pool0("dev0", 1, {}, budget), pool1("dev1", 1, {}, budget),
+        pool2("dev2", 1, {}, budget);
+    WorkerPool* pools[] = {&pool0, &pool1, &pool2};
+    // Each pool's one worker, as it reports itself.
+    std::vector<std::thread::id> worker_of(3);
+    for (int d = 0; d < 3; ++d) {
+      std::promise<std::thread::id> id;
+      pools[d]->submit([&id] { id.set_value(std::this_thread::get_id()); });
+      worker_of[std::size_t(d)] = id.get_future().get();
+    }
     FunctionalExecutor exec;
     std::mutex mu;
-    std::vector<std::thread::id> ran_on(2);
-    FunctionalRendezvous r(exec, 2, 1, "all_to_all #3");
+    std::vector<std::thread::id> ran_on(3);
+    FunctionalRendezvous r(exec, 3, 1, "all_to_all #3");
     std::vector<std::shared_ptr<FuncTask>> earlier;
-    WorkerPool* pools[] = {&pool0, &pool1};
-    for (int rank = 0; rank < 2; ++rank) {
-      FunctionalRendezvous::Party p{
-          std::uint64_t(rank), rank, pools[rank], "s", "a2a", {}, {}, per_party};
+    for (int rank = 0; rank < 3; ++rank) {
+      FunctionalRendezvous::Party p{std::uint64_t(rank), rank, pools[rank], "s", "a2a", {}, {},
+                                    c.per_party};
       p.bodies.push_back([&, rank] {
         std::lock_guard lk(mu);
         ran_on[std::size_t(rank)] = std::this_thread::get_id();
@@ -161,18 +177,13 @@ TEST(FunctionalRendezvous, WhereThePartsRunFollowsTheWholePayload) {
       earlier.push_back(stream_work(exec, rank));
       r.join(std::move(p), earlier.back(), nullptr);
     }
-    exec.arm(earlier[0]);
-    exec.arm(earlier[1]);
+    for (auto& e : earlier) exec.arm(e);
     exec.drain();
-    const auto me = std::this_thread::get_id();
-    if (per_party == at_limit) {
-      EXPECT_EQ(ran_on[0], me);
-      EXPECT_EQ(ran_on[1], me);
-    } else {
-      EXPECT_NE(ran_on[0], me);
-      EXPECT_NE(ran_on[1], me);
-      EXPECT_NE(ran_on[0], ran_on[1]);  // one worker each, in two pools
-      EXPECT_NE(ran_on[0], std::thread::id());
+    for (int rank = 0; rank < 3; ++rank) {
+      const int t = c.thread_of[std::size_t(rank)];
+      EXPECT_EQ(ran_on[std::size_t(rank)],
+                t < 0 ? std::this_thread::get_id() : worker_of[std::size_t(t)])
+          << "party " << rank << ", " << c.per_party << " bytes each, " << c.tokens << " tokens";
     }
   }
 }
