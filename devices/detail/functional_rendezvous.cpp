@@ -52,7 +52,7 @@ void FunctionalRendezvous::wire() {
   // thread that makes it ready takes parties 0, T, 2T, ..., and party g's workers (g < T) the
   // parties g, g + T, ... Waking a worker per party, as before, put P parts on T cores, each
   // waiting for roles the others held: 8 x 256 KiB took 1.1 ms on 2 cores, dealt to 2 threads
-  // 0.63-0.73 ms (bench/README, "The collective's own thread").
+  // 0.56-0.73 ms (bench/README, "The collective's own thread").
   const std::size_t threads =
       payload_bytes_ <= kInlineRendezvousBytes || waiting_.front().pool == nullptr
           ? 1

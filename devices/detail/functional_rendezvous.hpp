@@ -26,13 +26,13 @@ class WorkerPool;
 namespace nodeemu::detail {
 
 // A rendezvous whose parties send at most this much in all runs inline, every party's part on the
-// thread that makes it ready: below it, handing the copies to workers costs more than sharing
-// them saves. A hand-off is a futex wake of an idle worker and one back, ~45 us on the 2-vCPU
+// thread that makes it ready: below it, handing copies to a worker costs more than sharing them
+// saves. A hand-off is a futex wake of an idle worker and one back, ~45 us on the 2-vCPU
 // development VM, where an idle vCPU halts. Measured with bench_comm (bench/README, "The
-// collective's own thread"): inline beat one worker at 2 x 64 KiB to 2 x 1 MiB and 8 x 64 KiB
-// (3.5 MiB in all); above it one thread was slower than the parties dealt to two (8 x 256 KiB,
-// 14 MiB in all: 1.5 ms inline, 0.63-0.73 ms dealt).
-inline constexpr double kInlineRendezvousBytes = 4.0 * 1024 * 1024;
+// collective's own thread"): inline beat one worker at 2 x 64 KiB to 2 x 1 MiB; the parties dealt
+// to two threads beat inline from 2 x 1 MiB (2 MiB in all: 106-112 against 149-182 us) and
+// 8 x 64 KiB (3.5 MiB: 160-174 against 226-276 us), and tied at 2 x 256 KiB (512 KiB).
+inline constexpr double kInlineRendezvousBytes = 1024.0 * 1024;
 
 class FunctionalRendezvous {
  public:

@@ -85,8 +85,8 @@ TEST(FunctionalRendezvous, AnEventTheLaunchWaitsOnHoldsPhaseZeroToo) {
 }
 
 // Every party's part of phase k runs before any part of phase k + 1: the receivers of phase 1
-// read what every sender wrote in phase 0. Inline (128 bytes and 2 MiB in all), dealt to this
-// thread and party 1's pool (8 MiB).
+// read what every sender wrote in phase 0. Inline (128 bytes in all), dealt to this thread and
+// party 1's pool (2 and 8 MiB).
 TEST(FunctionalRendezvous, PhasesAreBarriersAcrossParties) {
   for (double bytes : {64.0, 1024.0 * 1024, 4.0 * 1024 * 1024}) {
     ExecutionBudget budget(2);
@@ -111,7 +111,7 @@ TEST(FunctionalRendezvous, PhasesAreBarriersAcrossParties) {
 
 // A party's failed part is reported as that party's operation, whichever thread ran it; the
 // other parts of that phase still run, and no later phase does (a sticky error). Inline (192
-// bytes and 3 MiB in all), dealt to this thread and party 1's pool (12 MiB).
+// bytes in all), dealt to this thread and party 1's pool (3 and 12 MiB).
 TEST(FunctionalRendezvous, AFailedPartIsItsPartys) {
   for (double bytes : {64.0, 1024.0 * 1024, 4.0 * 1024 * 1024}) {
     ExecutionBudget budget(2);
