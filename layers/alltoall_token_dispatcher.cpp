@@ -245,20 +245,22 @@ void AlltoallPlan::size_all_to_all(ops::At at) {
   for (auto n : splits_.recv_rows) received_ += std::int64_t(n);
   // Received rows arrive by (source, local expert); the experts want (local expert, source).
   const std::size_t members = splits_.recv_rows_per_expert.size();
-  std::vector<std::vector<std::int64_t>> src_off(members, std::vector<std::int64_t>(size_t(L)));
+  // [member][local expert], flat: one allocation per micro-batch rather than one per member.
+  std::vector<std::int64_t> src_off(members * size_t(L));
   std::int64_t at_row = 0;
   for (std::size_t m = 0; m < members; ++m)
     for (int e = 0; e < L; ++e) {
-      src_off[m][size_t(e)] = at_row;
+      src_off[m * size_t(L) + size_t(e)] = at_row;
       at_row += splits_.recv_rows_per_expert[m][size_t(e)];
     }
   sort_blocks_.clear();
+  sort_blocks_.reserve(members * size_t(L));
   io.rows_per_expert.host.assign(size_t(L), 0);
   std::int64_t dst = 0;
   for (int e = 0; e < L; ++e)
     for (std::size_t m = 0; m < members; ++m) {
       const std::int64_t n = splits_.recv_rows_per_expert[m][size_t(e)];
-      sort_blocks_.push_back({src_off[m][size_t(e)], dst, n});
+      sort_blocks_.push_back({src_off[m * size_t(L) + size_t(e)], dst, n});
       dst += n;
       io.rows_per_expert.host[size_t(e)] += n;
     }

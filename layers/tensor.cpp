@@ -29,7 +29,9 @@ Tensor Tensor::empty(Device& device, Shape shape, DType dtype) {
   for (auto d : shape)
     if (d < 0) throw UsageError("tensor: negative dimension in shape " + shape_str(shape));
   const std::size_t bytes = static_cast<std::size_t>(numel_of(shape)) * dtype_bytes(dtype);
-  Buffer b = device.allocate(std::max<std::size_t>(bytes, 1), shape);
+  // The shape stays with the tensor; the buffer is its bytes (Buffer::shape() is for programs
+  // against devices/ alone, and a copy here was one allocation per tensor).
+  Buffer b = device.allocate(std::max<std::size_t>(bytes, 1));
   return Tensor(std::move(b), std::move(shape), dtype);
 }
 

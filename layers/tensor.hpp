@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <boost/container/small_vector.hpp>
+
 #include "devices/buffer.hpp"
 #include "layers/dtype.hpp"
 
@@ -15,7 +17,9 @@ class Device;
 
 namespace nodeemu::layers {
 
-using Shape = std::vector<std::int64_t>;
+// A tensor's dimensions, up to four held inline: a meta step makes millions of tensors and
+// copies their shapes into launches and saved lists; a heap vector was one allocation each.
+using Shape = boost::container::small_vector<std::int64_t, 4>;
 
 std::int64_t numel_of(const Shape& s);
 std::string shape_str(const Shape& s);

@@ -279,7 +279,7 @@ struct OffloadEngine::Impl {
       // Allocated for the H2D stream, as Megatron's reload allocates inside its stream context:
       // the block goes back to that stream's pool when backward drops it.
       e.reloaded =
-          Tensor(device.allocate_uninitialized(std::max<std::size_t>(e.bytes, 1), e.shape, &h2d),
+          Tensor(device.allocate_uninitialized(std::max<std::size_t>(e.bytes, 1), {}, &h2d),
                  e.shape, e.dtype);
       std::function<void()> then;
       if (functional && cfg.verify) {

@@ -1,6 +1,7 @@
 // The engine's device-memory accounting: allocations, frees held by the work still using them
 // (record_stream semantics), and the peak in virtual time. Part of Engine (devices/engine.hpp),
 // split out by concern.
+#include <algorithm>
 #include <limits>
 #include <memory>
 
@@ -22,8 +23,6 @@ void Engine::account_alloc(int device, std::uint64_t bytes) {
 
 void Engine::account_free(int device, std::uint64_t bytes, const std::vector<OpId>& uses,
                           int pool_track) {
-  auto r =
-      std::make_shared<PendingRelease>(PendingRelease{device, bytes, current().clock, 0, false});
   // PyTorch's caching allocator returns a block to its stream's pool when the host drops it:
   // later work on that stream runs after its uses anyway, so those do not hold it (kernels on
   // the compute stream; any use on the stream a side-stream block was allocated for, such as a
@@ -31,18 +30,25 @@ void Engine::account_free(int device, std::uint64_t bytes, const std::vector<OpI
   // holds it until it completes, as record_stream does for Megatron's comm and offload buffers.
   const DeviceState& d = devices_[static_cast<size_t>(device)];
   const int compute_track = d.streams.empty() ? -1 : d.streams.front()->track;
+  const auto holds = [&](OpId u) {
+    if (ops_.complete(u)) return false;
+    if (ops_[u].track == compute_track && ops_[u].kind == OpKind::Kernel) return false;
+    return pool_track < 0 || ops_[u].stream_track != pool_track;
+  };
+  const PendingRelease now{device, bytes, current().clock, 0, false};
+  // Most blocks are held by nothing (a compute-stream kernel's output): released at once, with
+  // no shared record made (one allocation per buffer of a meta step saved).
+  if (std::none_of(uses.begin(), uses.end(), holds)) {
+    release_memory(now, now.not_before);
+    return;
+  }
+  auto r = std::make_shared<PendingRelease>(now);
+  r->deferred = true;
   for (OpId u : uses) {
-    if (ops_.complete(u)) continue;
-    if (ops_[u].track == compute_track && ops_[u].kind == OpKind::Kernel) continue;
-    if (pool_track >= 0 && ops_[u].stream_track == pool_track) continue;
+    if (!holds(u)) continue;
     ++r->ops_left;
     ops_[u].releases.push_back(r);
   }
-  if (r->ops_left == 0) {
-    release_memory(*r, r->not_before);
-    return;
-  }
-  r->deferred = true;
   devices_[static_cast<size_t>(device)].mem.defer(bytes);
 }
 

@@ -68,14 +68,18 @@ inline void fill_block_portable(std::uint64_t state, std::uint32_t experts, Bloc
 
 std::vector<std::int64_t> draw(int experts, int k, std::int64_t tokens, std::uint64_t state,
                                FillBlock fill_block) {
-  std::vector<std::uint32_t> count(std::size_t(experts), 0), mark(count.size(), 0);
-  Tally t{count.data(), mark.data(), std::uint32_t(experts), 1, std::uint32_t(tokens), 0, k};
+  // The counts and marks of this thread's last draw, cleared: a meta step makes ~50 k draws,
+  // and two fresh vectors each were two of its allocations.
+  thread_local std::vector<std::uint32_t> scratch;
+  scratch.assign(2 * std::size_t(experts), 0);
+  std::uint32_t* count = scratch.data();
+  Tally t{count, count + experts, std::uint32_t(experts), 1, std::uint32_t(tokens), 0, k};
   Block b;
   for (;;) {
     fill_block(state, t.experts, b);
     state += kSplitMixGamma * kWordsPerBlock;
     for (std::size_t i = 0; i < kPicksPerBlock; ++i)
-      if (t.take(b.picks[i])) return {count.begin(), count.end()};
+      if (t.take(b.picks[i])) return {count, count + experts};
   }
 }
 
