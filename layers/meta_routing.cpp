@@ -7,6 +7,7 @@
 
 #include "devices/check.hpp"
 #include "layers/detail/group_limited_draw.hpp"
+#include "layers/detail/mt19937_64_first_word.hpp"
 #include "layers/detail/splitmix64.hpp"
 #include "layers/detail/uniform_subset_draw.hpp"
 
@@ -22,12 +23,16 @@ std::uint64_t mix(std::uint64_t x) {
 // the expert-parallel RNG tracker, seeded seed + 1024 + 100 * ep_rank (+ 100 * pp_rank), so DP
 // replicas of an EP rank draw the same logits; the layer, iteration and micro-batch stand for
 // the tracker's position (one draw per router call).
-std::mt19937_64 generator(std::uint64_t seed, const RoutingKey& k, std::uint64_t stream) {
+std::uint64_t generator_seed(std::uint64_t seed, const RoutingKey& k, std::uint64_t stream) {
   std::uint64_t h = mix(seed ^ mix(stream));
   for (std::int64_t v : {std::int64_t(k.layer), std::int64_t(k.iteration),
                          std::int64_t(k.microbatch), std::int64_t(k.ep_rank)})
     h = mix(h ^ std::uint64_t(v));
-  return std::mt19937_64(h);
+  return h;
+}
+
+std::mt19937_64 generator(std::uint64_t seed, const RoutingKey& k, std::uint64_t stream) {
+  return std::mt19937_64(generator_seed(seed, k, stream));
 }
 
 class Forced final : public MetaRouting {
@@ -40,15 +45,16 @@ class Forced final : public MetaRouting {
 
  protected:
   std::vector<std::int64_t> draw(const RoutingKey& key) const override {
-    auto rng = generator(seed_, key, 1);
+    // The generator's first word, all this draw takes from it (computed without building it).
+    const std::uint64_t word = detail::mt19937_64_first_word(generator_seed(seed_, key, 1));
     // With a group limit the choice depends on the scores' values, not only their order:
     // drawn from the values' order statistics (layers/detail/group_limited_draw.hpp). Without
     // one, a uniformly random k-set per token (layers/detail/uniform_subset_draw.hpp), from a
     // stream that starts one step past the generator's word, as it always has (the pinned
     // counts follow it).
-    if (cfg_.num_groups > 0) return detail::group_limited_forced_counts(cfg_, key.tokens, rng());
+    if (cfg_.num_groups > 0) return detail::group_limited_forced_counts(cfg_, key.tokens, word);
     return detail::uniform_subset_counts(cfg_.num_experts, cfg_.topk, key.tokens,
-                                         rng() + detail::kSplitMixGamma);
+                                         word + detail::kSplitMixGamma);
   }
 
  private:
@@ -128,10 +134,12 @@ class Replay final : public MetaRouting {
 
 }  // namespace
 
-const std::vector<std::int64_t>& MetaRouting::memoised(const RoutingKey& key,
-                                                       std::unique_lock<std::mutex>& lock) const {
+const std::vector<std::uint32_t>& MetaRouting::memoised(const RoutingKey& key,
+                                                        std::unique_lock<std::mutex>& lock) const {
   const MemoKey mk{key.iteration, key.layer, key.microbatch, key.ep_rank, key.tokens};
   if (auto it = memo_.find(mk); it != memo_.end()) return it->second;
+  NE_CHECK(key.tokens >= 0 && key.tokens <= std::int64_t(UINT32_MAX),
+           "meta routing: a micro-batch's tokens must fit the memo's 32-bit counts");
   // Drawn without the lock: another thread may ask for other counts meanwhile (and draw these
   // too: both draws are the same, the first one stored wins).
   lock.unlock();
@@ -143,24 +151,34 @@ const std::vector<std::int64_t>& MetaRouting::memoised(const RoutingKey& key,
     const std::int64_t cap = cfg_.capacity(long(key.tokens));
     for (auto& n : c) n = std::min(n, cap);
   }
+  std::vector<std::uint32_t> narrow(c.size());
+  for (std::size_t e = 0; e < c.size(); ++e) {
+    NE_CHECK(c[e] >= 0 && c[e] <= key.tokens, "meta routing: an expert got more than every token");
+    narrow[e] = std::uint32_t(c[e]);
+  }
   lock.lock();
   // Ranks are at most an iteration apart (the optimizer step joins them): older draws are done.
   if (key.iteration > newest_iteration_) {
     newest_iteration_ = key.iteration;
     memo_.erase(memo_.begin(), memo_.lower_bound(MemoKey{newest_iteration_ - 1, 0, 0, 0, 0}));
   }
-  return memo_.emplace(mk, std::move(c)).first->second;
+  return memo_.emplace(mk, std::move(narrow)).first->second;
 }
 
 std::vector<std::int64_t> MetaRouting::counts(const RoutingKey& key) const {
   std::unique_lock<std::mutex> lock(mutex_);
-  return memoised(key, lock);
+  const std::vector<std::uint32_t>& c = memoised(key, lock);
+  return {c.begin(), c.end()};
 }
 
-void MetaRouting::append_counts(const RoutingKey& key, std::vector<std::int64_t>& out) const {
+void MetaRouting::append_counts(RoutingKey key, int ep_ranks,
+                                std::vector<std::int64_t>& out) const {
+  out.reserve(out.size() + std::size_t(ep_ranks) * std::size_t(cfg_.num_experts));
   std::unique_lock<std::mutex> lock(mutex_);
-  const std::vector<std::int64_t>& c = memoised(key, lock);
-  out.insert(out.end(), c.begin(), c.end());
+  for (key.ep_rank = 0; key.ep_rank < ep_ranks; ++key.ep_rank) {
+    const std::vector<std::uint32_t>& c = memoised(key, lock);
+    out.insert(out.end(), c.begin(), c.end());
+  }
 }
 
 std::shared_ptr<const MetaRouting> MetaRouting::forced(const RouterConfig& cfg,

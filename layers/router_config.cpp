@@ -27,8 +27,15 @@ void RouterConfig::validate() const {
   }
   if (pre_softmax && score != ScoreFunction::Softmax)
     fail("moe_router_pre_softmax", "applies to moe_router_score_function: softmax only");
-  if (capacity_factor && *capacity_factor <= 0)
+  if (capacity_factor && !(*capacity_factor > 0))  // NaN too
     fail("moe_expert_capacity_factor", "must be positive, or unset for dropless");
+  // Above num_moe_experts a capacity exceeds tokens x topk, more rows than a micro-batch can
+  // route to one expert; a huge factor also overflowed the capacity's integer (1e308 gave a
+  // negative capacity that a meta run took silently).
+  if (capacity_factor && *capacity_factor > double(num_experts))
+    fail("moe_expert_capacity_factor",
+         "must be at most num_moe_experts (" + std::to_string(num_experts) +
+             "): above it an expert's capacity exceeds every token's every pick");
   if (pad_to_capacity && !capacity_factor)
     fail("moe_pad_expert_input_to_capacity", "needs moe_expert_capacity_factor");
   if (aux_loss_coeff < 0 || z_loss_coeff < 0)

@@ -51,8 +51,7 @@ std::vector<std::int64_t> TokenDispatcher::meta_counts(const ModelConfig& cfg, i
   key.microbatch = microbatch;
   key.tokens = tokens;
   std::vector<std::int64_t> all;
-  all.reserve(std::size_t(ep_size) * std::size_t(cfg.num_moe_experts));
-  for (key.ep_rank = 0; key.ep_rank < ep_size; ++key.ep_rank) routing->append_counts(key, all);
+  routing->append_counts(key, ep_size, all);
   return all;
 }
 

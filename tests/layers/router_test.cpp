@@ -97,6 +97,27 @@ TEST(Router, PadToCapacityNeedsACapacityFactor) {
   }
 }
 
+// A factor above the experts' count is refused: it used to overflow the capacity's integer
+// (1e308 gave a negative capacity that a meta run took without a word).
+TEST(Router, CapacityFactorIsAtMostTheExperts) {
+  RouterConfig cfg{.num_experts = 8, .topk = 2};
+  cfg.capacity_factor = 8.0;
+  EXPECT_NO_THROW(cfg.validate());
+  EXPECT_EQ(cfg.capacity(64), 128);  // every token's every pick
+  cfg.capacity_factor = std::nan("");
+  EXPECT_THROW(cfg.validate(), ConfigError);
+  for (double f : {8.5, 1e308}) {
+    cfg.capacity_factor = f;
+    try {
+      cfg.validate();
+      FAIL() << f;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("moe_expert_capacity_factor"), std::string::npos);
+      EXPECT_NE(std::string(e.what()).find("at most num_moe_experts (8)"), std::string::npos);
+    }
+  }
+}
+
 TEST(DType, Bf16AndFp16RoundToNearestEven) {
   // 1 + 2^-8 is exactly halfway between two bf16 values: ties go to the even one (1.0).
   EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f + 1.0f / 256)), 1.0f);
