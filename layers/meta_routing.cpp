@@ -134,10 +134,14 @@ class Replay final : public MetaRouting {
 
 }  // namespace
 
-const std::vector<std::uint32_t>& MetaRouting::memoised(const RoutingKey& key,
+MetaRouting::MemoKey MetaRouting::memo_key(const RoutingKey& key) {
+  return {key.iteration, key.layer, key.microbatch, key.ep_rank, key.tokens};
+}
+
+MetaRouting::Memo::const_iterator MetaRouting::memoised(const RoutingKey& key,
                                                         std::unique_lock<std::mutex>& lock) const {
-  const MemoKey mk{key.iteration, key.layer, key.microbatch, key.ep_rank, key.tokens};
-  if (auto it = memo_.find(mk); it != memo_.end()) return it->second;
+  const MemoKey mk = memo_key(key);
+  if (auto it = memo_.find(mk); it != memo_.end()) return it;
   NE_CHECK(key.tokens >= 0 && key.tokens <= std::int64_t(UINT32_MAX),
            "meta routing: a micro-batch's tokens must fit the memo's 32-bit counts");
   // Drawn without the lock: another thread may ask for other counts meanwhile (and draw these
@@ -162,12 +166,12 @@ const std::vector<std::uint32_t>& MetaRouting::memoised(const RoutingKey& key,
     newest_iteration_ = key.iteration;
     memo_.erase(memo_.begin(), memo_.lower_bound(MemoKey{newest_iteration_ - 1, 0, 0, 0, 0}));
   }
-  return memo_.emplace(mk, std::move(narrow)).first->second;
+  return memo_.emplace(mk, std::move(narrow)).first;
 }
 
 std::vector<std::int64_t> MetaRouting::counts(const RoutingKey& key) const {
   std::unique_lock<std::mutex> lock(mutex_);
-  const std::vector<std::uint32_t>& c = memoised(key, lock);
+  const std::vector<std::uint32_t>& c = memoised(key, lock)->second;
   return {c.begin(), c.end()};
 }
 
@@ -175,9 +179,13 @@ void MetaRouting::append_counts(RoutingKey key, int ep_ranks,
                                 std::vector<std::int64_t>& out) const {
   out.reserve(out.size() + std::size_t(ep_ranks) * std::size_t(cfg_.num_experts));
   std::unique_lock<std::mutex> lock(mutex_);
+  // The peers' counts are neighbours in the memo's order (the rank is the key's last varying
+  // part): once the first is found, the next is one step on, not another descent of the tree.
+  auto it = memo_.cend();
   for (key.ep_rank = 0; key.ep_rank < ep_ranks; ++key.ep_rank) {
-    const std::vector<std::uint32_t>& c = memoised(key, lock);
-    out.insert(out.end(), c.begin(), c.end());
+    if (it != memo_.cend()) ++it;
+    if (it == memo_.cend() || it->first != memo_key(key)) it = memoised(key, lock);
+    out.insert(out.end(), it->second.begin(), it->second.end());
   }
 }
 

@@ -69,18 +69,19 @@ class MetaRouting {
   RouterConfig cfg_;
 
  private:
-  // The memoised counts of `key`, drawn on the first ask. Call with mutex_ held; the reference
-  // is valid while it is.
-  const std::vector<std::uint32_t>& memoised(const RoutingKey& key,
-                                             std::unique_lock<std::mutex>& lock) const;
-
-  // Ordered by iteration first, so that finished iterations drop off the front.
+  // Ordered by iteration first, so that finished iterations drop off the front. In 32 bits (a
+  // count is at most the micro-batch's tokens): an iteration's draws stay until the next one,
+  // ~50 k of them for Qwen3's step, and at 64 bits they were 50 MB faulted in.
   using MemoKey =
       std::tuple<int, int, int, int, std::int64_t>;  // iteration, layer, mb, rank, tokens
+  using Memo = std::map<MemoKey, std::vector<std::uint32_t>>;
+  static MemoKey memo_key(const RoutingKey& key);
+  // The memo's entry for `key`, drawn on the first ask. Call with mutex_ held; the iterator is
+  // valid while it is (entries are erased only under it).
+  Memo::const_iterator memoised(const RoutingKey& key, std::unique_lock<std::mutex>& lock) const;
+
   mutable std::mutex mutex_;
-  // In 32 bits (a count is at most the micro-batch's tokens): an iteration's draws stay until
-  // the next one, ~50 k of them for Qwen3's step, and at 64 bits they were 50 MB faulted in.
-  mutable std::map<MemoKey, std::vector<std::uint32_t>> memo_;
+  mutable Memo memo_;
   mutable int newest_iteration_ = 0;
 };
 

@@ -36,8 +36,14 @@ inline void pick_experts(Block& b, std::uint32_t experts) {
 // keeps the counters in registers: through a pointer it would reload them after every store to
 // the counts, which are 32-bit too and could alias them.
 struct Tally {
-  std::uint32_t* count;  // [experts]
-  std::uint32_t* mark;   // [experts]: the last token that picked each expert
+  // Per expert, side by side (one address for both): the last token that picked it and its
+  // count. [experts + 1]: the sentinel's (a rejected pick's) mark is always the current token,
+  // so that one test finds a rejection or a repeat.
+  struct Expert {
+    std::uint32_t mark;
+    std::uint32_t count;
+  };
+  Expert* expert;
   std::uint32_t experts;
   std::uint32_t token;  // numbered from 1, so that a zeroed mark is no token's
   std::uint32_t last;
@@ -47,11 +53,13 @@ struct Tally {
   // Takes a pick into the current token, unless it is rejected or a repeat (a repeat is drawn
   // again: every k-set stays equally likely). True once the last token is complete.
   bool take(std::uint32_t e) {
-    if (e == experts || mark[e] == token) return false;
-    mark[e] = token;
-    ++count[e];
+    Expert& x = expert[e];
+    if (x.mark == token) return false;
+    x.mark = token;
+    ++x.count;
     if (++picked < k) return false;
     picked = 0;
+    expert[experts].mark = token + 1;
     return token++ == last;
   }
 };
@@ -70,16 +78,20 @@ std::vector<std::int64_t> draw(int experts, int k, std::int64_t tokens, std::uin
                                FillBlock fill_block) {
   // The counts and marks of this thread's last draw, cleared: a meta step makes ~50 k draws,
   // and two fresh vectors each were two of its allocations.
-  thread_local std::vector<std::uint32_t> scratch;
-  scratch.assign(2 * std::size_t(experts), 0);
-  std::uint32_t* count = scratch.data();
-  Tally t{count, count + experts, std::uint32_t(experts), 1, std::uint32_t(tokens), 0, k};
+  thread_local std::vector<Tally::Expert> scratch;
+  scratch.assign(std::size_t(experts) + 1, {0, 0});
+  Tally t{scratch.data(), std::uint32_t(experts), 1, std::uint32_t(tokens), 0, k};
+  t.expert[experts].mark = t.token;
   Block b;
   for (;;) {
     fill_block(state, t.experts, b);
     state += kSplitMixGamma * kWordsPerBlock;
     for (std::size_t i = 0; i < kPicksPerBlock; ++i)
-      if (t.take(b.picks[i])) return {count, count + experts};
+      if (t.take(b.picks[i])) {
+        std::vector<std::int64_t> counts(static_cast<std::size_t>(experts));
+        for (std::size_t e = 0; e < counts.size(); ++e) counts[e] = t.expert[e].count;
+        return counts;
+      }
   }
 }
 
