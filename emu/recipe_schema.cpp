@@ -164,7 +164,7 @@ std::vector<KeySpec> build() {
        T::Float,
        "",
        {},
-       "capacity factor; unset = dropless"},
+       "capacity factor, above 0 and at most num_moe_experts; unset = dropless"},
       {key::model_moe_token_drop_policy,
        T::String,
        "probs",

@@ -56,8 +56,12 @@ void Rules::dispatcher() {
     if (backend != "hybridep")
       error(kRankCapacity,
             "is HybridEP's sync-free budget; set moe_flex_dispatcher_backend=hybridep");
-    else if (r_.real(kRankCapacity) <= 0)
+    else if (!(r_.real(kRankCapacity) > 0))  // NaN too
       error(kRankCapacity, "must be positive (leave it unset for dropless HybridEP)");
+    else if (r_.real(kRankCapacity) > double(i(key::model_expert_model_parallel_size)))
+      error(kRankCapacity, "must be at most expert_model_parallel_size (" +
+                               std::to_string(i(key::model_expert_model_parallel_size)) +
+                               "): above it the budget exceeds every row the peers can send");
     else if (!b(key::model_moe_grouped_gemm))
       error(kRankCapacity,
             "needs the experts as one grouped GEMM that reads its rows on the device "

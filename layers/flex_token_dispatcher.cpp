@@ -76,6 +76,12 @@ class FlexTokenDispatcher final : public TokenDispatcher {
       throw ConfigError("model", "moe_expert_rank_capacity_factor",
                         "the sync-free budget is HybridEP's: set "
                         "moe_flex_dispatcher_backend: hybridep");
+    // A rank receives at most every row every EP peer sends (tokens x topk each); a larger
+    // budget keeps nothing more, and a huge one overflowed the budget's integer.
+    if (cfg.moe_expert_rank_capacity_factor > double(ep_size_))
+      throw ConfigError("model", "moe_expert_rank_capacity_factor",
+                        "must be at most the expert-parallel size (" + std::to_string(ep_size_) +
+                            "): above it the budget exceeds every row the peers can send");
     // Megatron requires TE's fused grouped experts here (use_transformer_engine_op_fuser), whose
     // grouped GEMM reads the rows per expert on the device.
     if (cfg.moe_expert_rank_capacity_factor > 0 && !cfg.kernels.grouped_gemm)
