@@ -9,7 +9,7 @@ namespace nodeemu::detail {
 void MemoryAccount::allocate(VTime t, std::uint64_t bytes) {
   NE_CHECK(fits(bytes), "an allocation was booked past the device's capacity");
   live_ += bytes;
-  deltas_.emplace_back() = {t, static_cast<std::int64_t>(bytes)};
+  book(t, static_cast<std::int64_t>(bytes));
 }
 
 void MemoryAccount::release(VTime t, std::uint64_t bytes, bool was_deferred) {
@@ -17,7 +17,17 @@ void MemoryAccount::release(VTime t, std::uint64_t bytes, bool was_deferred) {
            "more memory released than was allocated");
   live_ -= bytes;
   if (was_deferred) deferred_ -= bytes;
-  deltas_.emplace_back() = {t, -static_cast<std::int64_t>(bytes)};
+  book(t, -static_cast<std::int64_t>(bytes));
+}
+
+void MemoryAccount::book(VTime t, std::int64_t delta) {
+  for (std::size_t last : {last_allocation_, last_release_})
+    if (last != SIZE_MAX && deltas_[last].first == t) {
+      deltas_[last].second += delta;
+      return;
+    }
+  (delta >= 0 ? last_allocation_ : last_release_) = deltas_.size();
+  deltas_.emplace_back() = {t, delta};
 }
 
 std::uint64_t MemoryAccount::peak(VTime from, VTime to) const {

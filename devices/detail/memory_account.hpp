@@ -4,6 +4,7 @@
 // (it knows the operations); the account only keeps the books.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -34,7 +35,19 @@ class MemoryAccount {
   // when the window opens counts too.
   std::uint64_t peak(VTime from, VTime to) const;
 
+  // Entries kept for peak(): fewer than the allocations and releases booked (see book()).
+  std::size_t entries() const { return deltas_.size(); }
+
  private:
+  // Appends a change of live bytes at `t`, or adds it to a change already booked at `t` (the
+  // latest allocation's or the latest release's entry). peak() gives every window the same answer
+  // either way: at one instant the frees count before the allocations, so the level within the
+  // instant never rises above the higher of the levels before and after it, and those depend
+  // only on the instant's net change. Allocations are booked at the host's clock and releases at
+  // the calendar's, both in time order and in runs at one instant, so the two latest entries catch
+  // most of them: on the Qwen3 meta step 3.0 M entries instead of 5.5 M (16 bytes each).
+  void book(VTime t, std::int64_t delta);
+
   std::uint64_t capacity_;
   std::uint64_t live_ = 0;      // allocated and not yet released in virtual time
   std::uint64_t deferred_ = 0;  // of live_: dropped by the host, waiting for their last uses
@@ -42,6 +55,9 @@ class MemoryAccount {
   // rather than a vector, whose doubling copied the whole log and faulted its pages in again
   // (the account's share of a Qwen3 meta step's samples went from 4.8 to 2.0 %).
   ChunkedLog<std::pair<VTime, std::int64_t>> deltas_;
+  // The entries of the latest allocation and the latest release (SIZE_MAX: none yet).
+  std::size_t last_allocation_ = SIZE_MAX;
+  std::size_t last_release_ = SIZE_MAX;
 };
 
 }  // namespace nodeemu::detail
