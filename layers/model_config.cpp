@@ -147,7 +147,7 @@ void ModelConfig::validate() const {
   if (vocab_size < 2) fail("vocab_size", "must be at least 2");
   if (ffn_hidden_size < 1) fail("ffn_hidden_size", "must be at least 1");
   if (!(moe_expert_rank_capacity_factor >= 0))  // NaN too
-    fail("moe_expert_rank_capacity_factor", "must be positive (leave it unset for dropless)");
+    fail("moe_expert_rank_capacity_factor", "must be a number, at least 0 (0 or unset: dropless)");
   if (moe_layer_freq.size() == 1 && moe_layer_freq[0] < 1)
     fail("moe_layer_freq", "must be at least 1 (every Nth layer), or one 0/1 per layer");
   if (moe_layer_freq.size() > 1) {

@@ -109,6 +109,13 @@ const Rule kKernelRules[] = {
      {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=hybridep",
       "model.moe_expert_rank_capacity_factor=1e308"},
      "error: model.moe_expert_rank_capacity_factor: must be at most expert_model_parallel_size"},
+    {"rank_capacity_is_positive",
+     {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=hybridep",
+      "model.moe_expert_rank_capacity_factor=1.2"},
+     {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=hybridep",
+      "model.moe_expert_rank_capacity_factor=0"},
+     "error: model.moe_expert_rank_capacity_factor: must be positive (leave it unset for dropless "
+     "HybridEP)"},
     {"permute_fusion_into_hybridep_is_refused",
      {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=hybridep"},
      {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=hybridep",

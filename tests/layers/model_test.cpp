@@ -6,6 +6,7 @@
 #include <cmath>
 #include <iostream>
 
+#include "devices/errors.hpp"
 #include "layers/hooks.hpp"
 #include "tests/layers/model_support.hpp"
 
@@ -38,6 +39,28 @@ void expect_matches_reference(const StepResult& got, const StepResult& ref) {
     EXPECT_NEAR(got.losses[r], ref.losses[r], kLossTol * std::abs(ref.losses[r])) << "rank " << r;
   std::string where;
   EXPECT_LT(worst_relative(got, ref, &where), kGradTol) << "worst tensor: " << where;
+}
+
+// The rank capacity factor through the API: 0 is its unset value (dropless), a negative or NaN
+// factor is refused with its key.
+TEST(ModelConfigRules, TheRankCapacityFactorIsANumberAtLeastZero) {
+  ModelConfig cfg = tiny_moe();
+  for (double f : {0.0, 1.5}) {
+    cfg.moe_expert_rank_capacity_factor = f;
+    EXPECT_NO_THROW(cfg.validate()) << f;
+  }
+  for (double f : {-1.0, std::nan("")}) {
+    cfg.moe_expert_rank_capacity_factor = f;
+    try {
+      cfg.validate();
+      FAIL() << f;
+    } catch (const nodeemu::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("moe_expert_rank_capacity_factor: must be a number, at "
+                                           "least 0 (0 or unset: dropless)"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(Model, Ep4MatchesTheSequentialReference) {
