@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include <boost/container/small_vector.hpp>
+#include "devices/small_vector.hpp"
 
 namespace nodeemu::detail {
 

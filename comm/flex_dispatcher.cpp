@@ -489,7 +489,7 @@ FlexCombined FlexDispatcher::combine(const Buffer& y, const FlexHandle& handle, 
       if (swf && !wacc.empty()) std::memcpy(ow, wacc.data(), wacc.size() * 4);
     };
   }
-  std::vector<Buffer> uses = {sx, out.x};
+  KernelBuffers uses = {sx, out.x};
   if (topk_weight) uses.insert(uses.end(), {sw, out.topk_weight});
   ks.launch({"combine_reduce",
              Work{.flops = double(staged_rows * size_t(hidden_)),

@@ -18,7 +18,8 @@ BufferGuard::~BufferGuard() {
   NE_CHECK(engine->on_host_thread(),
            "a device Buffer's last handle was dropped off the host threads (inside a kernel "
            "body?): capture buffer.data() in bodies and list the Buffer in Kernel::uses");
-  engine->account_free(state_->device, state_->bytes, state_->uses, state_->pool_track);
+  engine->account_free(state_->device, state_->bytes, {state_->uses.data(), state_->uses.size()},
+                       state_->pool_track);
 }
 
 }  // namespace detail

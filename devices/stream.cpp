@@ -56,7 +56,7 @@ void Stream::launch(Kernel k) {
     detail::NodeAccess::functional_kernel_flops(node) += k.work.flops;
   e.launch(*state_, OpKind::Kernel, detail::ResourceKind::Sm, t, k.work.sms, std::move(k.name),
            e.mode() == Mode::Functional ? std::move(k.body) : nullptr, {}, g.kernel_launch_host_s,
-           g.launch_latency_s, op_class(k.work.shape), k.uses);
+           g.launch_latency_s, op_class(k.work.shape), {k.uses.data(), k.uses.size()});
 }
 
 void Stream::copy(const Buffer& dst, const Buffer& src, std::size_t bytes, std::string name,

@@ -5,10 +5,10 @@
 
 #include <functional>
 #include <string>
-#include <vector>
 
 #include "devices/buffer.hpp"
 #include "devices/kernel_shape.hpp"
+#include "devices/small_vector.hpp"
 
 namespace nodeemu {
 
@@ -32,6 +32,10 @@ struct Work {
   KernelShape shape;
 };
 
+// The buffers a kernel uses, inline up to six: a model step launches millions of kernels, and a
+// heap list each was one allocation per launch.
+using KernelBuffers = boost::container::small_vector<Buffer, 6>;
+
 struct Kernel {
   std::string name;
   Work work;
@@ -39,7 +43,7 @@ struct Kernel {
   // pointers (buffer.data()), never Buffer handles: list the buffers in `uses` instead, which
   // keeps them alive until the kernel has completed on both planes.
   std::function<void()> body;
-  std::vector<Buffer> uses;
+  KernelBuffers uses;
 };
 
 }  // namespace nodeemu

@@ -37,7 +37,6 @@ float* F32Scope::inout(const View& v) {
 void launch(Stream& stream, std::string name, const Work& work, std::function<void()> body,
             KernelUses uses, WorkTally* tally) {
   Kernel k{std::move(name), work, std::move(body), {}};
-  k.uses.reserve(uses.size());
   uses.each([&](const Tensor& t) {
     if (t) k.uses.push_back(t.buffer());
   });

@@ -185,7 +185,9 @@ OpId Engine::issue(StreamState& s, Issue in) {
   link_queue(d, s, id);
   const auto note_use = [&](BufferState& b) {
     if (b.kind != MemoryKind::Device) return;
-    std::erase_if(b.uses, [&](OpId u) { return ops_.complete(u); });
+    b.uses.erase(
+        std::remove_if(b.uses.begin(), b.uses.end(), [&](OpId u) { return ops_.complete(u); }),
+        b.uses.end());
     b.uses.push_back(id);
   };
   for (auto& b : in.uses) note_use(*b);

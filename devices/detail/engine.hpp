@@ -52,8 +52,6 @@
 #include <thread>
 #include <vector>
 
-#include <boost/container/small_vector.hpp>
-
 #include "devices/detail/actors.hpp"
 #include "devices/detail/calendar.hpp"
 #include "devices/detail/flow_network.hpp"
@@ -65,6 +63,7 @@
 #include "devices/detail/op_table.hpp"
 #include "devices/detail/shared_resources.hpp"
 #include "devices/gpu_spec.hpp"
+#include "devices/small_vector.hpp"
 #include "devices/trace.hpp"
 #include "devices/units.hpp"
 #include "devices/work.hpp"
@@ -261,7 +260,7 @@ class Engine {
   void account_alloc(int device, std::uint64_t bytes);
   // `uses`: the operations that used the buffer; those still running hold the bytes.
   // pool_track: the stream the block was allocated for (-1: the compute stream).
-  void account_free(int device, std::uint64_t bytes, const std::vector<OpId>& uses,
+  void account_free(int device, std::uint64_t bytes, std::span<const OpId> uses,
                     int pool_track = -1);
   std::uint64_t peak_memory(int device) const;
   // The peak over virtual time [from, to).

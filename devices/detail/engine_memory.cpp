@@ -21,7 +21,7 @@ void Engine::account_alloc(int device, std::uint64_t bytes) {
   d.mem.allocate(a.clock, bytes);
 }
 
-void Engine::account_free(int device, std::uint64_t bytes, const std::vector<OpId>& uses,
+void Engine::account_free(int device, std::uint64_t bytes, std::span<const OpId> uses,
                           int pool_track) {
   // PyTorch's caching allocator returns a block to its stream's pool when the host drops it:
   // later work on that stream runs after its uses anyway, so those do not hold it (kernels on

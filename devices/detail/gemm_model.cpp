@@ -91,33 +91,22 @@ GemmModel::GemmModel(const CsvTable& t, const std::vector<std::size_t>& rows) {
 }
 
 std::optional<Prediction> GemmModel::Grid::interpolate(const std::array<double, 3>& q) const {
-  std::array<std::vector<AxisChoice>, 3> c;
+  std::array<AxisChoices, 3> c;
   for (int a = 0; a < 3; ++a) c[a] = axis_choices(axis[a], q[a]);
-  struct Box {
-    double span;
-    std::array<const AxisChoice*, 3> pick;
-  };
-  std::vector<Box> boxes;
-  boxes.reserve(c[0].size() * c[1].size() * c[2].size());
-  for (auto& x : c[0])
-    for (auto& y : c[1])
-      for (auto& z : c[2]) boxes.push_back({x.span + y.span + z.span, {&x, &y, &z}});
-  std::stable_sort(boxes.begin(), boxes.end(),
-                   [](const Box& a, const Box& b) { return a.span < b.span; });
-  for (const Box& b : boxes) {
+  using Pick = std::array<const AxisChoice*, 3>;
+  // The box's prediction, or none when a corner is not measured.
+  auto on_box = [&](const Pick& pick) -> std::optional<Prediction> {
     std::array<std::array<std::size_t, 2>, 3> ix;
     std::array<std::array<double, 2>, 3> w;
     for (int a = 0; a < 3; ++a) {
-      ix[a] = {b.pick[a]->lo, b.pick[a]->hi};
+      ix[a] = {pick[a]->lo, pick[a]->hi};
       const double f = log_fraction(axis[a][ix[a][0]], axis[a][ix[a][1]], q[a]);
       w[a] = {1 - f, f};
     }
-    bool complete = true;
-    for (int i = 0; i < 2 && complete; ++i)
-      for (int j = 0; j < 2 && complete; ++j)
-        for (int l = 0; l < 2 && complete; ++l)
-          complete = cells.count(key(ix[0][i], ix[1][j], ix[2][l])) > 0;
-    if (!complete) continue;
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 2; ++j)
+        for (int l = 0; l < 2; ++l)
+          if (!cells.count(key(ix[0][i], ix[1][j], ix[2][l]))) return std::nullopt;
     Prediction p;
     double log_t = 0;
     for (int i = 0; i < 2; ++i)
@@ -133,7 +122,32 @@ std::optional<Prediction> GemmModel::Grid::interpolate(const std::array<double, 
     p.seconds = std::exp(log_t);
     p.how = p.sources.size() == 1 ? "measured" : "trilinear in log space";
     return p;
-  }
+  };
+  // The narrowest box whose corners are all measured, the first in (m, n, k) order among equals.
+  // On a full grid that is the narrowest box of all: tried first, without sorting every box (a
+  // step prices tens of thousands of shapes, and the sort was 4 % of a small meta step).
+  Pick narrowest{};
+  double narrowest_span = 0;
+  for (auto& x : c[0])
+    for (auto& y : c[1])
+      for (auto& z : c[2])
+        if (const double span = x.span + y.span + z.span; !narrowest[0] || span < narrowest_span)
+          narrowest = {&x, &y, &z}, narrowest_span = span;
+  if (!narrowest[0]) return std::nullopt;
+  if (auto p = on_box(narrowest)) return p;
+  struct Box {
+    double span;
+    Pick pick;
+  };
+  std::vector<Box> boxes;
+  boxes.reserve(c[0].size() * c[1].size() * c[2].size());
+  for (auto& x : c[0])
+    for (auto& y : c[1])
+      for (auto& z : c[2]) boxes.push_back({x.span + y.span + z.span, {&x, &y, &z}});
+  std::stable_sort(boxes.begin(), boxes.end(),
+                   [](const Box& a, const Box& b) { return a.span < b.span; });
+  for (const Box& b : boxes)
+    if (auto p = on_box(b.pick)) return p;
   return std::nullopt;
 }
 

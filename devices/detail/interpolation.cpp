@@ -34,13 +34,13 @@ void add_sources(Prediction& p, const SeriesPoint& s, double w) {
 
 }  // namespace
 
-std::vector<AxisChoice> axis_choices(const std::vector<double>& axis, double x) {
-  std::vector<AxisChoice> out;
+AxisChoices axis_choices(const std::vector<double>& axis, double x) {
+  AxisChoices out;
   auto it = std::lower_bound(axis.begin(), axis.end(), x);
   const std::size_t i = static_cast<std::size_t>(it - axis.begin());
   const bool exact = it != axis.end() && *it == x;
   if (exact) out.push_back({i, i, 0.0, true});
-  std::vector<std::size_t> lower, upper;
+  boost::container::static_vector<std::size_t, 3> lower, upper;
   for (std::size_t d = 1; d <= 3 && d <= i; ++d) lower.push_back(i - d);
   for (std::size_t u = i + (exact ? 1 : 0); u < axis.size() && upper.size() < 3; ++u)
     upper.push_back(u);

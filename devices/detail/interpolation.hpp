@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include <boost/container/static_vector.hpp>
+
 namespace nodeemu::detail {
 
 // A predicted time and the measured rows it came from, with their weights in log space.
@@ -59,7 +61,11 @@ struct AxisChoice {
   double span;
   bool brackets;  // lo <= x <= hi (an edge pair extrapolates)
 };
-std::vector<AxisChoice> axis_choices(const std::vector<double>& axis, double x);
+// At most ten: the exact value and three by three pairs, or an edge pair. Inline, as a step
+// prices tens of thousands of GEMM shapes the price book has not seen (grouped GEMMs' rows
+// change with every routing draw).
+using AxisChoices = boost::container::static_vector<AxisChoice, 10>;
+AxisChoices axis_choices(const std::vector<double>& axis, double x);
 
 // Weight of the upper point when x lies between lo and hi, in log space; 0 when lo == hi.
 inline double log_fraction(double lo, double hi, double x) {
