@@ -1,5 +1,8 @@
 #include "layers/launch.hpp"
 
+#include "devices/device.hpp"
+#include "devices/node.hpp"
+
 namespace nodeemu::layers {
 
 View view(const Tensor& t) {
@@ -46,6 +49,10 @@ void launch(Stream& stream, std::string name, const Work& work, std::function<vo
     ++tally->kernels;
   }
   stream.launch(std::move(k));
+}
+
+bool runs_bodies(const Stream& stream) {
+  return stream.device().node().mode() == Mode::Functional;
 }
 
 double bytes_of(std::initializer_list<const Tensor*> ts) {

@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "devices/stream.hpp"
@@ -82,6 +83,24 @@ class KernelUses {
 // buffers of `uses` alive; adds the cost to `tally` when given.
 void launch(Stream& stream, std::string name, const Work& work, std::function<void()> body,
             KernelUses uses, WorkTally* tally);
+
+// Whether kernel bodies run on the stream's node: not in meta mode.
+bool runs_bodies(const Stream& stream);
+
+// The same, for a body given as a lambda: made into a std::function only where it runs. A
+// body's captures (its views, sizes and flags) outgrow std::function's inline buffer, so each
+// conversion was a heap allocation, for a body that meta mode drops unrun.
+template <class Body>
+requires(!std::is_same_v<std::decay_t<Body>, std::function<void()>> &&
+         !std::is_null_pointer_v<std::decay_t<Body>>) void launch(Stream& stream, std::string name,
+                                                                  const Work& work, Body&& body,
+                                                                  KernelUses uses,
+                                                                  WorkTally* tally) {
+  launch(stream, std::move(name), work,
+         runs_bodies(stream) ? std::function<void()>(std::forward<Body>(body))
+                             : std::function<void()>(),
+         uses, tally);
+}
 
 // Bytes of a set of tensors (what an elementwise kernel reads and writes).
 double bytes_of(std::initializer_list<const Tensor*> ts);

@@ -41,11 +41,15 @@ DType gemm_type(const At& at, DType activation) {
 // grouped GEMM (TEGroupedMLP) or one GEMM per expert (SequentialMLP). `body(first, count, g)`
 // computes rows [first, first + count) of group g, or all groups when g < 0. `t` is the GEMM's
 // type (At::fp32_gemms says which): it decides the table that prices it.
-void linear_kernels(
-    const At& at, const std::string& name, GemmLayout layout, const LinearShape& w,
-    const Rows& split, double bytes, DType t,
-    const std::function<std::function<void()>(std::int64_t, std::int64_t, int)>& body,
-    std::vector<Tensor> uses) {
+// `body` is called only where bodies run (not in meta mode), and only during this call.
+template <class BodyOf>
+void linear_kernels(const At& at, const std::string& name, GemmLayout layout, const LinearShape& w,
+                    const Rows& split, double bytes, DType t, const BodyOf& body,
+                    std::vector<Tensor> uses) {
+  const bool bodies = runs_bodies(at.stream);
+  auto body_of = [&](std::int64_t first, std::int64_t count, int g) {
+    return bodies ? std::function<void()>(body(first, count, g)) : std::function<void()>();
+  };
   const std::vector<std::int64_t>& rows = split.host;
   if (split.device) uses.push_back(split.device);
   std::int64_t total = 0;
@@ -68,7 +72,7 @@ void linear_kernels(
                                   ? KernelShape::grouped_gemm(layout, w.groups, total, w.out, w.in)
                                   : gemm_of(total);
     launch(at.stream, at.named(name), work(shape, flops_per_row * double(total), bytes, t),
-           body(0, total, -1), uses, at.tally);
+           body_of(0, total, -1), uses, at.tally);
     return;
   }
   NE_CHECK(!split.device, "linear: device-side rows need the grouped GEMM");
@@ -77,7 +81,7 @@ void linear_kernels(
     launch(at.stream, at.named(name),
            work(gemm_of(rows[g]), flops_per_row * double(rows[g]),
                 bytes * double(rows[g]) / double(std::max<std::int64_t>(1, total)), t),
-           body(off[g], rows[g], int(g)), uses, at.tally);
+           body_of(off[g], rows[g], int(g)), uses, at.tally);
 }
 
 }  // namespace
@@ -181,15 +185,16 @@ struct BodyRows {
   }
 };
 
+// For linear_kernels, which calls it while `rows` lives; what outlives the call (the rows the
+// body computes with) is copied into the body it returns.
 auto sliced(Pass pass, View a, std::int64_t a_width, View w, View b, std::int64_t b_width,
             const Rows& rows, std::int64_t in, std::int64_t out) {
-  return [=, rows = BodyRows(rows)](std::int64_t first, std::int64_t count,
-                                    int g) -> std::function<void()> {
+  return [=, &rows](std::int64_t first, std::int64_t count, int g) -> std::function<void()> {
     const bool all = g < 0;
     const View as = all ? a : rows_view(a, first, count, a_width);
     const View ws = all ? w : rows_view(w, g * out, out, in);
     const View bs = all ? b : rows_view(b, first, count, b_width);
-    return [=] {
+    return [=, rows = BodyRows(rows)] {
       F32Scope f;
       pass(f.in(as), f.in(ws), f.out(bs), all ? rows.now() : std::vector<std::int64_t>{count}, in,
            out);
@@ -219,10 +224,9 @@ Tensor forward(At at, const std::string& name, const Tensor& x, const Tensor& w,
   const View vx = view(x), vw = view(w), vy = view(y);
   auto plain =
       sliced(&grouped_linear_forward<float>, vx, ws.in, vw, vy, ws.out, rows, ws.in, ws.out);
-  auto body = [=, split = BodyRows(rows)](std::int64_t first, std::int64_t count,
-                                          int g) -> std::function<void()> {
+  auto body = [=, &rows](std::int64_t first, std::int64_t count, int g) -> std::function<void()> {
     if (!copy || g >= 0) return plain(first, count, g);
-    return [=, generation = at.weights_generation] {
+    return [=, split = BodyRows(rows), generation = at.weights_generation] {
       const auto kept = copy->of(vw, ws.groups, ws.out, ws.in, generation);
       F32Scope f;
       grouped_linear_forward_transposed(f.in(vx), kept->transposed.data(), f.out(vy), split.now(),
@@ -274,8 +278,8 @@ void linear_wgrad(At at, const std::string& name, const Tensor& dy, const Tensor
                        (fused ? double(w.main_grad.bytes()) : 0.0);  // C read back
   linear_kernels(
       at, name + "_wgrad", GemmLayout::TN, ws, rows, bytes, gemm_type(at, x.dtype()),
-      [=, split = BodyRows(rows)](std::int64_t first, std::int64_t count,
-                                  int g) -> std::function<void()> {
+      [=, &rows](std::int64_t first, std::int64_t count, int g) -> std::function<void()> {
+        const BodyRows split(rows);
         const View dyv = g < 0 ? vdy : rows_view(vdy, first, count, out);
         const View xv = g < 0 ? vx : rows_view(vx, first, count, in);
         const View gv = g < 0 ? vg : rows_view(vg, g * out, out, in);
