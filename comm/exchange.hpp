@@ -26,8 +26,15 @@ struct PartyPhase {
   std::vector<Consume> consume;
   bool ordered = false;
 
-  explicit PartyPhase(std::size_t peers = 0)
-      : send_bytes(peers), recv_bytes(peers), send(peers), recv(peers), consume(peers) {}
+  // Without `segments`, the per-peer segment lists stay empty: meta mode reads only the sizes,
+  // and three more vectors per party and phase were a third of a meta step's collective
+  // allocations.
+  explicit PartyPhase(std::size_t peers = 0, bool segments = true)
+      : send_bytes(peers),
+        recv_bytes(peers),
+        send(segments ? peers : 0),
+        recv(segments ? peers : 0),
+        consume(segments ? peers : 0) {}
 };
 
 class Exchange {

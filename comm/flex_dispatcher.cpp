@@ -251,7 +251,7 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
     segs.push_back({rw + at * size_t(topk) * 4, cnt * size_t(topk) * 4});
   };
 
-  PartyPhase p(static_cast<size_t>(n));
+  PartyPhase p(static_cast<size_t>(n), functional);
   if (priced_by_routing) {
     for (int d = 0; d < n; ++d) p.send_bytes[size_t(d)] = routing->rows_to[size_t(d)] * row;
     for (int s = 0; s < n; ++s) p.recv_bytes[size_t(s)] = size_t(routing->from[size_t(s)]) * row;
@@ -266,7 +266,7 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
     // The budget, spread evenly: what the host declares and the timing plane charges.
     const size_t charged = size_t(capacity / n);
     for (int d = 0; d < n; ++d) p.send_bytes[size_t(d)] = p.recv_bytes[size_t(d)] = charged * row;
-    c.plan = {PartyPhase(static_cast<size_t>(n)), p};
+    c.plan = {PartyPhase(static_cast<size_t>(n), functional), p};
     FlexRouting budget = *routing;
     budget.rows_to.assign(size_t(n), charged);
     budget.tokens_to_node.assign(size_t(budget.nodes()), charged);
@@ -393,7 +393,7 @@ std::optional<Event> FlexDispatcher::move_rows(const Buffer& src, const Buffer& 
     }
   };
   if (known) {
-    PartyPhase q(static_cast<size_t>(n));
+    PartyPhase q(static_cast<size_t>(n), functional);
     if (functional) {
       sender(q);
       receiver(q);

@@ -138,7 +138,7 @@ std::optional<Event> Group::all_to_all_v(const Buffer& send,
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
-  PartyPhase p(static_cast<size_t>(n));
+  PartyPhase p(static_cast<size_t>(n), functional(stream));
   p.send_bytes = send_bytes;
   p.recv_bytes = recv_bytes;
   if (functional(stream)) {
@@ -190,7 +190,7 @@ std::optional<Event> Group::all_gather_v(const Buffer& send, std::size_t send_by
   c.party = me;
   c.sms = comm_->nccl_sms;
   c.latency_steps = std::max(1, n - 1);  // a ring's steps
-  PartyPhase p(static_cast<size_t>(n));
+  PartyPhase p(static_cast<size_t>(n), functional(stream));
   p.send_bytes.assign(size_t(n), send_bytes);
   p.recv_bytes = recv_bytes;
   if (inplace) p.send_bytes[size_t(me)] = p.recv_bytes[size_t(me)] = 0;  // nothing to move
@@ -236,7 +236,7 @@ std::optional<Event> Group::reduce_scatter(const Buffer& send, const Buffer& rec
   c.party = me;
   c.sms = comm_->nccl_sms;
   c.latency_steps = std::max(1, n - 1);
-  PartyPhase p(static_cast<size_t>(n));
+  PartyPhase p(static_cast<size_t>(n), functional(stream));
   p.send_bytes = bytes;
   p.recv_bytes.assign(size_t(n), bytes[size_t(me)]);
   // The fixed order: member 0's part is copied, the others are added to it one by one.
@@ -254,7 +254,7 @@ std::optional<Event> Group::reduce_scatter(const Buffer& send, const Buffer& rec
   // still being sent, then a second phase copies it home: a copy to itself, which the fabric does
   // not price, so the timing is the out-of-place call's. Every member has the phase (members may
   // differ in placement), empty when not in place.
-  PartyPhase home(static_cast<size_t>(n));
+  PartyPhase home(static_cast<size_t>(n), functional(stream));
   if (inplace) {
     home.send_bytes[size_t(me)] = home.recv_bytes[size_t(me)] = bytes[size_t(me)];
     if (functional(stream) && bytes[size_t(me)]) {
@@ -298,7 +298,8 @@ std::optional<Event> Group::all_reduce(const Buffer& send, const Buffer& recv, s
   c.party = me;
   c.sms = comm_->nccl_sms;
   c.latency_steps = std::max(1, 2 * (n - 1));
-  PartyPhase rs(static_cast<size_t>(n)), ag(static_cast<size_t>(n));
+  PartyPhase rs(static_cast<size_t>(n), functional(stream)),
+      ag(static_cast<size_t>(n), functional(stream));
   rs.send_bytes = chunk;
   rs.recv_bytes.assign(size_t(n), mine);
   rs.ordered = true;
@@ -347,7 +348,7 @@ std::optional<Event> Group::broadcast(const Buffer& buf, std::size_t bytes, int 
   c.party = me;
   c.sms = comm_->nccl_sms;
   c.latency_steps = std::max(1, n - 1);
-  PartyPhase p(static_cast<size_t>(n));
+  PartyPhase p(static_cast<size_t>(n), functional(stream));
   if (me == root) {
     for (int d = 0; d < n; ++d)
       if (d != root) p.send_bytes[size_t(d)] = bytes;
@@ -396,7 +397,7 @@ std::optional<Event> Group::send_recv(int peer, const Buffer& send, std::size_t 
   c.p2p_peer = peer;
   // NCCL runs point-to-point with one channel's worth of SMs; copy-engine p2p would take none.
   c.sms = std::max(1, comm_->nccl_sms / 8);
-  PartyPhase p(2);
+  PartyPhase p(2, functional(stream));
   p.send_bytes[other] = send_bytes;
   p.recv_bytes[other] = recv_bytes;
   if (functional(stream)) {
