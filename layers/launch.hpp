@@ -87,15 +87,17 @@ void launch(Stream& stream, std::string name, const Work& work, std::function<vo
 // Whether kernel bodies run on the stream's node: not in meta mode.
 bool runs_bodies(const Stream& stream);
 
+// A kernel body given as a callable other than a std::function (a lambda).
+template <class F>
+concept BodyLambda = !std::is_same_v<std::decay_t<F>, std::function<void()>> &&
+                     !std::is_null_pointer_v<std::decay_t<F>>;
+
 // The same, for a body given as a lambda: made into a std::function only where it runs. A
 // body's captures (its views, sizes and flags) outgrow std::function's inline buffer, so each
 // conversion was a heap allocation, for a body that meta mode drops unrun.
-template <class Body>
-requires(!std::is_same_v<std::decay_t<Body>, std::function<void()>> &&
-         !std::is_null_pointer_v<std::decay_t<Body>>) void launch(Stream& stream, std::string name,
-                                                                  const Work& work, Body&& body,
-                                                                  KernelUses uses,
-                                                                  WorkTally* tally) {
+template <BodyLambda Body>
+void launch(Stream& stream, std::string name, const Work& work, Body&& body, KernelUses uses,
+            WorkTally* tally) {
   launch(stream, std::move(name), work,
          runs_bodies(stream) ? std::function<void()>(std::forward<Body>(body))
                              : std::function<void()>(),
