@@ -9,27 +9,38 @@ namespace nodeemu {
 
 namespace detail {
 
-BufferGuard::~BufferGuard() {
+Buffer first_handle(std::shared_ptr<BufferState> state) {
+  NE_CHECK(state && state->handles.load(std::memory_order_relaxed) == 0 && !state->kept_by_handles,
+           "a buffer state gets its first handle once");
+  state->handles.store(1, std::memory_order_relaxed);
+  Buffer b;
+  b.h_ = state.get();
+  BufferState& s = *state;
+  s.kept_by_handles = std::move(state);
+  return b;
+}
+
+void last_handle_dropped(BufferHandles* h) {
+  auto& s = static_cast<BufferState&>(*h);
+  // Dropped after the account has the bytes back: the state may go with it.
+  const std::shared_ptr<BufferState> keep = std::move(s.kept_by_handles);
   // The virtual account must change at a deterministic host time, so the last handle has to be
   // dropped by a host program, never inside a kernel body on a worker thread.
-  if (state_->kind != MemoryKind::Device || !state_->accounted) return;
-  auto engine = engine_.lock();
+  if (s.kind != MemoryKind::Device || !s.accounted) return;
+  auto engine = s.engine.lock();
   if (!engine) return;
   NE_CHECK(engine->on_host_thread(),
            "a device Buffer's last handle was dropped off the host threads (inside a kernel "
            "body?): capture buffer.data() in bodies and list the Buffer in Kernel::uses");
-  engine->account_free(state_->device, state_->bytes, {state_->uses.data(), state_->uses.size()},
-                       state_->pool_track);
+  engine->account_free(s.device, s.bytes, {s.uses.data(), s.uses.size()}, s.pool_track);
 }
 
 }  // namespace detail
 
-namespace {
-const detail::BufferState& st(const std::shared_ptr<detail::BufferGuard>& g) {
-  if (!g) throw UsageError("buffer: use of an empty Buffer handle; allocate it first");
-  return *g->state();
+const detail::BufferState& Buffer::checked_state() const {
+  if (!h_) throw UsageError("buffer: use of an empty Buffer handle; allocate it first");
+  return static_cast<const detail::BufferState&>(*h_);
 }
-}  // namespace
 
 Buffer Buffer::slice(std::size_t offset, std::size_t bytes) const {
   const std::size_t have = this->bytes();
@@ -46,34 +57,34 @@ std::size_t Buffer::offset() const {
   return offset_;
 }
 std::size_t Buffer::bytes() const {
-  return length_ == kWhole ? st(guard_).bytes : length_;
+  return length_ == kWhole ? checked_state().bytes : length_;
 }
 MemoryKind Buffer::kind() const {
-  return st(guard_).kind;
+  return checked_state().kind;
 }
 int Buffer::device() const {
-  return st(guard_).device;
+  return checked_state().device;
 }
 int Buffer::numa() const {
-  return st(guard_).numa;
+  return checked_state().numa;
 }
 int Buffer::real_numa() const {
-  return st(guard_).placement.actual_node;
+  return checked_state().placement.actual_node;
 }
 bool Buffer::is_meta() const {
-  return st(guard_).meta;
+  return checked_state().meta;
 }
 const std::vector<std::int64_t>& Buffer::shape() const {
-  return st(guard_).shape;
+  return checked_state().shape;
 }
 void* Buffer::data() const {
-  const auto& s = st(guard_);
+  const auto& s = checked_state();
   if (s.meta)
     throw UsageError("buffer: data() on a meta buffer; meta mode has shapes only, no data");
   return static_cast<char*>(s.placement.ptr) + offset_;
 }
 detail::BufferState* Buffer::state() const {
-  return guard_ ? guard_->state().get() : nullptr;
+  return static_cast<detail::BufferState*>(h_);
 }
 
 }  // namespace nodeemu

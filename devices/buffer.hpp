@@ -6,16 +6,30 @@
 // record_stream on the side streams. The real bytes are freed once every use has run for real.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace nodeemu {
 
+class Buffer;
+
 namespace detail {
 struct BufferState;
-class BufferGuard;
+// The count of a buffer's user handles (Buffer copies), at the start of its BufferState. Here so
+// that copying a handle is an inline atomic increment, as a shared_ptr's is; the state itself
+// stays internal.
+struct BufferHandles {
+  std::atomic<std::uint32_t> handles{0};
+};
+// Makes the first handle of a new state (Node and Device allocations).
+Buffer first_handle(std::shared_ptr<BufferState> state);
+// The last handle went: gives the bytes back to the device's account and drops the handles'
+// share of the state (devices/buffer.cpp).
+void last_handle_dropped(BufferHandles* h);
 }  // namespace detail
 
 enum class MemoryKind { Device, PinnedHost, PageableHost };
@@ -23,9 +37,28 @@ enum class MemoryKind { Device, PinnedHost, PageableHost };
 class Buffer {
  public:
   Buffer() = default;
-  explicit Buffer(std::shared_ptr<detail::BufferGuard> guard) : guard_(std::move(guard)) {}
+  Buffer(const Buffer& o) noexcept : h_(o.h_), offset_(o.offset_), length_(o.length_) {
+    if (h_) h_->handles.fetch_add(1, std::memory_order_relaxed);
+  }
+  Buffer(Buffer&& o) noexcept
+      : h_(std::exchange(o.h_, nullptr)), offset_(o.offset_), length_(o.length_) {}
+  Buffer& operator=(const Buffer& o) noexcept {
+    Buffer copy(o);
+    swap(copy);
+    return *this;
+  }
+  Buffer& operator=(Buffer&& o) noexcept {
+    Buffer moved(std::move(o));
+    swap(moved);
+    return *this;
+  }
+  ~Buffer() {
+    // acq_rel: the last handle's release sees every write made through the others.
+    if (h_ && h_->handles.fetch_sub(1, std::memory_order_acq_rel) == 1)
+      detail::last_handle_dropped(h_);
+  }
 
-  explicit operator bool() const { return guard_ != nullptr; }
+  explicit operator bool() const { return h_ != nullptr; }
   // `bytes` bytes of this buffer from `offset`: the same memory, accounted once, alive while any
   // view of it is (a torch view of a flat tensor). Megatron's parameters and gradients are such
   // views of their data-parallel bucket. Throws UsageError past the end.
@@ -47,8 +80,19 @@ class Buffer {
   detail::BufferState* state() const;
 
  private:
+  friend Buffer detail::first_handle(std::shared_ptr<detail::BufferState> state);
+  void swap(Buffer& o) noexcept {
+    std::swap(h_, o.h_);
+    std::swap(offset_, o.offset_);
+    std::swap(length_, o.length_);
+  }
+  const detail::BufferState& checked_state() const;
+
   static constexpr std::size_t kWhole = ~std::size_t{0};
-  std::shared_ptr<detail::BufferGuard> guard_;
+  // One allocation per buffer: the handles count themselves in the state they share (it used to
+  // be a shared guard object in front of a shared state: two allocations per buffer, a fifth of
+  // a meta step's allocations).
+  detail::BufferHandles* h_ = nullptr;
   std::size_t offset_ = 0, length_ = kWhole;
 };
 

@@ -155,7 +155,8 @@ Buffer Node::allocate_host(std::size_t bytes, int numa_node, bool pinned, int no
     s->placement =
         pinned ? numa::allocate_pinned_on_node(bytes, real) : numa::allocate_on_node(bytes, real);
   }
-  return Buffer(std::make_shared<detail::BufferGuard>(std::move(s), impl_->engine));
+  s->engine = impl_->engine;
+  return detail::first_handle(std::move(s));
 }
 
 void Node::add_observer(TimelineObserver* o) {
@@ -274,9 +275,8 @@ Buffer Device::allocate_impl(std::size_t bytes, std::vector<std::int64_t> shape,
       throw;
     }
   }
-  auto guard =
-      std::make_shared<detail::BufferGuard>(std::move(s), detail::NodeAccess::engine_ptr(*node_));
-  return Buffer(std::move(guard));
+  s->engine = detail::NodeAccess::engine_ptr(*node_);
+  return detail::first_handle(std::move(s));
 }
 
 Buffer Device::allocate_host(std::size_t bytes, bool pinned) {

@@ -1,9 +1,10 @@
 // Internal state behind a Buffer handle.
 //
-// Two lifetimes meet here. BufferGuard is the user's side: when the last user handle goes, the
-// device's virtual account releases the bytes once the last operation that used them completes.
-// BufferState is shared with the operations themselves: the real bytes are freed when the last
-// functional task that used them has run.
+// Two lifetimes meet here. The user's handles (Buffer, counted in BufferHandles): when the last
+// one goes, the device's virtual account releases the bytes once the last operation that used
+// them completes. The state itself is shared with the operations (shared_ptr, through
+// shared_from_this): the real bytes are freed when the last functional task that used them has
+// run. The handles together hold one share of it (`kept_by_handles`).
 #pragma once
 
 #include <cstdint>
@@ -19,7 +20,7 @@ namespace nodeemu::detail {
 class Engine;
 using OpId = std::uint32_t;
 
-struct BufferState : std::enable_shared_from_this<BufferState> {
+struct BufferState : BufferHandles, std::enable_shared_from_this<BufferState> {
   MemoryKind kind = MemoryKind::Device;
   int device = -1;
   int numa = -1;
@@ -33,24 +34,13 @@ struct BufferState : std::enable_shared_from_this<BufferState> {
   // few at a time, and every buffer's first use allocated (1.3 allocations per operation of a
   // meta step).
   boost::container::small_vector<OpId, 4> uses;
-  int pool_track = -1;  // the stream whose pool it came from; -1: the compute stream
+  int pool_track = -1;           // the stream whose pool it came from; -1: the compute stream
+  std::weak_ptr<Engine> engine;  // whose account it is in; a Buffer may outlive its Node
+  // The handles' share of the state, from the first handle until the last one is dropped.
+  std::shared_ptr<BufferState> kept_by_handles;
   ~BufferState() {
     if (placement.ptr) numa::recycle(placement);
   }
-};
-
-class BufferGuard {
- public:
-  BufferGuard(std::shared_ptr<BufferState> s, std::weak_ptr<Engine> engine)
-      : state_(std::move(s)), engine_(std::move(engine)) {}
-  ~BufferGuard();
-  BufferGuard(const BufferGuard&) = delete;
-  BufferGuard& operator=(const BufferGuard&) = delete;
-  const std::shared_ptr<BufferState>& state() const { return state_; }
-
- private:
-  std::shared_ptr<BufferState> state_;
-  std::weak_ptr<Engine> engine_;  // a Buffer may outlive its Node
 };
 
 }  // namespace nodeemu::detail

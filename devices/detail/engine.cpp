@@ -325,8 +325,7 @@ void Engine::finish(OpId id) {
   for (OpId n : op.on_complete) satisfy(n);
   for (int h : op.waiting_hosts) actors_.wake(actors_[static_cast<size_t>(h)], now_);
   op.waiting_hosts.clear();
-  for (auto& r : op.releases)
-    if (--r->ops_left == 0) release_memory(*r, std::max(now_, r->not_before));
+  for (ReleaseId r : op.releases) use_of_release_done(r);
   op.releases.clear();
   // Nothing reads the record from here on (whoever holds the id asks the table for the
   // completion time): its slot goes to the next operation issued.

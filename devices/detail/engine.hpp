@@ -85,6 +85,11 @@ struct PendingRelease {
   int ops_left;      // uses still running
   bool deferred;     // counted in MemoryAccount::deferred() until released
 };
+// A PendingRelease's slot in the engine's table (Engine::pending_releases_). The uses hold slot
+// numbers rather than shared records: `ops_left` already counts them, and a shared record was
+// an allocation per held buffer, a second one for the use's list (its record is rebuilt when
+// recycled), and an atomic count per use.
+using ReleaseId = std::uint32_t;
 
 struct Op {
   // User-provided, so that the value-initialisation of a recycled record (OpTable::retire) runs
@@ -123,7 +128,7 @@ struct Op {
   OpId waits_for = kNoOp;
   OpId prev = kNoOp;  // the operation before it on its stream (for reports)
   std::vector<int> waiting_hosts;
-  std::vector<std::shared_ptr<PendingRelease>> releases;
+  boost::container::small_vector<ReleaseId, 1> releases;  // the holds it lifts on completing
   std::shared_ptr<FuncTask> task;
   RendezvousId rendezvous = kNoRendezvous;  // a party of a multi-party operation
 };
@@ -340,6 +345,8 @@ class Engine {
   std::vector<int> bind_children(Actor& parent, const std::vector<std::vector<int>>& cpus);
   bool advance();
   void release_memory(const PendingRelease& r, VTime t);
+  // One use of pending release `id` completed: the bytes come back once none is left.
+  void use_of_release_done(ReleaseId id);
   void catch_up_to_host();
   void emit_host(int host, const std::string& name, VTime start, VTime end);
   void wait_real(const std::shared_ptr<FuncTask>& task);
@@ -376,6 +383,9 @@ class Engine {
   std::vector<std::vector<GateLane>> gate_lanes_;
   std::vector<OpId> start_list_;
   std::vector<OpId> copies_started_;  // scratch of finish(): kept to allocate nothing
+  // Releases waiting for their uses, by ReleaseId; a released one's slot is reused.
+  std::vector<PendingRelease> pending_releases_;
+  std::vector<ReleaseId> free_release_ids_;
   VTime now_ = 0;
   FunctionalExecutor exec_;
   std::vector<TimelineObserver*> observers_;

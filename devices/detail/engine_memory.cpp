@@ -5,6 +5,7 @@
 #include <limits>
 #include <memory>
 
+#include "devices/check.hpp"
 #include "devices/detail/engine.hpp"
 #include "devices/errors.hpp"
 
@@ -42,14 +43,31 @@ void Engine::account_free(int device, std::uint64_t bytes, std::span<const OpId>
     release_memory(now, now.not_before);
     return;
   }
-  auto r = std::make_shared<PendingRelease>(now);
-  r->deferred = true;
+  ReleaseId id;
+  if (free_release_ids_.empty()) {
+    NE_CHECK(pending_releases_.size() < UINT32_MAX, "pending releases: out of release ids");
+    id = static_cast<ReleaseId>(pending_releases_.size());
+    pending_releases_.push_back(now);
+  } else {
+    id = free_release_ids_.back();
+    free_release_ids_.pop_back();
+    pending_releases_[id] = now;
+  }
+  PendingRelease& r = pending_releases_[id];
+  r.deferred = true;
   for (OpId u : uses) {
     if (!holds(u)) continue;
-    ++r->ops_left;
-    ops_[u].releases.push_back(r);
+    ++r.ops_left;
+    ops_[u].releases.push_back(id);
   }
   devices_[static_cast<size_t>(device)].mem.defer(bytes);
+}
+
+void Engine::use_of_release_done(ReleaseId id) {
+  PendingRelease& r = pending_releases_[id];
+  if (--r.ops_left > 0) return;
+  release_memory(r, std::max(now_, r.not_before));
+  free_release_ids_.push_back(id);
 }
 
 void Engine::release_memory(const PendingRelease& r, VTime t) {
