@@ -36,6 +36,15 @@ nodeemu_install_missing() {
 # so it is named.
 nodeemu_tsan_packages=(clang-14 libclang-rt-14-dev)
 
+# The build folder of a preset (CMakePresets.json's binaryDir).
+nodeemu_build_dir() {
+  case "$1" in
+    default) echo build ;;
+    asan-ubsan) echo build-asan ;;
+    *) echo "build-$1" ;;
+  esac
+}
+
 # Configures (once) and builds one CMake preset incrementally with the machine's cores:
 # nodeemu_build PRESET [TARGET...] builds everything, or only the targets.
 nodeemu_build() {
@@ -51,8 +60,8 @@ nodeemu_build() {
       rm -rf build-tsan
     fi
   fi
-  local dir=build
-  [ "$preset" != default ] && dir=build-$preset
+  local dir
+  dir=$(nodeemu_build_dir "$preset")
   if [ ! -f "$dir/CMakeCache.txt" ]; then
     cmake --preset "$preset" >&2
   fi
