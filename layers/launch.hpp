@@ -65,18 +65,26 @@ class KernelUses {
  public:
   KernelUses(std::initializer_list<std::reference_wrapper<const Tensor>> list) : list_(list) {}
   KernelUses(const std::vector<Tensor>& tensors) : vector_(&tensors) {}
-  std::size_t size() const { return vector_ ? vector_->size() : list_.size(); }
+  // These and `t` (alive for the call too): a linear pass's device-side rows.
+  KernelUses and_also(const Tensor& t) const {
+    KernelUses u = *this;
+    u.also_ = &t;
+    return u;
+  }
+  std::size_t size() const { return (vector_ ? vector_->size() : list_.size()) + (also_ ? 1 : 0); }
   template <class F>
   void each(F&& f) const {
     if (vector_)
       for (const Tensor& t : *vector_) f(t);
     else
       for (const Tensor& t : list_) f(t);
+    if (also_) f(*also_);
   }
 
  private:
   std::initializer_list<std::reference_wrapper<const Tensor>> list_;
   const std::vector<Tensor>* vector_ = nullptr;
+  const Tensor* also_ = nullptr;
 };
 
 // Launches `body` as kernel `name` on `stream`, with the timing plane's Work, keeping the

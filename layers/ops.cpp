@@ -43,15 +43,14 @@ DType gemm_type(const At& at, DType activation) {
 // type (At::fp32_gemms says which): it decides the table that prices it.
 // `body` is called only where bodies run (not in meta mode), and only during this call.
 template <class BodyOf>
-void linear_kernels(const At& at, const std::string& name, GemmLayout layout, const LinearShape& w,
-                    const Rows& split, double bytes, DType t, const BodyOf& body,
-                    std::vector<Tensor> uses) {
+void linear_kernels(const At& at, std::string name, GemmLayout layout, const LinearShape& w,
+                    const Rows& split, double bytes, DType t, const BodyOf& body, KernelUses uses) {
   const bool bodies = runs_bodies(at.stream);
   auto body_of = [&](std::int64_t first, std::int64_t count, int g) {
     return bodies ? std::function<void()>(body(first, count, g)) : std::function<void()>();
   };
   const std::vector<std::int64_t>& rows = split.host;
-  if (split.device) uses.push_back(split.device);
+  if (split.device) uses = uses.and_also(split.device);
   std::int64_t total = 0;
   for (auto r : rows) total += r;
   auto gemm_of = [&](std::int64_t m) {
@@ -71,8 +70,9 @@ void linear_kernels(const At& at, const std::string& name, GemmLayout layout, co
     const KernelShape shape = w.experts
                                   ? KernelShape::grouped_gemm(layout, w.groups, total, w.out, w.in)
                                   : gemm_of(total);
-    launch(at.stream, at.named(name), work(shape, flops_per_row * double(total), bytes, t),
-           body_of(0, total, -1), uses, at.tally);
+    launch(at.stream, at.named(std::move(name)),
+           work(shape, flops_per_row * double(total), bytes, t), body_of(0, total, -1), uses,
+           at.tally);
     return;
   }
   NE_CHECK(!split.device, "linear: device-side rows need the grouped GEMM");

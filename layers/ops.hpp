@@ -41,7 +41,12 @@ struct At {
   // The weights generation the kernels run in (ExecContext::weights_generation): a kept expert
   // weight copy is compared with the weight once per generation. 0: at every use.
   std::uint64_t weights_generation = 0;
-  std::string named(std::string name) const { return tag ? tag + name : name; }
+  std::string named(std::string name) const {
+    // Not `tag ? tag + name : name`: that conditional is a new string either way, a copy (and an
+    // allocation, past 15 characters) of every kernel name.
+    if (tag) name.insert(0, tag);
+    return name;
+  }
   const KernelChoices& k() const { return kernels ? *kernels : KernelChoices::defaults(); }
   // A new zero-filled tensor on the stream's device.
   Tensor empty(Shape shape, DType dtype) const;
