@@ -37,12 +37,16 @@ Tensor qk_norm_forward(At at, const Tensor& qkv, const Parameter& wq, const Para
   View vx = view(qkv), vy = view(out), vq = view(wq.value), vk = view(wk.value), vr = view(rstd);
   // TE's RMSNorm, one kernel per norm (q_layernorm, then k_layernorm); the values are computed
   // once, by the first, with the copy of the values' columns.
-  for (const char* which : {"q_layernorm", "k_layernorm"}) {
-    const bool q = which[0] == 'q';
+  const auto cost = [&](bool q) {
     const double elems = double(s.rows() * (q ? s.heads : s.kv_heads) * s.head_dim);
-    std::function<void()> body;
-    if (q)
-      body = [=] {
+    return memory(MemoryOp::Norm, 4.0 * elems, elems * 2 * e + elems / double(s.head_dim) * 4,
+                  qkv.dtype());
+  };
+  // A lambda and a braced list: the body becomes a std::function, and the tensors are copied,
+  // only where bodies run (layers::launch).
+  launch(
+      at.stream, at.named("q_layernorm"), cost(true),
+      [=] {
         F32Scope f;
         const float *x = f.in(vx), *gq = f.in(vq), *gk = f.in(vk);
         float* y = f.out(vy);
@@ -51,14 +55,9 @@ Tensor qk_norm_forward(At at, const Tensor& qkv, const Parameter& wq, const Para
           kernels::rmsnorm_forward(x + at_x, is_q ? gq : gk, y + at_x, vr.as<float>() + at_r, n,
                                    s.head_dim, eps);
         });
-      };
-    launch(at.stream, at.named(which),
-           memory(MemoryOp::Norm, 4.0 * elems, elems * 2 * e + elems / double(s.head_dim) * 4,
-                  qkv.dtype()),
-           std::move(body),
-           q ? std::vector<Tensor>{qkv, out, wq.value, wk.value, rstd} : std::vector<Tensor>{},
-           at.tally);
-  }
+      },
+      {qkv, out, wq.value, wk.value, rstd}, at.tally);
+  launch(at.stream, at.named("k_layernorm"), cost(false), nullptr, {}, at.tally);
   return out;
 }
 
@@ -69,12 +68,13 @@ Tensor qk_norm_backward(At at, const Tensor& g, const Tensor& qkv, const Tensor&
   View vg = view(g), vx = view(qkv), vq = view(wq.value), vk = view(wk.value), vr = view(rstd),
        vd = view(dx), mq = view(wq.main_grad), mk = view(wk.main_grad);
   const std::int64_t d = s.head_dim;
-  for (const char* which : {"q_layernorm_bwd", "k_layernorm_bwd"}) {
-    const bool q = which[0] == 'q';
+  const auto cost = [&](bool q) {
     const double elems = double(s.rows() * (q ? s.heads : s.kv_heads) * d);
-    std::function<void()> body;
-    if (q)
-      body = [=] {
+    return memory(MemoryOp::Norm, 8.0 * elems, elems * 3 * e, qkv.dtype());
+  };
+  launch(
+      at.stream, at.named("q_layernorm_bwd"), cost(true),
+      [=] {
         F32Scope f;
         const float *dy = f.in(vg), *x = f.in(vx), *gq = f.in(vq), *gk = f.in(vk);
         float* out = f.out(vd);
@@ -93,13 +93,9 @@ Tensor qk_norm_backward(At at, const Tensor& g, const Tensor& qkv, const Tensor&
                                  vr.as<const float>() + at_r + s.heads, mk.as<float>(), s.kv_heads,
                                  d, true);
         }
-      };
-    launch(at.stream, at.named(which),
-           memory(MemoryOp::Norm, 8.0 * elems, elems * 3 * e, qkv.dtype()), std::move(body),
-           q ? std::vector<Tensor>{g, qkv, rstd, dx, wq.value, wk.value, wq.main_grad, wk.main_grad}
-             : std::vector<Tensor>{},
-           at.tally);
-  }
+      },
+      {g, qkv, rstd, dx, wq.value, wk.value, wq.main_grad, wk.main_grad}, at.tally);
+  launch(at.stream, at.named("k_layernorm_bwd"), cost(false), nullptr, {}, at.tally);
   return dx;
 }
 
