@@ -475,7 +475,8 @@ std::vector<KeySpec> build() {
        T::Float,
        "600",
        {},
-       "wall seconds before a stuck collective is reported (0: never; else at least 1)"},
+       "wall seconds before a stuck collective is reported (0: never; else at least 1); time the "
+       "process is stopped or suspended does not count"},
   };
   return s;
 }

@@ -22,16 +22,34 @@ void HangWatchdog::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void HangWatchdog::start(double timeout_s) {
+namespace {
+
+// The watch's tick, and the most a tick may count: a late tick's first quarter second is load,
+// beyond that the thread was not running. Ticks come every 0.1 s at most (a quarter of a
+// shorter timeout).
+std::chrono::duration<double> tick_period(double timeout_s) {
+  return std::chrono::duration<double>(std::min(0.1, timeout_s / 4));
+}
+
+std::chrono::duration<double> max_step(double timeout_s) {
+  return tick_period(timeout_s) + std::chrono::duration<double>(0.25);
+}
+
+}  // namespace
+
+void HangWatchdog::start(double timeout_s, Now now) {
   NE_CHECK(!thread_.joinable(), "the hang watchdog is started once");
   timeout_s_ = timeout_s;
-  if (timeout_s > 0) thread_ = std::thread([this] { watch(); });
+  now_ = now;
+  if (timeout_s <= 0) return;
+  watched_.emplace(now_(), max_step(timeout_s));
+  thread_ = std::thread([this] { watch(); });
 }
 
 void HangWatchdog::open(std::uint32_t id, std::string label) {
   if (!on()) return;
   std::lock_guard lk(mu_);
-  open_.push_back({id, std::move(label), std::chrono::steady_clock::now()});
+  open_.push_back({id, std::move(label), watched_->at(now_())});
 }
 
 void HangWatchdog::close(std::uint32_t id) {
@@ -53,22 +71,21 @@ void HangWatchdog::supply(std::map<std::uint32_t, std::string> rendezvous,
 }
 
 void HangWatchdog::watch() {
-  using Clock = std::chrono::steady_clock;
-  const auto limit = std::chrono::duration<double>(timeout_s_);
-  const auto period = std::chrono::duration<double>(std::min(0.1, timeout_s_ / 4));
+  const double limit = timeout_s_;
+  const auto period = tick_period(timeout_s_);
   // How long a report waits for the engine's texts: a host that keeps calling in answers within
   // one of its calls; one stuck outside NodeEmu never will. Five timeouts, 0.1-5 s: with one
   // timeout (at most 1 s) a loaded test host missed it about once in a few dozen runs of
   // OrderCheckerDeathTest.AWatchdogEndsAHangWhileAnotherHostKeepsRunning, and a report that
   // ends a hung job can wait a few seconds more for its details.
-  const auto grace = std::chrono::duration<double>(std::clamp(5 * timeout_s_, 0.1, 5.0));
+  const double grace = std::clamp(5 * timeout_s_, 0.1, 5.0);
   std::unique_lock lk(mu_);
   std::optional<Open> overdue;
-  Clock::time_point asked;
+  double asked = 0;
   for (;;) {
     cv_.wait_for(lk, period, [&] { return stop_ || supplied_; });
     if (stop_) return;
-    const auto now = Clock::now();
+    const double now = watched_->tick(now_());
     if (overdue && std::none_of(open_.begin(), open_.end(),
                                 [&](const Open& o) { return o.id == overdue->id; })) {
       overdue.reset();  // it completed after all: slow, not hung

@@ -14,6 +14,10 @@
 // the texts; after a grace period without them the report goes out with the labels given at
 // open().
 //
+// Time counts only while the watchdog's own thread runs on schedule (WatchedTime below): a run
+// stopped behind ^Z or in a debugger, or a machine suspended or starved of cores for longer than
+// the timeout, is paused, not hung.
+//
 // Thread safety: the engine (the actor holding the baton) calls the methods below; the
 // watchdog's own thread reads under the same mutex.
 #pragma once
@@ -24,11 +28,41 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 namespace nodeemu::detail {
+
+// Wall-clock time that counts only while a ticking thread keeps running on schedule: each tick
+// adds the wall time since the one before, but at most `max_step`. A longer gap means the thread
+// could not run (the process was stopped, the machine suspended or short of cores), and during
+// it a hang cannot be told from a pause. Before, a run stopped for 2.5 s with a 1 s timeout was
+// reported as hung the moment it resumed (exit 3), though every rank was on its way.
+class WatchedTime {
+ public:
+  using Clock = std::chrono::steady_clock;
+  WatchedTime(Clock::time_point start, std::chrono::duration<double> max_step)
+      : last_(start), max_step_(max_step.count()) {}
+  // The watched seconds at `now`, without ticking (at least the last tick's).
+  double at(Clock::time_point now) const { return watched_ + step_to(now); }
+  // A tick at `now`: what at(now) says becomes the base for the next.
+  double tick(Clock::time_point now) {
+    watched_ += step_to(now);
+    if (now > last_) last_ = now;
+    return watched_;
+  }
+
+ private:
+  double step_to(Clock::time_point now) const {
+    const double gap = std::chrono::duration<double>(now - last_).count();
+    return gap <= 0 ? 0 : gap < max_step_ ? gap : max_step_;
+  }
+  Clock::time_point last_;
+  double max_step_;
+  double watched_ = 0;
+};
 
 class HangWatchdog {
  public:
@@ -38,8 +72,9 @@ class HangWatchdog {
   ~HangWatchdog();
 
   // Starts watching; 0 leaves it off (every call below is then free). Call once, before the
-  // first open().
-  void start(double timeout_s);
+  // first open(). `now` reads the wall clock (tests give one that jumps).
+  using Now = WatchedTime::Clock::time_point (*)();
+  void start(double timeout_s, Now now = &WatchedTime::Clock::now);
   bool on() const { return timeout_s_ > 0; }
   // Stops watching for good (the node is being torn down: what is still open is abandoned, not
   // hung). Also done by the destructor.
@@ -63,9 +98,11 @@ class HangWatchdog {
   struct Open {
     std::uint32_t id;
     std::string label;
-    std::chrono::steady_clock::time_point since;
+    double since;  // watched seconds
   };
   double timeout_s_ = 0;
+  Now now_ = nullptr;
+  std::optional<WatchedTime> watched_;  // guarded by mu_ once the thread runs
   std::atomic<bool> wants_report_{false};
   std::mutex mu_;
   std::condition_variable cv_;

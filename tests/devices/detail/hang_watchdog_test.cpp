@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <thread>
 
 namespace nodeemu::detail {
@@ -67,6 +69,46 @@ TEST(HangWatchdog, ARendezvousThatCompletesLateIsNotAHang) {
   w.close(2);
   std::this_thread::sleep_for(1500ms);  // past the grace period
   EXPECT_FALSE(w.wants_report());
+}
+
+// Watched time follows the wall clock tick by tick, but a gap longer than the most a tick may
+// count (the ticking thread did not run) counts only that much.
+TEST(WatchedTime, FollowsTicksOnScheduleAndCapsAGap) {
+  const auto t0 = WatchedTime::Clock::now();
+  const auto at = [&](double s) {
+    return t0 + std::chrono::duration_cast<WatchedTime::Clock::duration>(
+                    std::chrono::duration<double>(s));
+  };
+  WatchedTime w(t0, std::chrono::duration<double>(0.35));
+  EXPECT_NEAR(w.tick(at(0.1)), 0.1, 1e-9);
+  EXPECT_NEAR(w.at(at(0.2)), 0.2, 1e-9);      // between ticks, without ticking
+  EXPECT_NEAR(w.tick(at(10.2)), 0.45, 1e-9);  // stopped for ten seconds: one capped step
+  EXPECT_NEAR(w.tick(at(10.3)), 0.55, 1e-9);
+  EXPECT_NEAR(w.at(at(10.0)), 0.55, 1e-9);  // an earlier reading never goes back
+}
+
+// A clock that jumps: the process "stopped" for as long as g_paused says.
+std::atomic<std::int64_t> g_paused_ns{0};
+WatchedTime::Clock::time_point paused_clock() {
+  return WatchedTime::Clock::now() + std::chrono::nanoseconds(g_paused_ns.load());
+}
+
+// A run stopped (^Z, a debugger, a suspended laptop, a starved machine) for far longer than the
+// timeout is paused, not hung: resuming does not end it. A rendezvous that then stays open for the
+// timeout of running time still does.
+TEST(HangWatchdog, APauseLongerThanTheTimeoutIsNotAHang) {
+  HangWatchdog w;
+  w.start(2, &paused_clock);
+  w.open(4, "all_to_all #4");
+  std::this_thread::sleep_for(50ms);
+  g_paused_ns += std::chrono::nanoseconds(30s).count();
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(w.wants_report());
+  const auto give_up = std::chrono::steady_clock::now() + 5s;
+  while (!w.wants_report() && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(w.wants_report());
+  w.close(4);  // before the grace period ends the process
 }
 
 TEST(HangWatchdog, OffByDefaultAndWhenStartedWithZero) {
