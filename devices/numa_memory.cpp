@@ -133,11 +133,11 @@ Placement allocate_on_node(std::size_t bytes, int node, bool zeroed) {
     throw HostError("numa: allocating " + format_bytes(bytes) + " on node " + std::to_string(node) +
                     " failed: out of host memory; free host buffers or shrink the request");
   // Every page is faulted in under the node's policy, so that the placement read back below is
-  // real and later timing does not pay for first-touch faults. MADV_POPULATE_WRITE (Linux 5.14)
-  // does it in one call: faulting page by page cost ~10 us a page in a VM (a 4 KiB fault is a
-  // trap to the hypervisor), 2.6 ms per MiB against 0.13 ms populated, and first touches were
-  // a sixth of the mid-size functional run's samples. An older kernel refuses the advice, and
-  // a byte of every page is written instead. The pages are fresh anonymous ones, which the
+  // real. MADV_POPULATE_WRITE (Linux 5.14) does it in one call, which in a VM with shadow page
+  // tables halves what first touches cost (64 MiB: 215-256 ms page by page, 13 ms to populate
+  // and then 110-126 ms for the program's first stores, which still trap once a page; bench/
+  // README.md, "Functional mode: where the bf16 rounding's time goes"). An older kernel refuses
+  // the advice, and a byte of every page is written instead. The pages are fresh anonymous ones, which the
   // kernel hands out zero-filled: a memset of every byte would add nothing but its own cost
   // (under GCC's ThreadSanitizer, shadow writes and copy-on-write faults for every byte, ~8 % of
   // a tensor-parallel test's time, mostly for channel rings of which a small run uses a few
