@@ -137,10 +137,10 @@ Placement allocate_on_node(std::size_t bytes, int node, bool zeroed) {
   // tables halves what first touches cost (64 MiB: 215-256 ms page by page, 13 ms to populate
   // and then 110-126 ms for the program's first stores, which still trap once a page; bench/
   // README.md, "Functional mode: where the bf16 rounding's time goes"). An older kernel refuses
-  // the advice, and a byte of every page is written instead. The pages are fresh anonymous ones, which the
-  // kernel hands out zero-filled: a memset of every byte would add nothing but its own cost
-  // (under GCC's ThreadSanitizer, shadow writes and copy-on-write faults for every byte, ~8 % of
-  // a tensor-parallel test's time, mostly for channel rings of which a small run uses a few
+  // the advice, and a byte of every page is written instead. The pages are fresh anonymous ones,
+  // which the kernel hands out zero-filled: a memset of every byte would add nothing but its own
+  // cost (under GCC's ThreadSanitizer, shadow writes and copy-on-write faults for every byte, ~8 %
+  // of a tensor-parallel test's time, mostly for channel rings of which a small run uses a few
   // KiB). If the node runs out of memory here the kernel's OOM handling applies; there is no
   // error to return.
   if (madvise(ptr, p.capacity, MADV_POPULATE_WRITE) != 0) {
