@@ -59,7 +59,7 @@ struct NodeOptions {
   // Wall-clock seconds a collective may wait for a rank that never issues it while the other
   // hosts keep running; then the report goes to stderr and the process exits with status 3
   // (NCCL's watchdog default is 10 minutes). 0 disables. Time the process cannot run (stopped,
-  // suspended, starved of cores) does not count. A hang in which every host is blocked is
+  // its VM paused, starved of cores) does not count. A hang in which every host is blocked is
   // reported at once as a DeadlockError, whatever this says.
   double collective_timeout_s = 600;
   // Below this a wait for a slow peer on a loaded host would be reported as a hang.

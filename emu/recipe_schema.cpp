@@ -476,7 +476,7 @@ std::vector<KeySpec> build() {
        "600",
        {},
        "wall seconds before a stuck collective is reported (0: never; else at least 1); time the "
-       "process is stopped or suspended does not count"},
+       "process is stopped or paused does not count"},
   };
   return s;
 }

@@ -15,8 +15,8 @@
 // open().
 //
 // Time counts only while the watchdog's own thread runs on schedule (WatchedTime below): a run
-// stopped behind ^Z or in a debugger, or a machine suspended or starved of cores for longer than
-// the timeout, is paused, not hung.
+// stopped behind ^Z or in a debugger, in a paused VM or on a machine starved of cores for longer
+// than the timeout, is paused, not hung.
 //
 // Thread safety: the engine (the actor holding the baton) calls the methods below; the
 // watchdog's own thread reads under the same mutex.
@@ -37,7 +37,7 @@ namespace nodeemu::detail {
 
 // Wall-clock time that counts only while a ticking thread keeps running on schedule: each tick
 // adds the wall time since the one before, but at most `max_step`. A longer gap means the thread
-// could not run (the process was stopped, the machine suspended or short of cores), and during
+// could not run (the process was stopped, its VM paused, the machine short of cores), and during
 // it a hang cannot be told from a pause. Before, a run stopped for 2.5 s with a 1 s timeout was
 // reported as hung the moment it resumed (exit 3), though every rank was on its way.
 class WatchedTime {
