@@ -29,8 +29,7 @@ class AllgatherTokenDispatcher final : public TokenDispatcher {
 class AllgatherPlan final : public DispatchPlan {
  public:
   // meta_counts: every EP rank's counts, meta mode.
-  AllgatherPlan(AllgatherTokenDispatcher& d, std::int64_t tokens,
-                std::vector<std::int64_t> meta_counts)
+  AllgatherPlan(AllgatherTokenDispatcher& d, std::int64_t tokens, MetaCounts meta_counts)
       : d_(d), tokens_(tokens), all_(tokens * d.ep_.size()), meta_counts_(std::move(meta_counts)) {}
 
   void preprocess(ops::At) override {}
@@ -54,8 +53,8 @@ class AllgatherPlan final : public DispatchPlan {
       for (int r = 0; r < d_.ep_.size(); ++r)
         for (int e = 0; e < d_.local_experts(); ++e)
           io.rows_per_expert.host[std::size_t(e)] +=
-              meta_counts_[std::size_t(r) * std::size_t(c.num_moe_experts) +
-                           std::size_t(d_.first_expert() + e)];
+              (*meta_counts_)[std::size_t(r) * std::size_t(c.num_moe_experts) +
+                              std::size_t(d_.first_expert() + e)];
     } else {
       at.stream.synchronize();  // the local counts go to the host
       io.rows_per_expert = count_per_expert(gidx_.data<std::int64_t>(), all_, k, d_.first_expert(),
@@ -128,13 +127,13 @@ class AllgatherPlan final : public DispatchPlan {
 
   AllgatherTokenDispatcher& d_;
   std::int64_t tokens_, all_, rows_ = 0;
-  std::vector<std::int64_t> meta_counts_;  // [ep][experts], meta mode
+  MetaCounts meta_counts_;  // [ep][experts], meta mode
   Tensor gathered_, gidx_, gprobs_, slots_, y_all_, g_all_, packed_all_, packed_;
 };
 
 std::unique_ptr<DispatchPlan> AllgatherTokenDispatcher::plan(std::int64_t tokens, std::int64_t,
                                                              int microbatch) {
-  std::vector<std::int64_t> counts;
+  MetaCounts counts;
   if (mode_ == Mode::Meta) counts = meta_counts(cfg_, ep_.size(), tokens, microbatch);
   return std::make_unique<AllgatherPlan>(*this, tokens, std::move(counts));
 }

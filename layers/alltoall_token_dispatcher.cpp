@@ -32,9 +32,9 @@ class AlltoallTokenDispatcher;
 
 class AlltoallPlan final : public DispatchPlan {
  public:
-  // meta_counts: every EP rank's counts in meta mode (empty alone, or padded to capacity).
-  AlltoallPlan(const AlltoallTokenDispatcher& d, std::int64_t tokens,
-               std::vector<std::int64_t> meta_counts);
+  // meta_counts: every EP rank's counts in meta mode (none alone, or padded to capacity: then
+  // preprocess makes them).
+  AlltoallPlan(const AlltoallTokenDispatcher& d, std::int64_t tokens, MetaCounts meta_counts);
   void preprocess(ops::At at) override;
   void dispatch(ops::At at) override;
   void sort(ops::At at) override;
@@ -63,7 +63,7 @@ class AlltoallPlan final : public DispatchPlan {
   std::int64_t tokens_;
   std::int64_t capacity_ = 0;                       // per expert, with pad-to-capacity
   std::optional<AlltoallDispatcher> rows_, probs_;  // none when alone
-  std::vector<std::int64_t> meta_counts_;           // [ep][experts], meta mode
+  MetaCounts meta_counts_;                          // [ep][experts], meta mode
   AlltoallDispatcher::CountsInFlight counts_;
   bool sized_ = false;  // the splits are known on the host
   AlltoallSplits splits_;
@@ -98,7 +98,7 @@ class AlltoallTokenDispatcher final : public TokenDispatcher {
                         "its splits");
   }
   std::unique_ptr<DispatchPlan> plan(std::int64_t tokens, std::int64_t, int microbatch) override {
-    std::vector<std::int64_t> counts;
+    MetaCounts counts;
     if (mode_ == Mode::Meta && !cfg_.router.pad_to_capacity && ep_)
       counts = meta_counts(cfg_, ep_size_, tokens, microbatch);
     return std::make_unique<AlltoallPlan>(*this, tokens, std::move(counts));
@@ -127,7 +127,7 @@ std::optional<std::size_t> capacity_of(const ModelConfig& c, std::int64_t tokens
 }
 
 AlltoallPlan::AlltoallPlan(const AlltoallTokenDispatcher& d, std::int64_t tokens,
-                           std::vector<std::int64_t> meta_counts)
+                           MetaCounts meta_counts)
     : d_(d),
       tokens_(tokens),
       capacity_(std::int64_t(capacity_of(d.cfg(), tokens).value_or(0))),
@@ -140,13 +140,14 @@ AlltoallPlan::AlltoallPlan(const AlltoallTokenDispatcher& d, std::int64_t tokens
 void AlltoallPlan::preprocess(ops::At at) {
   const auto& c = d_.cfg();
   const int E = c.num_moe_experts, k = c.router.topk;
-  if (d_.mode() == Mode::Meta && meta_counts_.empty()) {
+  if (d_.mode() == Mode::Meta && !meta_counts_) {
     // Padded to capacity, or alone (`nodeemu layer`: forced balance's expectation, tokens x topk
     // x EP / experts rows per expert).
     const auto one = capacity_ ? std::vector<std::int64_t>(std::size_t(E), capacity_)
                                : balanced_counts(tokens_, k, E);
-    for (int r = 0; r < d_.ep_size(); ++r)
-      meta_counts_.insert(meta_counts_.end(), one.begin(), one.end());
+    auto all = std::make_shared<std::vector<std::int64_t>>();
+    for (int r = 0; r < d_.ep_size(); ++r) all->insert(all->end(), one.begin(), one.end());
+    meta_counts_ = std::move(all);
   }
   sized_ = false;
   if (capacity_) {
@@ -209,7 +210,7 @@ void AlltoallPlan::size_all_to_all(ops::At at) {
       table.assign(std::size_t(t * d_.ep_size() * E), capacity_);
     } else if (d_.mode() == Mode::Meta) {
       for (int i = 0; i < t; ++i)
-        table.insert(table.end(), meta_counts_.begin(), meta_counts_.end());
+        table.insert(table.end(), meta_counts_->begin(), meta_counts_->end());
     } else {
       const std::int64_t* h = counts_.host.as<const std::int64_t>();
       table.assign(h, h + t * d_.ep_size() * E);
@@ -232,12 +233,12 @@ void AlltoallPlan::size_all_to_all(ops::At at) {
     splits_.recv_rows_per_expert.swap(all.recv_rows_per_expert);
     etp_counts_ = Tensor();
   } else if (rows_) {
-    splits_ = rows_->finish_counts(counts_, at.stream, meta_counts_);
+    splits_ = rows_->finish_counts(counts_, at.stream, values_of(meta_counts_));
   } else {
-    if (meta_counts_.size() != std::size_t(d_.ep_size()) * std::size_t(E))
+    if (values_of(meta_counts_).size() != std::size_t(d_.ep_size()) * std::size_t(E))
       throw UsageError("alltoall dispatcher: dispatch before preprocess on this plan");
     if (counts_.sent) counts_.landed.synchronize();
-    splits_ = AlltoallDispatcher::splits(meta_counts_.data(), d_.ep_size(), E, 0);
+    splits_ = AlltoallDispatcher::splits(meta_counts_->data(), d_.ep_size(), E, 0);
   }
   sized_ = true;
   counts_ = {};

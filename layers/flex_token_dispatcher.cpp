@@ -122,7 +122,7 @@ class FlexTokenDispatcher final : public TokenDispatcher {
 
 class FlexPlan final : public DispatchPlan {
  public:
-  FlexPlan(FlexTokenDispatcher& d, std::int64_t tokens, std::vector<std::int64_t> meta_counts)
+  FlexPlan(FlexTokenDispatcher& d, std::int64_t tokens, MetaCounts meta_counts)
       : d_(d), tokens_(tokens), budget_(d.budget(tokens)), meta_counts_(std::move(meta_counts)) {}
 
   // setup_metadata needs no kernel of its own here: the indices and fp32 probabilities are the
@@ -134,7 +134,7 @@ class FlexPlan final : public DispatchPlan {
     const int k = c.router.topk;
     FlexDispatched got = d_.comm_.dispatch(
         io.hidden.buffer(), io.topk_idx.buffer(), io.topk_probs.buffer(), int(tokens_), at.stream,
-        {.async = true, .name = "moe_dispatch_flex"}, meta_counts_,
+        {.async = true, .name = "moe_dispatch_flex"}, values_of(meta_counts_),
         std::vector<std::int64_t>(std::size_t(d_.ep_size_), tokens_), int(budget_));
     handle_ = got.handle;
     const std::int64_t recv = received();
@@ -283,7 +283,7 @@ class FlexPlan final : public DispatchPlan {
   bool in_kernel() const { return d_.cfg_.moe_flex_dispatcher_backend == FlexBackend::HybridEP; }
   FlexTokenDispatcher& d_;
   std::int64_t tokens_, budget_, rows_ = 0;
-  std::vector<std::int64_t> meta_counts_;
+  MetaCounts meta_counts_;
   FlexHandle handle_;
   Tensor recv_x_, recv_idx_, recv_w_, slots_, y_rows_, g_rows_, g_recv_, g_recv_probs_;
   Tensor expert_out_, grad_in_, grad_probs_;
@@ -291,7 +291,7 @@ class FlexPlan final : public DispatchPlan {
 
 std::unique_ptr<DispatchPlan> FlexTokenDispatcher::plan(std::int64_t tokens, std::int64_t,
                                                         int microbatch) {
-  std::vector<std::int64_t> counts;
+  MetaCounts counts;
   if (mode_ == Mode::Meta) counts = meta_counts(cfg_, ep_size_, tokens, microbatch);
   return std::make_unique<FlexPlan>(*this, tokens, std::move(counts));
 }

@@ -175,18 +175,26 @@ std::vector<std::int64_t> MetaRouting::counts(const RoutingKey& key) const {
   return {c.begin(), c.end()};
 }
 
-void MetaRouting::append_counts(RoutingKey key, int ep_ranks,
-                                std::vector<std::int64_t>& out) const {
-  out.reserve(out.size() + std::size_t(ep_ranks) * std::size_t(cfg_.num_experts));
+std::shared_ptr<const std::vector<std::int64_t>> MetaRouting::group_counts(RoutingKey key,
+                                                                           int ep_ranks) const {
   std::unique_lock<std::mutex> lock(mutex_);
+  const GroupKey gk{key.iteration, key.layer, key.microbatch, key.tokens, ep_ranks};
+  if (auto it = groups_.find(gk); it != groups_.end())
+    if (auto shared = it->second.lock()) return shared;
+  auto all = std::make_shared<std::vector<std::int64_t>>();
+  all->reserve(std::size_t(ep_ranks) * std::size_t(cfg_.num_experts));
   // The peers' counts are neighbours in the memo's order (the rank is the key's last varying
   // part): once the first is found, the next is one step on, not another descent of the tree.
   auto it = memo_.cend();
   for (key.ep_rank = 0; key.ep_rank < ep_ranks; ++key.ep_rank) {
     if (it != memo_.cend()) ++it;
     if (it == memo_.cend() || it->first != memo_key(key)) it = memoised(key, lock);
-    out.insert(out.end(), it->second.begin(), it->second.end());
+    all->insert(all->end(), it->second.begin(), it->second.end());
   }
+  // As the memo: ranks are at most an iteration apart, so older matrices are nobody's.
+  groups_.erase(groups_.begin(), groups_.lower_bound(GroupKey{key.iteration - 1, 0, 0, 0, 0}));
+  groups_[gk] = all;
+  return all;
 }
 
 std::shared_ptr<const MetaRouting> MetaRouting::forced(const RouterConfig& cfg,

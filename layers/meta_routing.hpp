@@ -49,10 +49,12 @@ class MetaRouting {
   virtual ~MetaRouting() = default;
   // Tokens routed to each expert, summing to tokens x topk. Thread-safe.
   std::vector<std::int64_t> counts(const RoutingKey& key) const;
-  // The counts of EP ranks 0 .. ep_ranks - 1 (key.ep_rank is ignored) appended to `out`, under
-  // one lock: every rank of an EP group asks for every peer's counts (~800 k in a Qwen3 meta
-  // step), and a lock per peer was 1 % of the step.
-  void append_counts(RoutingKey key, int ep_ranks, std::vector<std::int64_t>& out) const;
+  // The counts of EP ranks 0 .. ep_ranks - 1, rank-major (key.ep_rank is ignored). Every rank of
+  // an EP group plans with this same matrix, so it is assembled once, under one lock, and shared
+  // for as long as any rank's plan holds it: each rank assembling its own copy was ~800 k peer
+  // lookups and sixteen copies of every matrix in a Qwen3 meta step, the copies 30 % of its peak
+  // heap at global batch 128.
+  std::shared_ptr<const std::vector<std::int64_t>> group_counts(RoutingKey key, int ep_ranks) const;
   // One line for the run summary.
   virtual std::string describe() const = 0;
 
@@ -80,8 +82,14 @@ class MetaRouting {
   // valid while it is (entries are erased only under it).
   Memo::const_iterator memoised(const RoutingKey& key, std::unique_lock<std::mutex>& lock) const;
 
+  // The matrices group_counts handed out, by iteration, layer, micro-batch, tokens and group
+  // size; weak, so that a matrix lives as long as the plans that use it.
+  using GroupKey = std::tuple<int, int, int, std::int64_t, int>;
+  using Groups = std::map<GroupKey, std::weak_ptr<const std::vector<std::int64_t>>>;
+
   mutable std::mutex mutex_;
   mutable Memo memo_;
+  mutable Groups groups_;
   mutable int newest_iteration_ = 0;
 };
 

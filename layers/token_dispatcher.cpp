@@ -34,8 +34,13 @@ std::unique_ptr<TokenDispatcher> TokenDispatcher::create(const ModelConfig& cfg,
   return d;
 }
 
-std::vector<std::int64_t> TokenDispatcher::meta_counts(const ModelConfig& cfg, int ep_size,
-                                                       std::int64_t tokens, int microbatch) {
+const std::vector<std::int64_t>& values_of(const MetaCounts& counts) {
+  static const std::vector<std::int64_t> none;
+  return counts ? *counts : none;
+}
+
+MetaCounts TokenDispatcher::meta_counts(const ModelConfig& cfg, int ep_size, std::int64_t tokens,
+                                        int microbatch) {
   // A config built without emu/ (tests, programs against layers/) and forced balancing: this
   // dispatcher's own forced routing, seed 0; the same counts on every rank, only not shared.
   if (!cfg.meta_routing && !own_routing_ && cfg.router.force_load_balancing)
@@ -50,9 +55,7 @@ std::vector<std::int64_t> TokenDispatcher::meta_counts(const ModelConfig& cfg, i
   key.iteration = planned_[microbatch]++;
   key.microbatch = microbatch;
   key.tokens = tokens;
-  std::vector<std::int64_t> all;
-  routing->append_counts(key, ep_size, all);
-  return all;
+  return routing->group_counts(key, ep_size);
 }
 
 std::unique_ptr<TokenDispatcher> TokenDispatcher::alone(const ModelConfig& cfg, int ep_size) {

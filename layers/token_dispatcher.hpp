@@ -46,6 +46,12 @@ struct MoeTokens {
   Tensor grad_probs;         // fp32 [tokens][topk]: likewise
 };
 
+// Every EP rank's tokens per expert, rank-major, in meta mode: one matrix that the plans of the
+// group's ranks share (MetaRouting::group_counts).
+using MetaCounts = std::shared_ptr<const std::vector<std::int64_t>>;
+// Its values; empty without a matrix (functional mode, or a dispatcher alone).
+const std::vector<std::int64_t>& values_of(const MetaCounts& counts);
+
 class DispatchPlan {
  public:
   virtual ~DispatchPlan() = default;
@@ -109,9 +115,9 @@ class TokenDispatcher {
   TokenDispatcher(int local_experts, int first_expert)
       : local_experts_(local_experts), first_expert_(first_expert) {}
   // Meta mode: every EP rank's tokens per expert for the micro-batch planned now, rank-major
-  // (cfg.meta_routing; the iteration is how often this micro-batch was planned before).
-  std::vector<std::int64_t> meta_counts(const ModelConfig& cfg, int ep_size, std::int64_t tokens,
-                                        int microbatch);
+  // (cfg.meta_routing; the iteration is how often this micro-batch was planned before). The
+  // group's ranks share the one matrix (MetaRouting::group_counts).
+  MetaCounts meta_counts(const ModelConfig& cfg, int ep_size, std::int64_t tokens, int microbatch);
   int local_experts_, first_expert_;
 
  private:

@@ -3,9 +3,12 @@
 // mean; the draws are a pure function of their coordinates; skew and replay keep the totals.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 #include <tuple>
+#include <vector>
 
 #include "layers/meta_routing.hpp"
 
@@ -62,6 +65,35 @@ TEST(MetaRouting, ADrawIsAFunctionOfItsCoordinates) {
     EXPECT_NE(a->counts(other), first);
   }
   EXPECT_NE(MetaRouting::forced(qwen3_router(), 99)->counts(key), first);
+}
+
+// Every rank of an EP group plans with one shared matrix of every rank's counts, rank-major,
+// whichever rank asks first; a matrix nobody holds any more is assembled again, the same.
+TEST(MetaRouting, AGroupsRanksShareOneMatrixOfEveryRanksCounts) {
+  const auto r = MetaRouting::forced(qwen3_router(), 1234);
+  RoutingKey key{.layer = 3, .iteration = 0, .microbatch = 1, .ep_rank = 2, .tokens = 512};
+  auto from_rank2 = r->group_counts(key, 4);
+  key.ep_rank = 0;
+  auto from_rank0 = r->group_counts(key, 4);
+  EXPECT_EQ(from_rank0.get(), from_rank2.get());
+  const std::size_t E = std::size_t(qwen3_router().num_experts);
+  ASSERT_EQ(from_rank0->size(), 4 * E);
+  for (int rank = 0; rank < 4; ++rank) {
+    key.ep_rank = rank;
+    const auto own = r->counts(key);
+    EXPECT_TRUE(std::equal(own.begin(), own.end(), from_rank0->begin() + std::ptrdiff_t(rank * E)))
+        << "rank " << rank;
+  }
+  const std::vector<std::int64_t> values = *from_rank0;
+  EXPECT_NE(r->group_counts(key, 2).get(), from_rank0.get());  // another group size
+  RoutingKey next = key;
+  next.microbatch += 1;
+  EXPECT_NE(*r->group_counts(next, 4), values);  // another micro-batch
+  const std::weak_ptr<const std::vector<std::int64_t>> gone = from_rank0;
+  from_rank0.reset();
+  from_rank2.reset();
+  EXPECT_TRUE(gone.expired());  // the memo does not keep it
+  EXPECT_EQ(*r->group_counts(key, 4), values);
 }
 
 std::uint64_t digest(const std::vector<std::int64_t>& counts) {  // FNV-1a over the counts
