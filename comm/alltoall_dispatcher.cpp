@@ -31,14 +31,15 @@ AlltoallSplits AlltoallDispatcher::splits(const std::int64_t* counts, int member
   AlltoallSplits s;
   s.send_rows.assign(size_t(n), 0);
   s.recv_rows.assign(size_t(n), 0);
-  s.recv_rows_per_expert.assign(size_t(n), std::vector<std::int64_t>(size_t(local)));
+  s.recv_rows_per_expert.assign(size_t(n) * size_t(local), 0);
+  s.local_experts = local;
   for (int d = 0; d < n; ++d)
     for (int e = 0; e < local; ++e)
       s.send_rows[size_t(d)] += size_t(counts[me * num_experts + d * local + e]);
   for (int src = 0; src < n; ++src)
     for (int e = 0; e < local; ++e) {
       const std::int64_t c = counts[src * num_experts + me * local + e];
-      s.recv_rows_per_expert[size_t(src)][size_t(e)] = c;
+      s.recv_rows_per_expert[size_t(src) * size_t(local) + size_t(e)] = c;
       s.recv_rows[size_t(src)] += size_t(c);
     }
   return s;

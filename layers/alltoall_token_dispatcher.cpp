@@ -230,7 +230,7 @@ void AlltoallPlan::size_all_to_all(ops::At at) {
       all.recv_rows_per_expert.insert(all.recv_rows_per_expert.end(),
                                       p.recv_rows_per_expert.begin(), p.recv_rows_per_expert.end());
     }
-    splits_.recv_rows_per_expert.swap(all.recv_rows_per_expert);
+    splits_.recv_rows_per_expert.swap(all.recv_rows_per_expert);  // every peer's members, in turn
     etp_counts_ = Tensor();
   } else if (rows_) {
     splits_ = rows_->finish_counts(counts_, at.stream, values_of(meta_counts_));
@@ -245,14 +245,14 @@ void AlltoallPlan::size_all_to_all(ops::At at) {
   received_ = 0;
   for (auto n : splits_.recv_rows) received_ += std::int64_t(n);
   // Received rows arrive by (source, local expert); the experts want (local expert, source).
-  const std::size_t members = splits_.recv_rows_per_expert.size();
+  const std::size_t members = splits_.members();
   // [member][local expert], flat: one allocation per micro-batch rather than one per member.
   std::vector<std::int64_t> src_off(members * size_t(L));
   std::int64_t at_row = 0;
   for (std::size_t m = 0; m < members; ++m)
     for (int e = 0; e < L; ++e) {
       src_off[m * size_t(L) + size_t(e)] = at_row;
-      at_row += splits_.recv_rows_per_expert[m][size_t(e)];
+      at_row += splits_.received(m, e);
     }
   sort_blocks_.clear();
   sort_blocks_.reserve(members * size_t(L));
@@ -260,7 +260,7 @@ void AlltoallPlan::size_all_to_all(ops::At at) {
   std::int64_t dst = 0;
   for (int e = 0; e < L; ++e)
     for (std::size_t m = 0; m < members; ++m) {
-      const std::int64_t n = splits_.recv_rows_per_expert[m][size_t(e)];
+      const std::int64_t n = splits_.received(m, e);
       sort_blocks_.push_back({src_off[m * size_t(L) + size_t(e)], dst, n});
       dst += n;
       io.rows_per_expert.host[size_t(e)] += n;

@@ -122,8 +122,8 @@ TEST_P(Dispatchers, AlltoallDispatchAndCombineMatchTheReference) {
               const float* r = recv.as<float>() + at++ * kHidden;
               good &= r[0] == float(src) && r[1] == float(t) && r[5] == x_of(src, t, 5);
             }
-      good &= sp.recv_rows_per_expert[size_t(src)].size() == size_t(local);
     }
+    good &= sp.local_experts == local && sp.members() == size_t(n);
     good &= at == rows;
     Buffer back = host.device().allocate(std::max<size_t>(1, order.size()) * row);
     auto ev2 = disp.combine(recv, back, sp, s, {.async = async});
