@@ -2,9 +2,63 @@
 
 #include <cmath>
 
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
 #include "layers/launch.hpp"
 
 namespace nodeemu::emu {
+
+namespace {
+
+struct AdamConstants {
+  float b1, b2, bc1, bc2, eps, wd, lr;
+};
+
+// One element of Adam's update, in the order its bits are defined by: no fused multiply-adds
+// (the build targets baseline x86-64, which has none to contract into).
+inline void adam_element(const AdamConstants& c, float g, float& m, float& v, float& w,
+                         float& out) {
+  m = c.b1 * m + (1 - c.b1) * g;
+  v = c.b2 * v + (1 - c.b2) * g * g;
+  const float update = (m / c.bc1) / (std::sqrt(v / c.bc2) + c.eps) + c.wd * w;
+  w -= c.lr * update;
+  out = w;
+}
+
+// Adam over n elements. On x86-64 four lanes at a time with SSE: the same IEEE operations in
+// the same order as adam_element (sqrtps and divps round as sqrtss and divss do), so the same
+// bits. The scalar loop was not vectorised by the compiler (std::sqrt may set errno) and was
+// 2.7 % of a mid-size functional run (bench_emu BM_FunctionalMidSize).
+void adam_update(const AdamConstants& c, const float* grad, float* m, float* v, float* w,
+                 float* out, std::int64_t n) {
+  std::int64_t i = 0;
+#if defined(__SSE2__)
+  const __m128 b1 = _mm_set1_ps(c.b1), b2 = _mm_set1_ps(c.b2), bc1 = _mm_set1_ps(c.bc1),
+               bc2 = _mm_set1_ps(c.bc2), eps = _mm_set1_ps(c.eps), wd = _mm_set1_ps(c.wd),
+               lr = _mm_set1_ps(c.lr), one_b1 = _mm_set1_ps(1 - c.b1),
+               one_b2 = _mm_set1_ps(1 - c.b2);
+  for (; i + 4 <= n; i += 4) {
+    const __m128 g = _mm_loadu_ps(grad + i);
+    const __m128 mi = _mm_add_ps(_mm_mul_ps(b1, _mm_loadu_ps(m + i)), _mm_mul_ps(one_b1, g));
+    const __m128 vi =
+        _mm_add_ps(_mm_mul_ps(b2, _mm_loadu_ps(v + i)), _mm_mul_ps(_mm_mul_ps(one_b2, g), g));
+    const __m128 wi = _mm_loadu_ps(w + i);
+    const __m128 update = _mm_add_ps(
+        _mm_div_ps(_mm_div_ps(mi, bc1), _mm_add_ps(_mm_sqrt_ps(_mm_div_ps(vi, bc2)), eps)),
+        _mm_mul_ps(wd, wi));
+    const __m128 next = _mm_sub_ps(wi, _mm_mul_ps(lr, update));
+    _mm_storeu_ps(m + i, mi);
+    _mm_storeu_ps(v + i, vi);
+    _mm_storeu_ps(w + i, next);
+    _mm_storeu_ps(out + i, next);
+  }
+#endif
+  for (; i < n; ++i) adam_element(c, grad[i], m[i], v[i], w[i], out[i]);
+}
+
+}  // namespace
 
 using layers::DType;
 using layers::F32Scope;
@@ -71,16 +125,13 @@ void Optimizer::step(Stream& s) {
           float* out = sc.out(w);
           const float* grad = g.as<const float>();
           float* mw = master.as<float>();
+          if (adam) {
+            adam_update({b1, b2, bc1, bc2, eps, wd, lr}, grad, m.as<float>(), v.as<float>(), mw,
+                        out, g.numel);
+            return;
+          }
           for (std::int64_t i = 0; i < g.numel; ++i) {
-            float update = grad[i];
-            if (adam) {
-              float& mi = m.as<float>()[i];
-              float& vi = v.as<float>()[i];
-              mi = b1 * mi + (1 - b1) * grad[i];
-              vi = b2 * vi + (1 - b2) * grad[i] * grad[i];
-              update = (mi / bc1) / (std::sqrt(vi / bc2) + eps) + wd * mw[i];
-            }
-            mw[i] -= lr * update;
+            mw[i] -= lr * grad[i];
             out[i] = mw[i];
           }
         },

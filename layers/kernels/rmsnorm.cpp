@@ -38,13 +38,21 @@ void rmsnorm_dgrad(const T* dy, const T* x, const T* w, const T* rstd, T* dx, st
 template <class T>
 void rmsnorm_wgrad(const T* dy, const T* x, const T* rstd, T* dw, std::int64_t rows, std::int64_t h,
                    bool accumulate) {
-  // A reduction over rows: chunks cut the columns, and each sums its rows in order.
+  // A reduction over rows: chunks cut the columns, and each sums its rows in order. The rows are
+  // the outer loop, so that a block's columns are summed side by side along contiguous rows:
+  // each column's sum still adds its rows in order (the same bits), but as 64 independent
+  // chains instead of one chain at a time down a strided column, which was bound by the adds'
+  // latency (2.6 % of a mid-size functional run, bench_emu BM_FunctionalMidSize).
   for_column_blocks(h, [&](std::int64_t j0, std::int64_t j1) {
-    for (std::int64_t j = j0; j < j1; ++j) {
-      T s = 0;
-      for (std::int64_t r = 0; r < rows; ++r) s += dy[r * h + j] * x[r * h + j] * rstd[r];
-      dw[j] = accumulate ? dw[j] + s : s;
+    T s[kColumnBlock] = {};
+    const std::int64_t n = j1 - j0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* a = dy + r * h + j0;
+      const T* b = x + r * h + j0;
+      const T rs = rstd[r];
+      for (std::int64_t j = 0; j < n; ++j) s[j] += a[j] * b[j] * rs;
     }
+    for (std::int64_t j = 0; j < n; ++j) dw[j0 + j] = accumulate ? dw[j0 + j] + s[j] : s[j];
   });
 }
 
