@@ -8,6 +8,8 @@
 //   BM_TinyModelStep    a whole tiny-MoE forward+backward at EP=4: wall time per emulated device
 //   BM_ForcedRoutingDraw meta mode's forced-balance draw (Qwen3: 4096 tokens, top-8 of 128) vs
 //                       the bare splitmix64 words it consumes (vs_rng)
+//   BM_WeightInit       a 2048 x 4096 bf16 weight's initial values (layers::make_parameter, the
+//                       host and one worker) vs counter_normal in a plain loop (vs_scalar_loop)
 // Both GEMM sides run on one thread: NodeEmu runs OpenBLAS with one thread per call and splits
 // work over its own workers, and the baseline gets the same single thread.
 #include <benchmark/benchmark.h>
@@ -25,6 +27,7 @@
 #include "layers/gemm.hpp"
 #include "layers/meta_routing.hpp"
 #include "layers/model_chunk.hpp"
+#include "layers/parameter.hpp"
 #include "layers/transposed_weight_copy.hpp"
 
 namespace nodeemu {
@@ -257,6 +260,41 @@ void BM_ForcedRoutingDraw(benchmark::State& state) {
   state.counters["vs_rng"] = median(t_rng) / median(t_draw);
 }
 BENCHMARK(BM_ForcedRoutingDraw)->Arg(128)->ArgName("experts")->UseManualTime()->Iterations(20);
+
+// Every functional run draws its weights before the first step: counter_normal's Box-Muller per
+// value, a `log` and a `cos`. make_parameter shares the fill between the host and the device's
+// worker (workers_per_device = 1 here: two threads); the baseline is the same values in a plain
+// loop on one thread, so 2.0 is the most the sharing alone could give.
+void BM_WeightInit(benchmark::State& state) {
+  NodeOptions o;
+  o.topology_path = std::string(NODEEMU_SOURCE_DIR) + "/configs/topologies/dgx_h100.yaml";
+  o.workers_per_device = 1;
+  Node node(o);
+  const layers::Shape shape{2048, 4096};
+  const std::size_t n = 2048 * 4096;
+  std::vector<double> t_init, t_loop;
+  for (auto _ : state) {
+    node.run({0}, [&](Host& host) {
+      auto t0 = Clock::now();
+      const layers::Parameter p =
+          layers::make_parameter(host.device(), "decoder.layers.0.mlp.linear_fc1.weight", shape,
+                                 layers::DType::BF16, layers::Init::Normal, 0.02, 1234);
+      t_init.push_back(seconds_since(t0));
+      state.SetIterationTime(t_init.back());
+      benchmark::DoNotOptimize(p.value.numel());
+    });
+    const std::uint64_t stream = layers::name_hash("decoder.layers.0.mlp.linear_fc1.weight");
+    std::vector<float> v(n);
+    auto t0 = Clock::now();
+    for (std::size_t i = 0; i < n; ++i)
+      v[i] = float(0.02 * layers::counter_normal(1234, stream, i));
+    benchmark::DoNotOptimize(v.data());
+    t_loop.push_back(seconds_since(t0));
+  }
+  state.counters["ns_per_value"] = median(t_init) / double(n) * 1e9;
+  state.counters["vs_scalar_loop"] = median(t_loop) / median(t_init);
+}
+BENCHMARK(BM_WeightInit)->UseManualTime()->Iterations(5);
 
 }  // namespace
 }  // namespace nodeemu

@@ -7,6 +7,7 @@
 #include "devices/blas_kernel.hpp"
 #include "devices/device.hpp"
 #include "devices/worker_pool.hpp"
+#include "layers/detail/normal_fill.hpp"
 #include "layers/transposed_weight_copy.hpp"
 
 namespace nodeemu::layers {
@@ -58,12 +59,12 @@ Parameter make_parameter(Device& device, std::string name, Shape shape, DType dt
     constexpr std::size_t kChunk = 1 << 15;
     const std::size_t chunks = (v.size() + kChunk - 1) / kChunk;
     device.pool().parallel_for_from_host(chunks, [&](std::size_t c) {
-      const std::size_t end = std::min(v.size(), (c + 1) * kChunk);
-      for (std::size_t i = c * kChunk; i < end; ++i)
-        v[i] =
-            init == Init::Ones
-                ? 1.0f
-                : float(std * counter_normal(seed, stream, std::uint64_t(global(std::int64_t(i)))));
+      const std::size_t begin = c * kChunk, end = std::min(v.size(), begin + kChunk);
+      if (init == Init::Ones)
+        std::fill(v.begin() + std::ptrdiff_t(begin), v.begin() + std::ptrdiff_t(end), 1.0f);
+      else
+        detail::fill_counter_normals(seed, stream, std, global, std::int64_t(begin), end - begin,
+                                     v.data() + begin);
     });
     p.value.copy_from_f32(v);
   }
