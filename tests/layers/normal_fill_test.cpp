@@ -73,7 +73,7 @@ TEST(NormalFill, TheVectorPathDrawsAlmostEveryValueItself) {
     EXPECT_LT(slow, c.n / 5000) << "seed " << c.seed;
     EXPECT_GT(slow, 0u) << "seed " << c.seed << ": no value near a rounding point in a million?";
   }
-  const Case& c = cases().front();
+  const Case c = cases().front();  // a copy: cases() is a temporary
   std::vector<float> got(c.n);
   EXPECT_EQ(fill_counter_normals(c.seed, c.stream, c.std, c.global, c.first, c.n, got.data(),
                                  NormalFillPath::Portable),
