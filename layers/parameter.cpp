@@ -8,16 +8,14 @@
 #include "devices/device.hpp"
 #include "devices/worker_pool.hpp"
 #include "layers/detail/normal_fill.hpp"
+#include "layers/detail/splitmix64.hpp"
 #include "layers/transposed_weight_copy.hpp"
 
 namespace nodeemu::layers {
 
 namespace {
 std::uint64_t splitmix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
+  return detail::splitmix64_finalise(x + detail::kSplitMixGamma);
 }
 }  // namespace
 

@@ -6,9 +6,7 @@
 #include "devices/check.hpp"
 #include "layers/parameter.hpp"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "layers/detail/splitmix64_avx512.hpp"
 
 namespace nodeemu::layers::detail {
 
@@ -27,27 +25,13 @@ std::size_t fill_portable(std::uint64_t seed, std::uint64_t stream, double std,
 }
 
 #if defined(__x86_64__)
+// VL for the fp32 half-width vectors of the rounding check.
 #define NODEEMU_AVX512_NORMALS __attribute__((target("avx512f,avx512dq,avx512vl")))
-
-// Every lane. Several intrinsics are used in their zero-masking form with it: GCC 12's unmasked
-// forms start from an undefined vector, which -Wmaybe-uninitialized reports (as in
-// layers/detail/uniform_subset_draw.cpp).
-constexpr __mmask8 kAll = 0xFF;
-
-// z >> N per lane.
-template <int N>
-NODEEMU_AVX512_NORMALS __m512i shift_right(__m512i z) {
-  return _mm512_maskz_srli_epi64(kAll, z, N);
-}
 
 // parameter.cpp's splitmix: the finaliser of x + gamma.
 NODEEMU_AVX512_NORMALS __m512i splitmix(__m512i x) {
-  x = _mm512_add_epi64(x, _mm512_set1_epi64(std::int64_t(0x9e3779b97f4a7c15ULL)));
-  x = _mm512_mullo_epi64(_mm512_xor_si512(x, shift_right<30>(x)),
-                         _mm512_set1_epi64(std::int64_t(0xbf58476d1ce4e5b9ULL)));
-  x = _mm512_mullo_epi64(_mm512_xor_si512(x, shift_right<27>(x)),
-                         _mm512_set1_epi64(std::int64_t(0x94d049bb133111ebULL)));
-  return _mm512_xor_si512(x, shift_right<31>(x));
+  return splitmix64_finalise_x8(
+      _mm512_add_epi64(x, _mm512_set1_epi64(std::int64_t(kSplitMixGamma))));
 }
 
 NODEEMU_AVX512_NORMALS __m512d horner(__m512d z, const double* c, int terms) {
@@ -63,8 +47,8 @@ NODEEMU_AVX512_NORMALS __m512d horner(__m512d z, const double* c, int terms) {
 NODEEMU_AVX512_NORMALS __m512d log_unit(__m512d u) {
   static constexpr double kOdd[] = {1.0,      1.0 / 3,  1.0 / 5,  1.0 / 7,  1.0 / 9,
                                     1.0 / 11, 1.0 / 13, 1.0 / 15, 1.0 / 17, 1.0 / 19};
-  __m512d e = _mm512_maskz_getexp_pd(kAll, u);
-  __m512d m = _mm512_maskz_getmant_pd(kAll, u, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);
+  __m512d e = _mm512_maskz_getexp_pd(kAllLanes, u);
+  __m512d m = _mm512_maskz_getmant_pd(kAllLanes, u, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);
   const __mmask8 big = _mm512_cmp_pd_mask(m, _mm512_set1_pd(std::numbers::sqrt2), _CMP_GT_OQ);
   m = _mm512_mask_mul_pd(m, big, m, _mm512_set1_pd(0.5));
   e = _mm512_mask_add_pd(e, big, e, _mm512_set1_pd(1.0));
@@ -101,7 +85,7 @@ NODEEMU_AVX512_NORMALS __m512d cos_turn(__m512d t, __mmask8& tiny) {
                                     -1.0 / 87178291200,
                                     1.0 / 20922789888000};
   const __m512d k =
-      _mm512_maskz_roundscale_pd(kAll, _mm512_mul_pd(t, _mm512_set1_pd(2 / std::numbers::pi)),
+      _mm512_maskz_roundscale_pd(kAllLanes, _mm512_mul_pd(t, _mm512_set1_pd(2 / std::numbers::pi)),
                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512d r = _mm512_sub_pd(t, _mm512_mul_pd(k, _mm512_set1_pd(1.57079632673412561417e+00)));
   r = _mm512_sub_pd(r, _mm512_mul_pd(k, _mm512_set1_pd(6.07710050630396597660e-11)));
@@ -129,18 +113,18 @@ NODEEMU_AVX512_NORMALS __m512d eight_values(std::uint64_t seed, std::uint64_t st
                                             const std::int64_t* index, __mmask8& unsure) {
   const __m512i seed_v = _mm512_set1_epi64(std::int64_t(seed));
   const __m512i stream_v = _mm512_set1_epi64(std::int64_t(stream));
-  const __m512i twice = _mm512_maskz_slli_epi64(kAll, _mm512_loadu_si512(index), 1);
+  const __m512i twice = _mm512_maskz_slli_epi64(kAllLanes, _mm512_loadu_si512(index), 1);
 
   const __m512i a = counter_word(seed_v, stream_v, twice);
   const __m512i b = counter_word(seed_v, stream_v, _mm512_add_epi64(twice, _mm512_set1_epi64(1)));
   // The same operations as counter_normal: exact conversions (below 2^53), IEEE add and divide.
   const __m512d u1 =
-      _mm512_div_pd(_mm512_add_pd(_mm512_cvtepu64_pd(shift_right<11>(a)), _mm512_set1_pd(1.0)),
+      _mm512_div_pd(_mm512_add_pd(_mm512_cvtepu64_pd(shift_right_x8<11>(a)), _mm512_set1_pd(1.0)),
                     _mm512_set1_pd(9007199254740993.0));
   const __m512d u2 =
-      _mm512_div_pd(_mm512_cvtepu64_pd(shift_right<11>(b)), _mm512_set1_pd(9007199254740992.0));
+      _mm512_div_pd(_mm512_cvtepu64_pd(shift_right_x8<11>(b)), _mm512_set1_pd(9007199254740992.0));
   const __m512d radius =
-      _mm512_maskz_sqrt_pd(kAll, _mm512_mul_pd(_mm512_set1_pd(-2.0), log_unit(u1)));
+      _mm512_maskz_sqrt_pd(kAllLanes, _mm512_mul_pd(_mm512_set1_pd(-2.0), log_unit(u1)));
   const __m512d angle = _mm512_mul_pd(_mm512_set1_pd(2.0 * std::numbers::pi), u2);
   const __m512d value = _mm512_mul_pd(radius, cos_turn(angle, unsure));
   return _mm512_mul_pd(_mm512_set1_pd(std), value);
@@ -156,11 +140,11 @@ NODEEMU_AVX512_NORMALS __mmask8 rounds_surely(__m512d p, __m256 f) {
   const __m256 af = _mm256_castsi256_ps(bits);
   const __mmask8 normal = _mm256_cmp_ps_mask(af, _mm256_set1_ps(0x1p-126f), _CMP_GE_OQ) &
                           _mm256_cmp_ps_mask(af, _mm256_set1_ps(0x1p127f), _CMP_LT_OQ);
-  const __m512d a = _mm512_maskz_cvtps_pd(kAll, af);
+  const __m512d a = _mm512_maskz_cvtps_pd(kAllLanes, af);
   const __m512d up = _mm512_maskz_cvtps_pd(
-      kAll, _mm256_castsi256_ps(_mm256_add_epi32(bits, _mm256_set1_epi32(1))));
+      kAllLanes, _mm256_castsi256_ps(_mm256_add_epi32(bits, _mm256_set1_epi32(1))));
   const __m512d down = _mm512_maskz_cvtps_pd(
-      kAll, _mm256_castsi256_ps(_mm256_sub_epi32(bits, _mm256_set1_epi32(1))));
+      kAllLanes, _mm256_castsi256_ps(_mm256_sub_epi32(bits, _mm256_set1_epi32(1))));
   const __m512d ap = _mm512_abs_pd(p);
   const __m512d d = _mm512_sub_pd(ap, a);
   const __m512d margin = _mm512_mul_pd(ap, _mm512_set1_pd(0x1p-40));
@@ -182,10 +166,10 @@ NODEEMU_AVX512_NORMALS std::size_t fill_avx512(
     for (int l = 0; l < 8; ++l) index[l] = global(first + std::int64_t(i) + l);
     __mmask8 unsure = 0;
     const __m512d p = eight_values(seed, stream, std, index, unsure);
-    const __m256 f = _mm512_maskz_cvtpd_ps(kAll, p);
+    const __m256 f = _mm512_maskz_cvtpd_ps(kAllLanes, p);
     const __mmask8 sure = __mmask8(~unsure) & rounds_surely(p, f);
     _mm256_mask_storeu_ps(out + i, sure, f);
-    if (sure == kAll) continue;
+    if (sure == kAllLanes) continue;
     for (int l = 0; l < 8; ++l)
       if (!(sure >> l & 1)) {
         out[i + std::size_t(l)] = slow_value(seed, stream, std, index[l]);

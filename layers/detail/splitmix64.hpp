@@ -7,11 +7,13 @@
 namespace nodeemu::layers::detail {
 
 inline constexpr std::uint64_t kSplitMixGamma = 0x9e3779b97f4a7c15ULL;
+inline constexpr std::uint64_t kSplitMixMul1 = 0xbf58476d1ce4e5b9ULL;
+inline constexpr std::uint64_t kSplitMixMul2 = 0x94d049bb133111ebULL;
 
 // The output function: a bijection of 64-bit words with good avalanche.
 constexpr std::uint64_t splitmix64_finalise(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z = (z ^ (z >> 30)) * kSplitMixMul1;
+  z = (z ^ (z >> 27)) * kSplitMixMul2;
   return z ^ (z >> 31);
 }
 

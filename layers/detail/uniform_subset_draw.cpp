@@ -4,6 +4,7 @@
 
 #include "devices/check.hpp"
 #include "layers/detail/splitmix64.hpp"
+#include "layers/detail/splitmix64_avx512.hpp"
 
 namespace nodeemu::layers::detail {
 
@@ -96,16 +97,7 @@ std::vector<std::int64_t> draw(int experts, int k, std::int64_t tokens, std::uin
 }
 
 #if defined(__x86_64__)
-#include <immintrin.h>
-
-#define NODEEMU_AVX512_DRAW __attribute__((target("avx512f,avx512dq")))
-
-// z >> N per lane. The zero-masking form with every lane kept: GCC 12's unmasked form starts from
-// _mm512_undefined_epi32(), which -Wmaybe-uninitialized reports.
-template <int N>
-NODEEMU_AVX512_DRAW __m512i shift_right(__m512i z) {
-  return _mm512_maskz_srli_epi64(__mmask8(0xFF), z, N);
-}
+#define NODEEMU_AVX512_DRAW NODEEMU_TARGET_AVX512_F_DQ
 
 // fill_block_portable with the words made eight at a time (they need nothing from each other),
 // and the picks vectorised for AVX-512 (inlined here). Also tried: a token's k picks checked for
@@ -113,15 +105,11 @@ NODEEMU_AVX512_DRAW __m512i shift_right(__m512i z) {
 // 128 experts and top-8): no faster on Zen 4, and Intel microcodes vpconflictd. Not kept.
 NODEEMU_AVX512_DRAW void fill_block_avx512(std::uint64_t state, std::uint32_t experts, Block& b) {
   const __m512i gamma = _mm512_set1_epi64(std::int64_t(kSplitMixGamma));
-  const __m512i m1 = _mm512_set1_epi64(std::int64_t(0xbf58476d1ce4e5b9ULL));
-  const __m512i m2 = _mm512_set1_epi64(std::int64_t(0x94d049bb133111ebULL));
   const __m512i step = _mm512_set1_epi64(std::int64_t(kSplitMixGamma * 8));
   __m512i x = _mm512_add_epi64(_mm512_set1_epi64(std::int64_t(state)),
                                _mm512_mullo_epi64(_mm512_set_epi64(8, 7, 6, 5, 4, 3, 2, 1), gamma));
   for (std::size_t i = 0; i < kWordsPerBlock; i += 8) {
-    __m512i z = _mm512_mullo_epi64(_mm512_xor_si512(x, shift_right<30>(x)), m1);
-    z = _mm512_mullo_epi64(_mm512_xor_si512(z, shift_right<27>(z)), m2);
-    _mm512_store_si512(b.words + i, _mm512_xor_si512(z, shift_right<31>(z)));
+    _mm512_store_si512(b.words + i, splitmix64_finalise_x8(x));
     x = _mm512_add_epi64(x, step);
   }
   pick_experts(b, experts);
