@@ -11,6 +11,7 @@
 #include <set>
 
 #include "devices/errors.hpp"
+#include "emu/detail/case_runs.hpp"
 #include "emu/detail/commands.hpp"
 #include "emu/layer_timing.hpp"
 #include "emu/megatron_flags.hpp"
@@ -36,6 +37,7 @@ struct RecipeArgs {
   std::string mode, trace, summary, json, baseline = "on";
   std::optional<std::string> trace_gpus;  // given, even empty (which is refused)
   int iterations = 0;                     // 0: the recipe's train_iters
+  int jobs = 0;                           // compare: cases at once; 0: default_case_jobs
 
   void split_tail(const std::string& command);
 };
@@ -211,14 +213,14 @@ int compare(const RecipeArgs& a, std::ostream& out, std::ostream& err) {
     throw ConfigError("nodeemu compare", "--case",
                       "give at least one case: --case NAME key=value ...");
   // Every case is checked before any runs.
-  std::vector<std::pair<std::string, Recipe>> recipes;
+  std::vector<detail::NamedRecipe> recipes;
   bool ok = true;
   for (const auto& [name, overrides] : a.cases) {
     std::vector<std::string> all = a.overrides;
     all.insert(all.end(), overrides.begin(), overrides.end());
     auto r = prepared(a.recipe, all, a.mode, err, name, true);
     if (r)
-      recipes.emplace_back(name, std::move(*r));
+      recipes.push_back({name, std::move(*r)});
     else
       ok = false;
   }
@@ -226,22 +228,28 @@ int compare(const RecipeArgs& a, std::ostream& out, std::ostream& err) {
     err << "nodeemu compare: refused; nothing was started\n";
     return 2;
   }
+  TrainOptions o;
+  o.iterations = a.iterations;
+  o.progress = &err;
+  o.progress_terminal = is_terminal(err);
+  const int jobs =
+      std::min<int>(a.jobs > 0 ? a.jobs : detail::default_case_jobs(recipes), int(recipes.size()));
+  if (jobs > 1)
+    err << "nodeemu compare: " << recipes.size() << " cases, " << jobs
+        << " at once (--jobs 1: one after another)\n";
+  std::vector<RunReport> reports = detail::train_cases(recipes, o, jobs);
   std::vector<Case> cases;
-  for (const auto& [name, r] : recipes) {
-    err << "case " << name << ":\n";
-    TrainOptions o;
-    o.iterations = a.iterations;
-    o.progress = &err;
-    o.progress_terminal = is_terminal(err);
-    RunReport rep = train(r, o);
+  for (std::size_t c = 0; c < recipes.size(); ++c) {
+    const auto& [name, r] = recipes[c];
+    RunReport& rep = reports[c];
     // Peak memory without offload and recompute: from an earlier case that is this one with
     // both off, else from a baseline run.
     if (has_memory_savers(r)) {
       const auto base = without_memory_savers(r).flattened();
       std::size_t i = 0;
       for (; i < cases.size(); ++i)
-        if (without_memory_savers(recipes[i].second).flattened() == base &&
-            !has_memory_savers(recipes[i].second))
+        if (without_memory_savers(recipes[i].recipe).flattened() == base &&
+            !has_memory_savers(recipes[i].recipe))
           break;
       if (i < cases.size()) {
         for (std::size_t d = 0; d < rep.devices.size(); ++d)
@@ -298,6 +306,10 @@ detail::CommandBody detail::add_compare(CLI::App& app, Streams io) {
   auto a = add_recipe_args(app);
   add_mode(app, *a);
   add_iterations(app, *a);
+  app.add_option("--jobs", a->jobs,
+                 "cases trained at once (default: in meta mode one per core, up to the number "
+                 "of cases, each with its own memory; in functional mode 1)")
+      ->check(CLI::Range(1, 1024));
   return [a, &app, io] { return compare(finish(app, *a, "compare"), io.out, io.err); };
 }
 

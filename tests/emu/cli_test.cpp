@@ -354,4 +354,25 @@ TEST(Cli, CompareRunsTheCasesSideBySide) {
   EXPECT_EQ(r.out.find("offload MiB"), std::string::npos) << r.out;
 }
 
+// Meta-mode cases run several at once by default: the same table as one after another, each
+// progress line named by its case; --jobs must be at least 1.
+TEST(Cli, CompareRunsMetaCasesAtOnceWithTheSameTable) {
+  const std::string cases =
+      " --mode meta model.moe_router_force_load_balancing=true --iterations 2 "
+      "--case base --case overlap --overlap-moe-expert-parallel-comm "
+      "--delay-wgrad-compute";
+  Result alone = run("compare " + kTiny + cases + " --jobs 1");
+  Result together = run("compare " + kTiny + cases + " --jobs 2");
+  ASSERT_EQ(alone.code, 0) << alone.err;
+  ASSERT_EQ(together.code, 0) << together.err;
+  EXPECT_EQ(alone.out, together.out);
+  EXPECT_EQ(alone.err.find("at once"), std::string::npos) << alone.err;
+  EXPECT_NE(together.err.find("nodeemu compare: 2 cases, 2 at once"), std::string::npos)
+      << together.err;
+  EXPECT_NE(together.err.find("case overlap: iter 2/2"), std::string::npos) << together.err;
+  Result none = run("compare " + kTiny + cases + " --jobs 0");
+  EXPECT_EQ(none.code, 2);
+  EXPECT_NE(none.err.find("--jobs: Value 0 not in range 1 to 1024"), std::string::npos) << none.err;
+}
+
 }  // namespace
