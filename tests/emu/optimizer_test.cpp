@@ -33,10 +33,22 @@ TEST(Optimizer, AdamUpdatesEveryElementAsTheScalarDefinition) {
   const OptimizerConfig c{
       .adam = true, .lr = 3e-3, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
   constexpr int kElements = 23, kSteps = 3;  // not a multiple of any vector width
-  const auto weight = [](int i) { return 0.05f * float(i - 11) + 0.003f; };
-  const auto gradient = [](int step, int i) {
-    return std::sin(0.7f * float(i) + float(step)) * (i % 5 == 0 ? 1e-4f : 0.02f);
+  // Every operation of the test's own arithmetic rounded on its own: clang folds a constant
+  // a * b + c with one rounding (its default -ffp-contract=on), so the same expression could
+  // give two values at two call sites of the ThreadSanitizer build.
+  const auto round = [](float x) {
+    volatile float v = x;
+    return float(v);
   };
+  // The inputs are made once, and both sides read these.
+  std::vector<float> weights(kElements);
+  std::vector<std::vector<float>> gradients(kSteps, std::vector<float>(kElements));
+  for (int i = 0; i < kElements; ++i) {
+    weights[std::size_t(i)] = round(round(0.05f * float(i - 11)) + 0.003f);
+    for (int step = 0; step < kSteps; ++step)
+      gradients[std::size_t(step)][std::size_t(i)] = round(
+          std::sin(round(round(0.7f * float(i)) + float(step))) * (i % 5 == 0 ? 1e-4f : 0.02f));
+  }
   for (const layers::DType dtype : {layers::DType::F32, layers::DType::BF16}) {
     Node node(testing::options(testing::round_h100()));
     std::vector<float> got;
@@ -46,15 +58,11 @@ TEST(Optimizer, AdamUpdatesEveryElementAsTheScalarDefinition) {
       Stream s = dev.default_stream();
       const layers::Tensor value = layers::Tensor::empty(dev, {kElements}, dtype);
       const layers::Tensor grad = layers::Tensor::empty(dev, {kElements}, layers::DType::F32);
-      std::vector<float> w0(kElements);
-      for (int i = 0; i < kElements; ++i) w0[std::size_t(i)] = weight(i);
-      value.copy_from_f32(w0);
+      value.copy_from_f32(weights);
       Optimizer opt(c, {{value, grad}}, dev, s);
       for (int step = 0; step < kSteps; ++step) {
-        std::vector<float> g(kElements);
-        for (int i = 0; i < kElements; ++i) g[std::size_t(i)] = gradient(step, i);
         dev.synchronize();
-        grad.copy_from_f32(g);
+        grad.copy_from_f32(gradients[std::size_t(step)]);
         opt.step(s);
       }
       dev.synchronize();
@@ -62,7 +70,8 @@ TEST(Optimizer, AdamUpdatesEveryElementAsTheScalarDefinition) {
     });
     // The reference: fp32 masters from the rounded initial weights, the moments from zero.
     std::vector<float> master(kElements), m(kElements, 0), v(kElements, 0);
-    for (int i = 0; i < kElements; ++i) master[std::size_t(i)] = layers::round_to(dtype, weight(i));
+    for (int i = 0; i < kElements; ++i)
+      master[std::size_t(i)] = layers::round_to(dtype, weights[std::size_t(i)]);
     const float lr = float(c.lr), wd = float(c.weight_decay), b1 = float(c.beta1),
                 b2 = float(c.beta2), eps = float(c.eps);
     for (int step = 1; step <= kSteps; ++step) {
@@ -70,16 +79,13 @@ TEST(Optimizer, AdamUpdatesEveryElementAsTheScalarDefinition) {
                   bc2 = float(1 - std::pow(c.beta2, step));
       for (int i = 0; i < kElements; ++i) {
         const std::size_t k = std::size_t(i);
-        const float g = gradient(step - 1, i);
-        volatile float t;  // keeps each operation its own rounding
-        t = b1 * m[k];
-        m[k] = t + (1 - b1) * g;
-        t = b2 * v[k];
-        t = t + (1 - b2) * g * g;
-        v[k] = t;
-        t = (m[k] / bc1) / (std::sqrt(v[k] / bc2) + eps);
-        t = t + wd * master[k];
-        master[k] = master[k] - lr * t;
+        const float g = gradients[std::size_t(step - 1)][k];
+        m[k] = round(round(b1 * m[k]) + round(round(1 - b1) * g));
+        v[k] = round(round(b2 * v[k]) + round(round(round(1 - b2) * g) * g));
+        const float update =
+            round(round(round(m[k] / bc1) / round(std::sqrt(round(v[k] / bc2)) + eps)) +
+                  round(wd * master[k]));
+        master[k] = round(master[k] - round(lr * update));
       }
     }
     ASSERT_EQ(got.size(), std::size_t(kElements));
