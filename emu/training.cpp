@@ -19,6 +19,7 @@
 #include "devices/node.hpp"
 #include "devices/numa_memory.hpp"
 #include "devices/process_memory.hpp"
+#include "devices/worker_pool.hpp"
 #include "emu/detail/rank_result.hpp"
 #include "emu/detail/run_report.hpp"
 #include "emu/optimizer.hpp"
@@ -30,6 +31,7 @@
 #include "emu/timeline_stats.hpp"
 #include "layers/distributed_data_parallel.hpp"
 #include "layers/gemm.hpp"
+#include "layers/meta_routing.hpp"
 #include "offload/offload_engine.hpp"
 
 namespace nodeemu::emu {
@@ -352,6 +354,24 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
   TimelineStats stats(setup.world);  // outlives the node, which reports to it
   Node node(NodeOptions(setup.node));
   node.add_observer(&stats);
+  // Meta mode's routing draws go to a worker ahead of the host programs, where this process may
+  // run on more than one core (on one, the worker would only take turns with the host) and the
+  // thread budget allows two workers or more: `emulator.thread_budget=1` keeps a meta run to one
+  // core (the host's thread, which the budget does not count, and one worker that then never
+  // runs). Stopped before the node, and so the pool, goes.
+  const layers::MetaRouting* routing = setup.cfg.meta_routing.get();
+  WorkerPool& pool = node.device(0).pool();
+  if (routing && node.mode() == Mode::Meta && pool.budget().tokens() > 1 &&
+      HostTopology::current_thread_binding().size() > 1)
+    routing->draw_ahead_on(&pool);
+  else
+    routing = nullptr;
+  struct StopDrawingAhead {
+    const layers::MetaRouting* routing;
+    ~StopDrawingAhead() {
+      if (routing) routing->draw_ahead_on(nullptr);
+    }
+  } stop_drawing_ahead{routing};
   Communicator comm(node);
   std::vector<RankResult> results(static_cast<std::size_t>(setup.world));
   RunShared shared{node,

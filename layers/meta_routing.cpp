@@ -6,6 +6,7 @@
 #include <random>
 
 #include "devices/check.hpp"
+#include "devices/worker_pool.hpp"
 #include "layers/detail/group_limited_draw.hpp"
 #include "layers/detail/mt19937_64_first_word.hpp"
 #include "layers/detail/splitmix64.hpp"
@@ -181,6 +182,8 @@ std::shared_ptr<const std::vector<std::int64_t>> MetaRouting::group_counts(Routi
   const GroupKey gk{key.iteration, key.layer, key.microbatch, key.tokens, ep_ranks};
   if (auto it = groups_.find(gk); it != groups_.end())
     if (auto shared = it->second.lock()) return shared;
+  // A worker drawing this group ahead: its draws are these, so wait rather than draw them twice.
+  group_drawn_.wait(lock, [&] { return !in_flight_.count(gk); });
   auto all = std::make_shared<std::vector<std::int64_t>>();
   all->reserve(std::size_t(ep_ranks) * std::size_t(cfg_.num_experts));
   // The peers' counts are neighbours in the memo's order (the rank is the key's last varying
@@ -194,7 +197,42 @@ std::shared_ptr<const std::vector<std::int64_t>> MetaRouting::group_counts(Routi
   // As the memo: ranks are at most an iteration apart, so older matrices are nobody's.
   groups_.erase(groups_.begin(), groups_.lower_bound(GroupKey{key.iteration - 1, 0, 0, 0, 0}));
   groups_[gk] = all;
+  // A rank plans a micro-batch's layers together, one ask after another, and the next
+  // micro-batch only after this one's work: so the same layer's group for the next micro-batch
+  // is drawn meanwhile (after an iteration's last micro-batch that is a group nobody asks for).
+  if (ahead_pool_) {
+    RoutingKey next = key;
+    ++next.microbatch;
+    draw_group_ahead(next, ep_ranks);
+  }
   return all;
+}
+
+void MetaRouting::draw_ahead_on(WorkerPool* pool) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ahead_pool_ = pool;
+}
+
+void MetaRouting::draw_group_ahead(RoutingKey key, int ep_ranks) const {
+  const GroupKey gk{key.iteration, key.layer, key.microbatch, key.tokens, ep_ranks};
+  key.ep_rank = 0;
+  if (in_flight_.count(gk) || groups_.count(gk) || memo_.count(memo_key(key))) return;
+  in_flight_.insert(gk);
+  // The task holds the routing: it may run after the run that started it has let go of it.
+  ahead_pool_->submit(
+      [self = shared_from_this(), key, ep_ranks] { self->draw_group(key, ep_ranks); });
+}
+
+void MetaRouting::draw_group(RoutingKey key, int ep_ranks) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const GroupKey gk{key.iteration, key.layer, key.microbatch, key.tokens, ep_ranks};
+  try {
+    for (key.ep_rank = 0; key.ep_rank < ep_ranks; ++key.ep_rank) memoised(key, lock);
+  } catch (...) {
+    // A draw that fails here fails again for the host that asks, which reports it.
+  }
+  in_flight_.erase(gk);
+  group_drawn_.notify_all();
 }
 
 std::shared_ptr<const MetaRouting> MetaRouting::forced(const RouterConfig& cfg,

@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "devices/worker_pool.hpp"
 #include "layers/meta_routing.hpp"
 
 namespace nodeemu::layers {
@@ -94,6 +95,32 @@ TEST(MetaRouting, AGroupsRanksShareOneMatrixOfEveryRanksCounts) {
   from_rank2.reset();
   EXPECT_TRUE(gone.expired());  // the memo does not keep it
   EXPECT_EQ(*r->group_counts(key, 4), values);
+}
+
+// Drawn ahead on a worker, a group's counts are the ones drawn on the asking thread, in any order
+// of asks (a worker may still be drawing the group asked for); and a pool may stop and go while
+// groups are still queued on it.
+TEST(MetaRouting, GroupsDrawnAheadOnAWorkerAreTheSameCounts) {
+  const auto plain = MetaRouting::forced(qwen3_router(), 99);
+  const auto ahead = MetaRouting::forced(qwen3_router(), 99);
+  {
+    ExecutionBudget budget(1);
+    WorkerPool pool("ahead", 1, {}, budget);
+    ahead->draw_ahead_on(&pool);
+    for (int it = 0; it < 2; ++it)
+      for (int mb = 0; mb < 6; ++mb)
+        for (int layer : {0, 1, 2, 5}) {
+          const RoutingKey key{
+              .layer = layer, .iteration = it, .microbatch = mb, .ep_rank = 0, .tokens = 2048};
+          EXPECT_EQ(*ahead->group_counts(key, 8), *plain->group_counts(key, 8))
+              << "iteration " << it << ", micro-batch " << mb << ", layer " << layer;
+        }
+    // Stopped with the last micro-batch's next groups still queued: they finish on the pool as
+    // it goes, holding the routing.
+    ahead->draw_ahead_on(nullptr);
+  }
+  const RoutingKey next{.layer = 5, .iteration = 1, .microbatch = 6, .ep_rank = 3, .tokens = 2048};
+  EXPECT_EQ(ahead->counts(next), plain->counts(next));
 }
 
 std::uint64_t digest(const std::vector<std::int64_t>& counts) {  // FNV-1a over the counts
