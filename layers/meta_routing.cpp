@@ -90,6 +90,11 @@ class Skewed final : public MetaRouting {
     std::vector<std::int64_t> out(std::size_t(E), 0);
     std::int64_t left = picks;
     double mass = std::accumulate(w.begin(), w.end(), 0.0);
+    // One thread at a time in the process: binomial_distribution's set-up calls lgamma, which
+    // writes the global `signgam` (a data race under ThreadSanitizer when a worker draws ahead
+    // or two compare cases draw at once; the values are not affected).
+    static std::mutex lgamma_mutex;
+    const std::lock_guard<std::mutex> lgamma_lock(lgamma_mutex);
     for (int e = 0; e < E && left > 0; ++e) {
       const double p = e == E - 1 ? 1.0 : std::min(1.0, w[std::size_t(e)] / mass);
       const std::int64_t x =
