@@ -470,7 +470,8 @@ std::vector<KeySpec> build() {
        T::Int,
        "0",
        {},
-       "worker threads running at once; 0 = the cores"},
+       "worker threads running at once (kernel bodies; in meta mode, with 2 or more, the "
+       "routing draws ahead of the hosts); 0 = the cores"},
       {key::emulator_collective_timeout_s,
        T::Float,
        "600",
