@@ -94,10 +94,20 @@ bool node_exists(int node) {
 
 namespace {
 
+void unmap(const Placement& p) {
+  if (p.ptr == nullptr) return;
+  if (p.locked) munlock(p.ptr, p.capacity);
+  // available() cannot change during a run, so it tells which allocator made p.
+  if (available())
+    numa_free(p.ptr, p.capacity);
+  else
+    munmap(p.ptr, p.capacity);
+}
+
 // Released unpinned blocks: see allocate_on_node and detail/block_cache.hpp.
 numa::detail::BlockCache& block_cache() {
   // Never destroyed: released blocks may outlive statics.
-  static auto* c = new numa::detail::BlockCache(std::size_t(1) << 30, release);
+  static auto* c = new numa::detail::BlockCache(std::size_t(1) << 30, unmap);
   return *c;
 }
 
@@ -150,6 +160,7 @@ Placement allocate_on_node(std::size_t bytes, int node, bool zeroed) {
   }
   p.ptr = ptr;
   p.actual_node = available() ? node_of(ptr) : -1;
+  block_cache().mapped(p.capacity);
   return p;
 }
 
@@ -174,12 +185,8 @@ void reset_kept_peak() {
 
 void release(const Placement& p) {
   if (p.ptr == nullptr) return;
-  if (p.locked) munlock(p.ptr, p.capacity);
-  // available() cannot change during a run, so it tells which allocator made p.
-  if (available())
-    numa_free(p.ptr, p.capacity);
-  else
-    munmap(p.ptr, p.capacity);
+  block_cache().unmapped(p.capacity);
+  unmap(p);
 }
 
 int node_of(const void* addr) {

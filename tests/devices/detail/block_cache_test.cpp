@@ -1,5 +1,6 @@
-// The cache of released host blocks: a block is handed out again for any size of its class, the
-// newest first, and a full cache gives up its oldest blocks rather than refusing new ones.
+// The cache of released host blocks: a block is handed out again for any size of its class (or a
+// smaller one, down to half), the newest first; a full cache gives up its oldest blocks rather than
+// refusing new ones; and it may hold what keeps the blocks within the most ever in use at once.
 #include "devices/detail/block_cache.hpp"
 
 #include <gtest/gtest.h>
@@ -76,6 +77,47 @@ TEST(BlockCache, AFullCacheGivesUpItsOldestBlocks) {
   EXPECT_FALSE(cache.keep(block(5, 11 * kPage)));
   EXPECT_EQ(released.size(), 2u);
   EXPECT_EQ(cache.cached_bytes(), 6 * kPage);
+}
+
+TEST(BlockCache, AKeptBlockServesSmallerClassesDownToHalfItsSize) {
+  BlockCache cache(100 * kPage, [](const Placement&) {});
+  ASSERT_TRUE(cache.keep(block(1, 8 * kPage)));
+  ASSERT_TRUE(cache.keep(block(2, 16 * kPage)));
+  Placement out;
+  EXPECT_FALSE(cache.take(0, 4 * kPage, out));  // 8 pages would waste half
+  ASSERT_TRUE(cache.take(0, 5 * kPage, out));   // the smallest class that fits
+  EXPECT_EQ(out.ptr, block(1, 0).ptr);
+  EXPECT_EQ(out.capacity, 8 * kPage);  // it keeps its own size, and comes back under it
+  EXPECT_EQ(cache.cached_bytes(), 16 * kPage);
+  EXPECT_FALSE(cache.take(1, 10 * kPage, out));  // another node's request
+  ASSERT_TRUE(cache.take(0, 10 * kPage, out));
+  EXPECT_EQ(out.ptr, block(2, 0).ptr);
+  EXPECT_EQ(cache.cached_bytes(), 0u);
+}
+
+// The end of an iteration frees more than the cap at once; the next iteration asks for the same
+// blocks again. The cache keeps them while held blocks stay within the most ever in use.
+TEST(BlockCache, TheBudgetStretchesToTheMostEverInUse) {
+  std::vector<void*> released;
+  BlockCache cache(10 * kPage, [&](const Placement& p) { released.push_back(p.ptr); });
+  for (int i = 0; i < 3; ++i) cache.mapped(10 * kPage);  // 30 pages in use
+  for (std::uintptr_t id = 1; id <= 3; ++id) ASSERT_TRUE(cache.keep(block(id, 10 * kPage)));
+  EXPECT_EQ(cache.cached_bytes(), 30 * kPage);  // past the cap, within the 30 once in use
+  EXPECT_TRUE(released.empty());
+  Placement out;
+  ASSERT_TRUE(cache.take(0, 10 * kPage, out));  // in use 10, kept 20: still 30
+  // A fresh block of another class: in use 14, so at most 16 kept; the oldest gives way.
+  cache.mapped(4 * kPage);
+  EXPECT_EQ(released, (std::vector<void*>{block(1, 0).ptr}));
+  EXPECT_EQ(cache.cached_bytes(), 10 * kPage);
+  // Blocks unmapped while in use (pinned ones) lower what is in use, not the mark.
+  cache.unmapped(4 * kPage);
+  ASSERT_TRUE(cache.keep(block(3, 10 * kPage)));
+  EXPECT_EQ(cache.cached_bytes(), 20 * kPage);
+  EXPECT_EQ(released.size(), 1u);
+  // Never above the cap or the mark: a block larger than both is refused, nothing given up.
+  EXPECT_FALSE(cache.keep(block(4, 31 * kPage)));
+  EXPECT_EQ(released.size(), 1u);
 }
 
 TEST(BlockCache, ThePeakIsTheMostHeldAtOnceSinceTheLastReset) {
