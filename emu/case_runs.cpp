@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "emu/recipe_keys.hpp"
+#include "layers/meta_routing.hpp"
 
 namespace nodeemu::emu::detail {
 
@@ -64,6 +65,9 @@ int default_case_jobs(const std::vector<NamedRecipe>& cases) {
 
 std::vector<RunReport> train_cases(const std::vector<NamedRecipe>& cases,
                                    const TrainOptions& options, int jobs) {
+  // Cases with the same routing draw each group once, whether they run at once or one after
+  // another (layers/meta_routing.hpp).
+  const layers::MetaRouting::SharingScope share_routing;
   std::vector<RunReport> reports;
   if (jobs <= 1 || cases.size() <= 1) {
     for (const NamedRecipe& c : cases) {

@@ -240,13 +240,65 @@ void MetaRouting::draw_group(RoutingKey key, int ep_ranks) const {
   group_drawn_.notify_all();
 }
 
+namespace {
+
+// The routings forced and skewed have handed out, by what decides their draws.
+struct SharedRouting {
+  bool skewed;
+  RouterConfig cfg;
+  std::uint64_t seed;
+  double skew;
+  std::weak_ptr<const MetaRouting> routing;
+};
+
+struct RoutingRegistry {
+  std::mutex mutex;
+  std::vector<SharedRouting> handed_out;
+  int scopes = 0;
+  std::vector<std::shared_ptr<const MetaRouting>> kept;  // while a SharingScope is alive
+};
+
+RoutingRegistry& registry() {
+  static RoutingRegistry r;
+  return r;
+}
+
+template <class Make>
+std::shared_ptr<const MetaRouting> shared_routing(bool skewed, const RouterConfig& cfg,
+                                                  std::uint64_t seed, double skew, Make make) {
+  RoutingRegistry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  std::erase_if(r.handed_out, [](const SharedRouting& s) { return s.routing.expired(); });
+  for (const SharedRouting& s : r.handed_out)
+    if (s.skewed == skewed && s.seed == seed && s.skew == skew && s.cfg == cfg)
+      if (auto alive = s.routing.lock()) return alive;
+  std::shared_ptr<const MetaRouting> made = make();
+  r.handed_out.push_back({skewed, cfg, seed, skew, made});
+  if (r.scopes > 0) r.kept.push_back(made);
+  return made;
+}
+
+}  // namespace
+
+MetaRouting::SharingScope::SharingScope() {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  ++registry().scopes;
+}
+
+MetaRouting::SharingScope::~SharingScope() {
+  std::vector<std::shared_ptr<const MetaRouting>> released;  // destroyed outside the lock
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  if (--registry().scopes == 0) released.swap(registry().kept);
+}
+
 std::shared_ptr<const MetaRouting> MetaRouting::forced(const RouterConfig& cfg,
                                                        std::uint64_t seed) {
-  return std::make_shared<Forced>(cfg, seed);
+  return shared_routing(false, cfg, seed, 0.0, [&] { return std::make_shared<Forced>(cfg, seed); });
 }
 std::shared_ptr<const MetaRouting> MetaRouting::skewed(const RouterConfig& cfg, std::uint64_t seed,
                                                        double skew) {
-  return std::make_shared<Skewed>(cfg, seed, skew);
+  return shared_routing(true, cfg, seed, skew,
+                        [&] { return std::make_shared<Skewed>(cfg, seed, skew); });
 }
 std::shared_ptr<const MetaRouting> MetaRouting::replay(const RouterConfig& cfg, RecordedLoads loads,
                                                        int microbatches) {

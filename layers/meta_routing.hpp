@@ -71,9 +71,23 @@ class MetaRouting : public std::enable_shared_from_this<MetaRouting> {
   // One line for the run summary.
   virtual std::string describe() const = 0;
 
+  // forced and skewed hand out one routing per (router, seed, skew) while it is in use, so that
+  // runs in one process with the same routing (the cases of a compare) draw each group once:
+  // every draw is a pure function of the routing's key and the memo's, so sharing changes where
+  // the time goes, never the counts. A drawn step is ~30 % of a meta case's time on one core.
   static std::shared_ptr<const MetaRouting> forced(const RouterConfig& cfg, std::uint64_t seed);
   static std::shared_ptr<const MetaRouting> skewed(const RouterConfig& cfg, std::uint64_t seed,
                                                    double skew);
+  // While one is alive, the routings forced and skewed hand out are also kept past their last
+  // user, so that runs one after another share their draws too (`nodeemu compare`). Each holds
+  // its last two iterations' draws.
+  class SharingScope {
+   public:
+    SharingScope();
+    ~SharingScope();
+    SharingScope(const SharingScope&) = delete;
+    SharingScope& operator=(const SharingScope&) = delete;
+  };
   // `microbatches`: per rank per iteration, to number the router's calls as the trace does.
   static std::shared_ptr<const MetaRouting> replay(const RouterConfig& cfg, RecordedLoads loads,
                                                    int microbatches);

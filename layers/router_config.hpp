@@ -30,6 +30,7 @@ struct RouterConfig {
   // (meta mode needs that), while the probabilities still come from the real logits.
   bool force_load_balancing = false;
 
+  bool operator==(const RouterConfig&) const = default;
   // Throws ConfigError naming the Megatron key for an inconsistent setting.
   void validate() const;
   // ceil(tokens * topk / experts * capacity_factor), Megatron's get_capacity; 0 without a factor.

@@ -3,9 +3,11 @@
 //
 // Why several at once: a meta-mode case runs on one core (every rank's host program takes turns
 // on one thread, and no kernel body runs), so a compare of four full-size cases took four times
-// one case's wall time on a machine with cores to spare. Each case has its own Node, recipe and
-// routing memo; nothing in a run depends on another run or on the wall clock, so every case's
-// report is the same bits whichever way they run (tests/emu/case_runs_test.cpp compares them).
+// one case's wall time on a machine with cores to spare. Each case has its own Node and recipe;
+// cases with the same routing share one routing memo (layers::MetaRouting::SharingScope), whose
+// draws are pure functions of their keys. Nothing in a run depends on another run or on the wall
+// clock, so every case's report is the same bits whichever way they run
+// (tests/emu/case_runs_test.cpp compares them).
 // Only what a report says of this machine is shared: the process's peak resident memory and the
 // kept blocks' peak (`peak_host_bytes`, `peak_kept_block_bytes`) cover every case running at the
 // time, and wall times overlap; the compare table shows none of them.

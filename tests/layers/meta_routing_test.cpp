@@ -101,8 +101,13 @@ TEST(MetaRouting, AGroupsRanksShareOneMatrixOfEveryRanksCounts) {
 // of asks (a worker may still be drawing the group asked for); and a pool may stop and go while
 // groups are still queued on it.
 TEST(MetaRouting, GroupsDrawnAheadOnAWorkerAreTheSameCounts) {
-  const auto plain = MetaRouting::forced(qwen3_router(), 99);
+  // Two routings with the same draws and memos of their own: the routers differ only in a key the
+  // draw does not read (forced() hands out one routing per router and seed).
+  RouterConfig other = qwen3_router();
+  other.aux_loss_coeff = 0.5;
+  const auto plain = MetaRouting::forced(other, 99);
   const auto ahead = MetaRouting::forced(qwen3_router(), 99);
+  ASSERT_NE(plain, ahead);
   {
     ExecutionBudget budget(1);
     WorkerPool pool("ahead", 1, {}, budget);
@@ -121,6 +126,35 @@ TEST(MetaRouting, GroupsDrawnAheadOnAWorkerAreTheSameCounts) {
   }
   const RoutingKey next{.layer = 5, .iteration = 1, .microbatch = 6, .ep_rank = 3, .tokens = 2048};
   EXPECT_EQ(ahead->counts(next), plain->counts(next));
+}
+
+// Runs in one process with the same routing (a compare's cases) share one routing and its memo,
+// while any of them holds it, or for as long as a SharingScope lives; any difference in what
+// decides the draws gives a routing of its own.
+TEST(MetaRouting, RunsWithTheSameRouterAndSeedShareOneRouting) {
+  auto a = MetaRouting::forced(qwen3_router(), 7);
+  EXPECT_EQ(MetaRouting::forced(qwen3_router(), 7), a);
+  EXPECT_NE(MetaRouting::forced(qwen3_router(), 8), a);
+  RouterConfig top4 = qwen3_router();
+  top4.topk = 4;
+  EXPECT_NE(MetaRouting::forced(top4, 7), a);
+  const auto s = MetaRouting::skewed(qwen3_router(), 7, 1.2);
+  EXPECT_NE(s, a);
+  EXPECT_EQ(MetaRouting::skewed(qwen3_router(), 7, 1.2), s);
+  EXPECT_NE(MetaRouting::skewed(qwen3_router(), 7, 1.3), s);
+  const RoutingKey key{.layer = 1, .iteration = 0, .microbatch = 2, .ep_rank = 3, .tokens = 512};
+  const auto counts = a->counts(key);
+  // Without a scope, a routing nobody holds is gone: the next ask makes a new one.
+  std::weak_ptr<const MetaRouting> was = a;
+  a.reset();
+  EXPECT_TRUE(was.expired());
+  {
+    const MetaRouting::SharingScope scope;
+    std::weak_ptr<const MetaRouting> kept = MetaRouting::forced(qwen3_router(), 7);
+    EXPECT_FALSE(kept.expired());  // kept by the scope past its last user
+    EXPECT_EQ(MetaRouting::forced(qwen3_router(), 7), kept.lock());
+    EXPECT_EQ(kept.lock()->counts(key), counts);
+  }
 }
 
 std::uint64_t digest(const std::vector<std::int64_t>& counts) {  // FNV-1a over the counts
