@@ -368,10 +368,11 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     routing = nullptr;
   struct StopDrawingAhead {
     const layers::MetaRouting* routing;
+    WorkerPool* pool;
     ~StopDrawingAhead() {
-      if (routing) routing->draw_ahead_on(nullptr);
+      if (routing) routing->stop_drawing_ahead_on(pool);
     }
-  } stop_drawing_ahead{routing};
+  } stop_drawing_ahead{routing, &pool};
   Communicator comm(node);
   std::vector<RankResult> results(static_cast<std::size_t>(setup.world));
   RunShared shared{node,

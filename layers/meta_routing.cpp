@@ -205,7 +205,7 @@ std::shared_ptr<const std::vector<std::int64_t>> MetaRouting::group_counts(Routi
   // A rank plans a micro-batch's layers together, one ask after another, and the next
   // micro-batch only after this one's work: so the same layer's group for the next micro-batch
   // is drawn meanwhile (after an iteration's last micro-batch that is a group nobody asks for).
-  if (ahead_pool_) {
+  if (!ahead_pools_.empty()) {
     RoutingKey next = key;
     ++next.microbatch;
     draw_group_ahead(next, ep_ranks);
@@ -215,7 +215,12 @@ std::shared_ptr<const std::vector<std::int64_t>> MetaRouting::group_counts(Routi
 
 void MetaRouting::draw_ahead_on(WorkerPool* pool) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  ahead_pool_ = pool;
+  ahead_pools_.push_back(pool);
+}
+
+void MetaRouting::stop_drawing_ahead_on(WorkerPool* pool) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::erase(ahead_pools_, pool);
 }
 
 void MetaRouting::draw_group_ahead(RoutingKey key, int ep_ranks) const {
@@ -224,7 +229,7 @@ void MetaRouting::draw_group_ahead(RoutingKey key, int ep_ranks) const {
   if (in_flight_.count(gk) || groups_.count(gk) || memo_.count(memo_key(key))) return;
   in_flight_.insert(gk);
   // The task holds the routing: it may run after the run that started it has let go of it.
-  ahead_pool_->submit(
+  ahead_pools_.back()->submit(
       [self = shared_from_this(), key, ep_ranks] { self->draw_group(key, ep_ranks); });
 }
 

@@ -61,13 +61,16 @@ class MetaRouting : public std::enable_shared_from_this<MetaRouting> {
   // lookups and sixteen copies of every matrix in a Qwen3 meta step, the copies 30 % of its peak
   // heap at global batch 128.
   std::shared_ptr<const std::vector<std::int64_t>> group_counts(RoutingKey key, int ep_ranks) const;
-  // Draw ahead on `pool`'s workers (nullptr: stop; call it before the pool goes). Once a
-  // group's counts are first asked for, the same layer's for the next micro-batch are drawn on a
-  // worker while the host programs run this one; an ask for counts still being drawn waits for
-  // them. The counts are the same (every draw is a pure function of its key): only where
-  // the time goes changes. A meta step's forced draws are ~20 % of its time on the host's
-  // thread (bench/README, "Routing draws ahead on a worker").
+  // Draw ahead on `pool`'s workers. Once a group's counts are first asked for, the same layer's
+  // for the next micro-batch are drawn on a worker while the host programs run this one; an ask
+  // for counts still being drawn waits for them. The counts are the same (every draw is a pure
+  // function of its key): only where the time goes changes. A meta step's forced draws are
+  // ~20 % of its time on the host's thread (bench/README, "Routing draws ahead on a worker").
+  // Runs sharing the routing (forced()) may each name their pool: the latest still named is
+  // used.
   void draw_ahead_on(WorkerPool* pool) const;
+  // Stops drawing ahead on `pool` (call it before the pool goes; what it was given still runs).
+  void stop_drawing_ahead_on(WorkerPool* pool) const;
   // One line for the run summary.
   virtual std::string describe() const = 0;
 
@@ -123,8 +126,8 @@ class MetaRouting : public std::enable_shared_from_this<MetaRouting> {
   mutable Memo memo_;
   mutable Groups groups_;
   mutable int newest_iteration_ = 0;
-  mutable WorkerPool* ahead_pool_ = nullptr;
-  mutable std::set<GroupKey> in_flight_;  // groups a worker is drawing
+  mutable std::vector<WorkerPool*> ahead_pools_;  // the latest named last
+  mutable std::set<GroupKey> in_flight_;          // groups a worker is drawing
   mutable std::condition_variable group_drawn_;
 };
 

@@ -122,10 +122,41 @@ TEST(MetaRouting, GroupsDrawnAheadOnAWorkerAreTheSameCounts) {
         }
     // Stopped with the last micro-batch's next groups still queued: they finish on the pool as
     // it goes, holding the routing.
-    ahead->draw_ahead_on(nullptr);
+    ahead->stop_drawing_ahead_on(&pool);
   }
   const RoutingKey next{.layer = 5, .iteration = 1, .microbatch = 6, .ep_rank = 3, .tokens = 2048};
   EXPECT_EQ(ahead->counts(next), plain->counts(next));
+}
+
+// Two runs sharing a routing each draw ahead on their own pool: one stopping (its pool then goes)
+// leaves the other's in use, and the counts stay the ones drawn on the asking thread.
+TEST(MetaRouting, RunsSharingARoutingStopDrawingAheadOnTheirOwnPools) {
+  RouterConfig other = qwen3_router();
+  other.aux_loss_coeff = 0.5;  // a routing of its own, with the same draws
+  const auto plain = MetaRouting::forced(other, 5);
+  const auto shared = MetaRouting::forced(qwen3_router(), 5);
+  ExecutionBudget budget(1);
+  WorkerPool first("first", 1, {}, budget);
+  shared->draw_ahead_on(&first);
+  const auto ask = [&](int mb) {
+    for (int layer : {0, 3}) {
+      const RoutingKey key{
+          .layer = layer, .iteration = 0, .microbatch = mb, .ep_rank = 0, .tokens = 1024};
+      EXPECT_EQ(*shared->group_counts(key, 4), *plain->group_counts(key, 4))
+          << "micro-batch " << mb << ", layer " << layer;
+    }
+  };
+  {
+    WorkerPool second("second", 1, {}, budget);
+    shared->draw_ahead_on(&second);
+    ask(0);
+    ask(1);
+    shared->stop_drawing_ahead_on(&second);
+  }  // the second pool is gone: later draws ahead must go to the first
+  ask(2);
+  ask(3);
+  shared->stop_drawing_ahead_on(&first);
+  ask(4);
 }
 
 // Runs in one process with the same routing (a compare's cases) share one routing and its memo,
