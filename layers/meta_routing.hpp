@@ -75,9 +75,9 @@ class MetaRouting : public std::enable_shared_from_this<MetaRouting> {
   virtual std::string describe() const = 0;
 
   // forced and skewed hand out one routing per (router, seed, skew) while it is in use, so that
-  // runs in one process with the same routing (the cases of a compare) draw each group once:
-  // every draw is a pure function of the routing's key and the memo's, so sharing changes where
-  // the time goes, never the counts. A drawn step is ~30 % of a meta case's time on one core.
+  // runs in one process with the same routing (the cases of a compare) draw each group once.
+  // Every draw is a pure function of its key, so sharing changes where the time goes, never the
+  // counts. The draws are ~30 % of a meta case's time on one core.
   static std::shared_ptr<const MetaRouting> forced(const RouterConfig& cfg, std::uint64_t seed);
   static std::shared_ptr<const MetaRouting> skewed(const RouterConfig& cfg, std::uint64_t seed,
                                                    double skew);
