@@ -11,9 +11,7 @@
 // Tuning, measured on the development host (AMD EPYC Zen4 under KVM, 2 cores, 1 MiB L2 per
 // core, 32 MiB shared L3; median of 7, same source and destination reused, so 1-4 MiB copies are
 // cache-hot):
-//  - One thread with both roles is indifferent to the ring's shape: pass_through() keeps the
-//    data in L1 a 4 KiB piece at a time. 64 MiB: 1.1-1.2x memcpy (thanks to streaming stores,
-//    which glibc's memcpy does not use at that size here); 1-4 MiB: 0.77-0.82x.
+//  - One thread with both roles does not use the ring's slots at all (Transfer::copy_rest).
 //  - A producer thread and a consumer thread depend on it. Each slot crosses from the producer's
 //    core to the consumer's, and lines still dirty in the other core's L2 move slowly: with
 //    4 x 64 KiB a 4 MiB transfer ran at 8 GB/s. Many slots and a ring larger than the L2 fix
@@ -66,11 +64,6 @@ struct Ring {
 };
 
 namespace {
-
-// The piece size of pass_through(): small enough that a piece written to the slot is still in L1
-// when it is read back (Zen4: 32 KiB L1d), large enough to amortise the per-piece calls. 2, 4 and
-// 8 KiB measured within noise of each other.
-constexpr std::size_t kPassPiece = 4096;
 
 // Cache colours. Ring memory is page-aligned (in practice the mappings are even 1 MiB apart) and
 // slots are 64 KiB, so without a colour slot 0 of every ring, where every small transfer goes,
@@ -306,10 +299,13 @@ bool Transfer::pump(Role roles) {
     const bool consumer = (roles & Consumer) != 0 && try_lock(consuming_);
     bool moved = false;
     if (producer && consumer) {
-      // Alone on the ring: drain what an earlier producer left (in order), then pass the rest
-      // through the now empty ring.
+      // Alone on the ring: drain what an earlier producer left (in order), then move the rest
+      // straight across.
       moved = consume(ring);
-      moved |= pass_through(ring);
+      NE_CHECK(ring.head.value.load(std::memory_order_relaxed) ==
+                   ring.tail.value.load(std::memory_order_relaxed),
+               "a drained ring still holds slots");
+      moved |= copy_rest();
     } else {
       if (producer) moved |= produce(ring);
       if (consumer) moved |= consume(ring);
@@ -325,21 +321,38 @@ bool Transfer::pump_local() {
   // Either role may do it: with no ring there is nothing to pipeline, and the holder copies the
   // whole stream in one go.
   if (!try_lock(producing_)) return done();
-  if (!done()) {
-    std::size_t src_segment = 0, src_offset = 0;
-    while (src_segment < src_.size()) {
-      const ConstSegment& s = src_[src_segment];
-      const std::size_t piece = s.bytes - src_offset;
-      scatter(dst_, dst_cursor_.segment, dst_cursor_.offset, s.ptr + src_offset, piece, consume_,
-              streaming_);
-      ++src_segment, src_offset = 0;
-    }
-    // Release: whoever sees done() sees the destination. Streaming stores are not ordered by a
-    // release store, hence the fence first.
-    if (streaming_) store_fence();
-    done_.store(true, std::memory_order_release);
-  }
+  copy_rest();
   unlock(producing_);
+  return true;
+}
+
+bool Transfer::copy_rest() {
+  // With nobody to pipeline with, a ring only adds a copy. Before, a lone holder passed the
+  // bytes through a slot a few KiB at a time, so that each piece was read back from L1; even so,
+  // one thread moving 2 x 256 KiB of a 2-rank all-to-all ran at ~0.2-0.35x of the two-thread
+  // memcpy baseline, against ~0.45 copying once (bench/README, "One copy for a lone pump"). The
+  // real systems skip their staging buffers the same way where they can: NCCL sends straight
+  // from and into registered user buffers (user guide, "User Buffer Registration", 2.19), and
+  // Open MPI's shared-memory transport copies once with CMA. The destination is applied in the
+  // same order with the same operations, so every result is the same bit for bit.
+  if (produced_ == bytes_ && consumed_ == bytes_) return false;
+  NE_CHECK(produced_ == consumed_, "a direct copy behind bytes still in the ring");
+  std::size_t n = bytes_ - produced_;
+  while (n > 0) {
+    NE_CHECK(src_cursor_.segment < src_.size(), "transfer source shorter than its byte count");
+    const ConstSegment& s = src_[src_cursor_.segment];
+    const std::size_t piece = std::min(n, s.bytes - src_cursor_.offset);
+    scatter(dst_, dst_cursor_.segment, dst_cursor_.offset, s.ptr + src_cursor_.offset, piece,
+            consume_, streaming_);
+    n -= piece;
+    src_cursor_.offset += piece;
+    if (src_cursor_.offset == s.bytes) ++src_cursor_.segment, src_cursor_.offset = 0;
+  }
+  produced_ = consumed_ = bytes_;
+  // Release: whoever sees done() sees the destination. Streaming stores are not ordered by a
+  // release store, hence the fence first.
+  if (streaming_) store_fence();
+  done_.store(true, std::memory_order_release);
   return true;
 }
 
@@ -361,39 +374,6 @@ bool Transfer::produce(Ring& ring) {
     produced_ += n;
     moved = true;
   }
-  return moved;
-}
-
-bool Transfer::pass_through(Ring& ring) {
-  // With both roles there is nobody to pipeline with, and filling all the slots before draining
-  // them (the obvious way) costs two copies through L2. Instead each slot is filled and drained
-  // kPassPiece bytes at a time, so every byte is read back from L1 right after it was written:
-  // on the development host that made one thread moving 1 MiB (hot) go from 0.48x to ~0.95x of
-  // a memcpy. The data still goes through the ring's memory on the receiver's node.
-  std::uint64_t head = ring.head.value.load(std::memory_order_relaxed);
-  NE_CHECK(head == ring.tail.value.load(std::memory_order_relaxed), "pass-through on a full ring");
-  bool moved = false;
-  while (produced_ < bytes_) {
-    const std::size_t n = std::min<std::size_t>(ring.slot_bytes, bytes_ - produced_);
-    // Every piece of the slot goes through the slot's first kPassPiece bytes: walking the
-    // whole slot instead would make each piece's stores miss L1 (measured: 28 instead of 37
-    // GB/s for 1 MiB).
-    std::byte* slot = ring.slot(head);
-    for (std::size_t at = 0; at < n; at += kPassPiece) {
-      const std::size_t piece = std::min(kPassPiece, n - at);
-      gather(src_, src_cursor_.segment, src_cursor_.offset, slot, piece);
-      scatter(dst_, dst_cursor_.segment, dst_cursor_.offset, slot, piece, consume_, streaming_);
-    }
-    produced_ += n;
-    consumed_ += n;
-    // Kept consistent for whoever takes a role next (the role unlocks publish them too).
-    ++head;
-    ring.head.value.store(head, std::memory_order_release);
-    ring.tail.value.store(head, std::memory_order_release);
-    moved = true;
-  }
-  if (streaming_) store_fence();
-  if (moved) done_.store(true, std::memory_order_release);
   return moved;
 }
 

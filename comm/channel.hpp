@@ -7,7 +7,8 @@
 // the ring could hold a token the peer needs and deadlock the node. So a transfer is a state
 // machine that any worker may advance with pump(): it takes the producer and consumer roles with
 // try-locks, moves what it can and returns; a single caller holding both roles moves the whole
-// transfer alone.
+// transfer alone, straight from the source to the destination (the ring pipelines two threads;
+// one thread gains nothing from it).
 #pragma once
 
 #include <atomic>
@@ -114,9 +115,9 @@ class Transfer {
   enum Role : unsigned { Producer = 1, Consumer = 2, Both = 3 };
   // Moves what it can without waiting for another thread: takes each requested role that nobody
   // holds, fills free slots (producer) and drains full ones (consumer), until neither moves
-  // anything. One caller that gets both roles moves the whole transfer alone, passing it through
-  // the ring a few KiB at a time so that the ring stays in L1. A local transfer is moved by
-  // whichever role is asked for. Returns done().
+  // anything. One caller that gets both roles drains what the ring holds and copies the rest
+  // straight across, alone. A local transfer is moved by whichever role is asked for. Returns
+  // done().
   bool pump(Role roles = Both);
   // True once every byte has been delivered. Safe from any thread; when it returns true, the
   // caller sees every destination byte.
@@ -139,9 +140,11 @@ class Transfer {
 
   Ring* bind_ring();
   bool pump_local();
-  bool produce(Ring& ring);       // with the producer role held; true if it filled a slot
-  bool consume(Ring& ring);       // with the consumer role held; true if it drained a slot
-  bool pass_through(Ring& ring);  // with both roles held and the ring empty: moves the rest
+  bool produce(Ring& ring);  // with the producer role held; true if it filled a slot
+  bool consume(Ring& ring);  // with the consumer role held; true if it drained a slot
+  // With both roles held (or the producer role of a local transfer) and the ring empty: moves
+  // the rest straight from the source to the destination. False if nothing was left.
+  bool copy_rest();
 
   ChannelPool& pool_;
   int src_device_;

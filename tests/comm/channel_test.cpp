@@ -183,6 +183,34 @@ TEST(ChannelTest, OneThreadMovesEveryLengthBetweenScatteredSegments) {
   EXPECT_EQ(pool.ring_bytes(), kSlot * kSlots);
 }
 
+TEST(ChannelTest, OneThreadWithBothRolesCopiesOnceWithoutTheSlots) {
+  // A lone pump gains nothing from staging the bytes in the ring: it copies each byte once,
+  // straight across (bench/README, "One copy for a lone pump"). The ring is still bound, for a
+  // second thread that may take a role later.
+  ChannelPool pool({0, 0}, kSlot, kSlots);
+  const std::size_t length = 3 * kSlot + 5;
+  Scattered src = scattered(length, 900, 31);
+  fill_payload(src, 7);
+  std::byte* slots = nullptr;
+  {
+    Scattered dst = scattered(length, 1100, 32);
+    Transfer first(pool, 0, 1, src.const_segments(), dst.segments());
+    EXPECT_TRUE(first.pump(Transfer::Both));
+    slots = static_cast<std::byte*>(const_cast<void*>(first.ring_memory()));
+    ASSERT_NE(slots, nullptr);
+  }
+  // The pair's one ring, marked, is the next transfer's.
+  std::fill(slots, slots + kSlot * kSlots, std::byte{0xA5});
+  Scattered dst = scattered(length, 1100, 33);
+  Transfer second(pool, 0, 1, src.const_segments(), dst.segments());
+  EXPECT_TRUE(second.pump(Transfer::Both));
+  EXPECT_EQ(second.ring_memory(), slots);
+  EXPECT_TRUE(same_bytes(dst.arena, expected_arena(dst, 7)));
+  for (std::size_t i = 0; i < kSlot * kSlots; ++i)
+    ASSERT_EQ(slots[i], std::byte{0xA5}) << "slot byte " << i << " was written";
+  EXPECT_EQ(second.max_in_flight(), 0u);
+}
+
 TEST(ChannelTest, ProducerAndConsumerThreadsPipelineThroughTheRing) {
   ChannelPool pool({0, 0}, kSlot, kSlots);
   const std::size_t length = 200 * kSlot * kSlots + 5;  // 200 times the ring
