@@ -1,6 +1,8 @@
 #include "layers/detail/uniform_subset_draw.hpp"
 
+#include <bit>
 #include <cstddef>
+#include <cstring>
 
 #include "devices/check.hpp"
 #include "layers/detail/splitmix64.hpp"
@@ -22,6 +24,22 @@ struct Block {
 
 // The picks of a block's words: each word's low half, then its high half.
 inline void pick_experts(Block& b, std::uint32_t experts) {
+  if ((experts & (experts - 1)) == 0) {
+    // A power of two: (w * E) >> 32 is w's top log2(E) bits, 2^32 mod E is 0 (nothing is
+    // rejected), and the picks in order are the words' halves in memory order, low first.
+    const int keep = std::countr_zero(experts);
+    if (keep == 0) {
+      std::memset(b.picks, 0, sizeof b.picks);
+      return;
+    }
+    const auto* halves = reinterpret_cast<const unsigned char*>(b.words);
+    for (std::size_t i = 0; i < kPicksPerBlock; ++i) {
+      std::uint32_t w;
+      std::memcpy(&w, halves + 4 * i, 4);
+      b.picks[i] = w >> (32 - keep);
+    }
+    return;
+  }
   const std::uint32_t reject_below = std::uint32_t(-experts) % experts;  // 2^32 mod E
   const auto pick = [&](std::uint32_t w) {
     const std::uint64_t m = std::uint64_t(w) * experts;
