@@ -31,7 +31,9 @@ namespace nodeemu::detail {
 // development VM, where an idle vCPU halts. Measured with bench_comm (bench/README, "The
 // collective's own thread"): inline beat one worker at 2 x 64 KiB to 2 x 1 MiB; the parties dealt
 // to two threads beat inline from 2 x 1 MiB (2 MiB in all: 106-112 against 149-182 us) and
-// 8 x 64 KiB (3.5 MiB: 160-174 against 226-276 us), and tied at 2 x 256 KiB (512 KiB).
+// 8 x 64 KiB (3.5 MiB: 160-174 against 226-276 us), and tied at 2 x 256 KiB (512 KiB). Again
+// once a lone thread copied each byte once (2026-12-02, "One copy for a lone pump"): inline to
+// 4 MiB made 2 x 1 MiB 475-489 us instead of 207-231.
 inline constexpr double kInlineRendezvousBytes = 1024.0 * 1024;
 
 class FunctionalRendezvous {
