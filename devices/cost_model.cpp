@@ -14,6 +14,8 @@ void GpuSpec::use_profile(std::shared_ptr<const GpuProfile> p) {
   stream_wait_host_s = h.stream_wait_s;
   sync_host_s = h.synchronize_s;
   graph_kernel_host_s = h.graph_kernel_s;
+  forward_kernel_host_s = h.forward_kernel_s > 0 ? h.forward_kernel_s : h.launch_s;
+  backward_kernel_host_s = h.backward_kernel_s > 0 ? h.backward_kernel_s : h.launch_s;
   small_d2h_sync_host_s = h.small_d2h_sync_s;
   launch_latency_s = h.launch_latency_s;
   contention = p->contention();

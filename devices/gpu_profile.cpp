@@ -64,8 +64,12 @@ const Field& profile_schema() {
                            name_of("grouped_gemm", "grouped GEMM table"),
                            name_of("attention", "attention table"),
                            name_of("memory_bound", "memory-bound kernel table"),
+                           name_of("memory_anatomy",
+                                   "memory-bound series read from a layer's kernel trace, not "
+                                   "measured as a table (memory_bound.csv's columns + source)"),
                            name_of("pcie", "PCIe copy table"),
                            str("host_costs", "host cost table"),
+                           name_of("host_ops", "framework host cost table (host_ops.csv)"),
                            name_of("sm_contention", "SM contention table"),
                            name_of("overlap_contention", "HBM and PCIe contention table"),
                        })),
@@ -79,14 +83,20 @@ const Field& profile_schema() {
           optional(map("memory_ops",
                        [] {
                          std::vector<Field> ops;
+                         auto entry = [](const char* op) {
+                           return map(op, {str("series", "the memory_bound.csv op that prices it"),
+                                           optional(real("bytes_per_token",
+                                                         "bytes one token of a series measured "
+                                                         "by tokens stands for",
+                                                         kPositive))});
+                         };
                          for (const char* op : {"copy", "elementwise", "norm", "gather", "scatter",
                                                 "activation", "router"})
-                           ops.push_back(
-                               map(op, {str("series", "the memory_bound.csv op that prices it"),
-                                        optional(real("bytes_per_token",
-                                                      "bytes one token of a series measured by "
-                                                      "tokens stands for",
-                                                      kPositive))}));
+                           ops.push_back(entry(op));
+                         // Optional: without them these classes are priced as scatter and
+                         // elementwise (MemoryOp in kernel_shape.hpp).
+                         for (const char* op : {"scatter_add", "strided"})
+                           ops.push_back(optional(entry(op)));
                          return ops;
                        }())),
           optional(map("host_costs",
@@ -98,6 +108,11 @@ const Field& profile_schema() {
                            str("graph_kernel", "row of a kernel replayed in a CUDA graph"),
                            str("small_d2h_sync", "row of a small D2H read on the host"),
                            str("launch_sync_roundtrip", "row of a launch plus synchronize"),
+                       })),
+          optional(map("host_ops",
+                       {
+                           str("forward", "host_ops.csv row of an eager layer's forward"),
+                           str("backward", "host_ops.csv row of its backward"),
                        })),
           optional(map("overlap_contention",
                        {
@@ -205,7 +220,8 @@ std::shared_ptr<const GpuProfile> ProfileLoader::load(const FileSource& src) {
   if (r.has("derived")) {
     if (p->measured_) r.fail("measured", "a derived profile is not measured; set measured: false");
     for (const char* k :
-         {"tables", "grouped_gemm_tiling", "memory_ops", "host_costs", "overlap_contention"})
+         {"tables", "grouped_gemm_tiling", "memory_ops", "host_costs", "host_ops",
+          "overlap_contention"})
       if (r.has(k))
         r.fail(k, "a derived profile takes its tables from 'derived.from'; remove this key");
     const std::string base_name = r.str("derived.from");
@@ -226,6 +242,7 @@ std::shared_ptr<const GpuProfile> ProfileLoader::load(const FileSource& src) {
       if (*tab) scale_times(**tab, {"seconds"}, compute, floor_s);
     if (t.attention) scale_times(*t.attention, {"fwd_seconds", "bwd_seconds"}, compute, floor_s);
     if (t.memory_bound) scale_times(*t.memory_bound, {"seconds"}, hbm, floor_s);
+    if (t.memory_anatomy) scale_times(*t.memory_anatomy, {"seconds"}, hbm, floor_s);
     if (t.pcie) {
       // A copy's start-up is the smallest copy measured (the DMA's latency), not a kernel's.
       double copy_floor = std::numeric_limits<double>::infinity();
@@ -258,6 +275,9 @@ std::shared_ptr<const GpuProfile> ProfileLoader::load(const FileSource& src) {
   opt_table("grouped_gemm", t.grouped_gemm);
   opt_table("attention", t.attention);
   opt_table("memory_bound", t.memory_bound);
+  opt_table("memory_anatomy", t.memory_anatomy);
+  if (t.memory_anatomy && !t.memory_bound)
+    r.fail("tables.memory_anatomy", "needs tables.memory_bound, whose floor it shares");
   opt_table("pcie", t.pcie);
   if (r.has("grouped_gemm_tiling")) {
     if (!t.grouped_gemm) r.fail("grouped_gemm_tiling", "there is no grouped_gemm table to tile");
@@ -295,6 +315,31 @@ std::shared_ptr<const GpuProfile> ProfileLoader::load(const FileSource& src) {
       }
     }
     c.launch_latency_s = std::max(0.0, roundtrip - c.launch_s - c.synchronize_s - smallest);
+  }
+  // The framework's host cost per kernel of an eager layer, forward and backward (host_ops.csv:
+  // a layer's host issue time over the kernels it launched; tools/gpu_measure/host_op_tables.py).
+  if (r.has("tables.host_ops") != r.has("host_ops"))
+    r.fail(r.has("host_ops") ? "tables.host_ops" : "host_ops",
+           "missing: host_ops.csv and the host_ops rows come together");
+  if (r.has("host_ops")) {
+    const detail::CsvTable h = table(src, r.str("tables.host_ops"), "tables.host_ops");
+    h.require({"what", "seconds", "kernels"});
+    HostCosts& c = p->host_;
+    for (const char* k : {"forward", "backward"}) {
+      const std::string key = std::string("host_ops.") + k, what = r.str(key);
+      std::size_t row = h.rows();
+      for (std::size_t i = 0; i < h.rows() && row == h.rows(); ++i)
+        if (h.text(i, "what") == what) row = i;
+      if (row == h.rows())
+        throw ConfigError(yaml_file, key,
+                          "names row '" + what + "', which " + h.file() + " does not have");
+      const double kernels = double(h.count(row, "kernels"));
+      (k[0] == 'f' ? c.forward_kernel_s : c.backward_kernel_s) = h.number(row, "seconds") / kernels;
+      if (h.has("source") && !h.empty(row, "source")) {
+        if (!c.framework_source.empty()) c.framework_source += "; ";
+        c.framework_source += what + ": " + h.text(row, "source");
+      }
+    }
   }
 
   // Contention.
@@ -338,23 +383,35 @@ std::shared_ptr<const GpuProfile> ProfileLoader::load(const FileSource& src) {
     if (!r.has("memory_ops"))
       r.fail("memory_ops", "missing; say which memory_bound.csv op prices each kernel class");
     detail::MemoryBoundModel::validate(*t.memory_bound);
-    for (MemoryOp op : {MemoryOp::Copy, MemoryOp::Elementwise, MemoryOp::Norm, MemoryOp::Gather,
-                        MemoryOp::Scatter, MemoryOp::Activation, MemoryOp::Router}) {
+    if (t.memory_anatomy) detail::MemoryBoundModel::validate(*t.memory_anatomy);
+    auto has_series = [](const std::optional<detail::CsvTable>& tab, const std::string& s) {
+      for (std::size_t i = 0; tab && i < tab->rows(); ++i)
+        if (tab->text(i, "op") == s) return true;
+      return false;
+    };
+    for (MemoryOp op : kMemoryOps) {
       const std::string key = std::string("memory_ops.") + memory_op_name(op);
+      if (!r.has(key) && (op == MemoryOp::ScatterAdd || op == MemoryOp::Strided)) {
+        // Optional classes: priced as the class they refine (kernel_shape.hpp).
+        p->memory_series_[op] =
+            p->memory_series_.at(op == MemoryOp::ScatterAdd ? MemoryOp::Scatter : MemoryOp::Elementwise);
+        continue;
+      }
       const std::string series = r.str(key + ".series");
-      bool found = false;
-      for (std::size_t i = 0; i < t.memory_bound->rows() && !found; ++i)
-        found = t.memory_bound->text(i, "op") == series;
-      if (!found)
-        r.fail(key + ".series",
-               "names op '" + series + "', which " + t.memory_bound->file() + " does not have");
-      const bool tokens = detail::MemoryBoundModel::by_tokens(*t.memory_bound, series);
+      const bool measured = has_series(t.memory_bound, series);
+      if (!measured && !has_series(t.memory_anatomy, series))
+        r.fail(key + ".series", "names op '" + series + "', which " + t.memory_bound->file() +
+                                    (t.memory_anatomy ? " and " + t.memory_anatomy->file() : "") +
+                                    " do not have");
+      const detail::CsvTable& in = measured ? *t.memory_bound : *t.memory_anatomy;
+      const bool tokens = detail::MemoryBoundModel::by_tokens(in, series);
       const bool per_token = r.has(key + ".bytes_per_token");
       if (tokens && !per_token)
         r.fail(key, "'" + series + "' is measured by tokens; add bytes_per_token");
       if (!tokens && per_token)
         r.fail(key + ".bytes_per_token", "'" + series + "' is measured by bytes; remove it");
-      p->memory_series_[op] = {series, per_token ? r.si(key + ".bytes_per_token", 0) : 0.0};
+      p->memory_series_[op] = {series, per_token ? r.si(key + ".bytes_per_token", 0) : 0.0,
+                               !measured};
     }
   }
   p->models_ = std::make_unique<detail::ProfileModels>(std::move(t));
@@ -371,6 +428,12 @@ std::optional<GroupedTiling> GpuProfile::grouped_tiling() const {
 
 double GpuProfile::kernel_floor_s() const {
   return models_->floor_s();
+}
+
+std::string GpuProfile::memory_series(MemoryOp op, bool* from_anatomy) const {
+  const auto it = memory_series_.find(op);
+  if (from_anatomy) *from_anatomy = it != memory_series_.end() && it->second.from_anatomy;
+  return it == memory_series_.end() ? std::string() : it->second.series;
 }
 
 std::shared_ptr<const GpuProfile> GpuProfile::load(const std::string& dir) {
@@ -447,9 +510,10 @@ KernelPrice GpuProfile::price(const Work& w) const {
       break;
     case KernelKind::MemoryBound:
       if (auto it = memory_series_.find(s.op); it != memory_series_.end() && m.memory()) {
-        const auto& [series, per_token] = it->second;
-        const double x = per_token > 0 ? w.bytes / per_token : w.bytes;
-        return {m.memory()->predict({series, x}).seconds, true};
+        const MemorySeries& ms = it->second;
+        const double x = ms.bytes_per_token > 0 ? w.bytes / ms.bytes_per_token : w.bytes;
+        const detail::MemoryBoundModel* model = ms.from_anatomy ? m.memory_anatomy() : m.memory();
+        return {model->predict({ms.series, x}).seconds, true};
       }
       break;
     case KernelKind::Unspecified:

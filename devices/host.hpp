@@ -43,6 +43,27 @@ class EagerIssue {
   int depth_;
 };
 
+// What the framework is doing while the calling host issues work: PyTorch's eager forward
+// (Python, the dispatcher and autograd's recording around each op) or autograd's backward (the
+// engine's per-node work around each backward op). Inside one, a kernel or copy launch costs the
+// host the profile's per-kernel framework cost of that pass (host_ops.csv: a real layer issues at
+// tens of microseconds per kernel), not a bare launch; outside, a bare launch (the optimizer's
+// and the runtime's own calls). A GraphReplay scope still wins: replayed kernels cost the replay.
+// The innermost scope counts: recompute inside backward re-runs forward ops, at forward's cost
+// (Megatron's CheckpointWithoutOutput re-runs the module's forward under autograd).
+
+class FrameworkScope {
+ public:
+  FrameworkScope(Node& node, FrameworkPass pass);
+  ~FrameworkScope();
+  FrameworkScope(const FrameworkScope&) = delete;
+  FrameworkScope& operator=(const FrameworkScope&) = delete;
+
+ private:
+  Node* node_;
+  FrameworkPass outer_;
+};
+
 class Host {
  public:
   explicit Host(Node& node) : node_(&node) {}

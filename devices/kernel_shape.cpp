@@ -41,6 +41,10 @@ const char* memory_op_name(MemoryOp op) {
       return "activation";
     case MemoryOp::Router:
       return "router";
+    case MemoryOp::ScatterAdd:
+      return "scatter_add";
+    case MemoryOp::Strided:
+      return "strided";
   }
   return "?";
 }

@@ -37,7 +37,18 @@ enum class MemoryOp : std::uint8_t {
   Scatter,      // row scatters with accumulation: unpermute, embedding wgrad
   Activation,   // SwiGLU forward and backward
   Router,       // router softmax + top-k (Work::bytes are the fp32 logits)
+  // The unfused paths' kernels that run far below the bytes-over-bandwidth rate
+  // (shared/calibration/h100_layer_anatomy): a profile without a series of their own prices
+  // them as the class named after each.
+  ScatterAdd,  // index_add / scatter_add of rows with atomics (a row gather's backward,
+               // moe_utils.unpermute without fusion): as scatter
+  Strided,     // elementwise ops on strided or broadcast operands (RoPE written out on the
+               // heads' views, SwiGLU's halves, rotate-half's cat): as elementwise
 };
+
+inline constexpr MemoryOp kMemoryOps[] = {
+    MemoryOp::Copy,   MemoryOp::Elementwise, MemoryOp::Norm,       MemoryOp::Gather, MemoryOp::Scatter,
+    MemoryOp::Activation, MemoryOp::Router, MemoryOp::ScatterAdd, MemoryOp::Strided};
 
 struct KernelShape {
   KernelKind kind = KernelKind::Unspecified;

@@ -316,6 +316,12 @@ GraphReplay::~GraphReplay() {
   detail::NodeAccess::engine(*node_).leave_graph_replay();
 }
 
+FrameworkScope::FrameworkScope(Node& node, FrameworkPass pass)
+    : node_(&node), outer_(detail::NodeAccess::engine(node).enter_framework_pass(pass)) {}
+FrameworkScope::~FrameworkScope() {
+  detail::NodeAccess::engine(*node_).enter_framework_pass(outer_);
+}
+
 EagerIssue::EagerIssue(Node& node)
     : node_(&node), depth_(detail::NodeAccess::engine(node).suspend_graph_replay()) {}
 EagerIssue::~EagerIssue() {

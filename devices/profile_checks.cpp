@@ -82,6 +82,7 @@ struct Output {
   double seconds = 0;
   double rate_work = 0;  // FLOPs / 1e12 or bytes / 1e9 for the rate column; 0: leave it empty
   Prediction why;
+  bool anatomy = false;  // priced by memory_anatomy.csv: read from a layer trace, not a table
 };
 
 class TablePredictor {
@@ -122,10 +123,12 @@ class TablePredictor {
       case Kind::Memory: {
         need(m_.memory(), t, "memory_bound");
         const auto q = detail::MemoryBoundModel::query(t, r);
-        if (!m_.memory()->has(q.op))
+        const bool anatomy =
+            !m_.memory()->has(q.op) && m_.memory_anatomy() && m_.memory_anatomy()->has(q.op);
+        if (!anatomy && !m_.memory()->has(q.op))
           t.fail(r, "op", "'" + q.op + "' is not measured in this profile's memory table");
         return {{"seconds", "gb_s", 0, t.empty(r, "bytes_moved") ? 0 : q.x / 1e9,
-                 m_.memory()->predict(q)}};
+                 (anatomy ? m_.memory_anatomy() : m_.memory())->predict(q), anatomy}};
       }
       case Kind::Pcie: {
         need(m_.pcie(), t, "pcie");
@@ -150,14 +153,16 @@ class TablePredictor {
   const ProfileModels& m_;
 };
 
-std::string describe_sources(const ProfileModels& m, const KindInfo& kind, const Prediction& p) {
-  const std::optional<CsvTable>* t = &(m.tables().*kind.table);
+std::string describe_sources(const ProfileModels& m, const KindInfo& kind, const Prediction& p,
+                             bool anatomy) {
+  const std::optional<CsvTable>* t =
+      anatomy ? &m.tables().memory_anatomy : &(m.tables().*kind.table);
   // Merge repeated rows (a filled hole lists what it came from) and show the heaviest first.
   std::map<std::size_t, double> w;
   for (const auto& [row, weight] : p.sources) w[row] += weight;
   std::vector<std::pair<std::size_t, double>> v(w.begin(), w.end());
   std::stable_sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.second > b.second; });
-  std::string out = p.how + "; from";
+  std::string out = (anatomy ? "from the layer anatomy, not a table: " : "") + p.how + "; from";
   const std::size_t shown = std::min<std::size_t>(v.size(), 8);
   for (std::size_t i = 0; i < shown; ++i) {
     const auto& [row, weight] = v[i];
@@ -231,7 +236,7 @@ TablePrediction GpuProfile::predict_table(const std::string& csv_text,
       filled[o.time_col] = fmt(o.why.seconds);
       filled[o.rate_col] = o.rate_work > 0 ? fmt_rate(o.rate_work / o.why.seconds) : "";
       explain += " " + o.time_col + " " + fmt(o.why.seconds) + " s, " +
-                 describe_sources(*models_, k, o.why) + ".";
+                 describe_sources(*models_, k, o.why, o.anatomy) + ".";
     }
     for (std::size_t i = 0; i < header.size(); ++i) {
       const auto it = filled.find(header[i]);

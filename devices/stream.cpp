@@ -35,7 +35,9 @@ OpClass op_class(const KernelShape& s) {
     case KernelKind::Attention:
       return OpClass::Attention;
     case KernelKind::MemoryBound:
-      return s.op == MemoryOp::Gather || s.op == MemoryOp::Scatter ? OpClass::Permute
+      return s.op == MemoryOp::Gather || s.op == MemoryOp::Scatter ||
+                     s.op == MemoryOp::ScatterAdd
+                 ? OpClass::Permute
              : s.op == MemoryOp::Copy                              ? OpClass::Memcpy
                                                                    : OpClass::Elementwise;
     case KernelKind::Unspecified:

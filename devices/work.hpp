@@ -19,6 +19,9 @@ enum class Priority : int { Low = -1, Normal = 0, High = 1 };
 
 enum class Precision { BF16, FP8, FP32 };
 
+// Which pass of the framework a host is issuing in (FrameworkScope, host.hpp).
+enum class FrameworkPass : int { None = 0, Forward = 1, Backward = 2 };
+
 struct Work {
   double flops = 0;  // floating-point operations
   double bytes = 0;  // HBM traffic, read + write

@@ -134,6 +134,11 @@ LayerTiming time_one(const RunPlan& p, const layers::ModelConfig& cfg, int layer
     for (const auto* op : ops) a = std::min(a, op->start), b = std::max(b, op->end);
     return vtime_to_seconds(b - a);
   };
+  VTime origin = all.empty() ? 0 : all.front()->start;
+  for (const auto* op : all) origin = std::min(origin, op->start);
+  for (const auto* op : all)
+    t.timeline.push_back({op->name, to_string(op->cls), vtime_to_seconds(op->start - origin),
+                          vtime_to_seconds(op->end - origin), op->id >= forward_ops});
   t.forward_s = span(fwd);
   t.forward_backward_s = span(all);
   LayerTiming forward;
@@ -251,6 +256,13 @@ std::string layer_report_json(const LayerReport& r) {
                                              {"permute", 0}, {"memcpy", 0},    {"other", 0}};
     for (const auto& [c, v] : t.by_class) classes[c] = v;
     l["by_class"] = classes;
+    l["timeline"] = nlohmann::ordered_json::array();
+    for (const auto& op : t.timeline)
+      l["timeline"].push_back({{"name", op.name},
+                               {"class", op.cls},
+                               {"start_s", op.start_s},
+                               {"end_s", op.end_s},
+                               {"backward", op.backward}});
     j["layers"].push_back(l);
   }
   j["notes"] = r.notes;

@@ -16,6 +16,13 @@
 
 namespace nodeemu::emu {
 
+// One device operation of the timed layer, as Nsight lists it.
+struct LayerOp {
+  std::string name, cls;  // cls: gemm, attention, elementwise, permute, memcpy, comm, other
+  double start_s = 0, end_s = 0;  // from the layer's first operation
+  bool backward = false;
+};
+
 struct LayerTiming {
   std::string kind;               // "moe" or "dense"
   int layer = 0;                  // its index in the model
@@ -28,6 +35,8 @@ struct LayerTiming {
   // busy_s split by kernel class (gemm, attention, elementwise, permute, memcpy, other): time
   // when several operations run at once is shared among them, so the classes add up to busy_s.
   std::map<std::string, double> by_class;
+  // Rank 0's kernels, copies and collectives in issue order (the JSON's "timeline").
+  std::vector<LayerOp> timeline;
   std::int64_t tokens = 0, local_experts = 0, rows_per_expert = 0;
 };
 
@@ -42,7 +51,8 @@ LayerReport time_layers(const RunPlan& plan);
 LayerReport time_layers(const Recipe& recipe);  // of RunPlan(recipe, {})
 void print_layer_report(const LayerReport& r, std::ostream& os);
 // The JSON of `nodeemu layer --json`: {recipe, gpu, profile, layers: [{kind, layer, forward_s,
-// forward_backward_s, busy_s, forward_busy_s, host_issue_s, kernels, by_class, ...}], notes}.
+// forward_backward_s, busy_s, forward_busy_s, host_issue_s, kernels, by_class, timeline: [{name,
+// class, start_s, end_s, backward}], ...}], notes}.
 std::string layer_report_json(const LayerReport& r);
 
 }  // namespace nodeemu::emu

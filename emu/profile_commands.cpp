@@ -34,6 +34,7 @@ const std::pair<const char*, const char*> kTables[] = {
     {"memory_bound", "memory_bound.csv"},
     {"pcie", "pcie.csv"},
     {"host_costs", "host_costs.csv"},
+    {"host_ops", "host_ops.csv"},
     {"sm_contention", "sm_contention.csv"},
     {"overlap_contention", "overlap_contention.csv"},
 };
@@ -188,6 +189,10 @@ std::string profile_yaml(const std::string& dir, const std::string& name,
     << "  graph_kernel: graph_replay_per_kernel\n"
     << "  small_d2h_sync: small_d2h_host_sync_128_int64\n"
     << "  launch_sync_roundtrip: launch_plus_sync_roundtrip\n";
+  if (fs::exists(fs::path(dir) / "host_ops.csv"))
+    y << "host_ops:\n"
+      << "  forward: layer_forward\n"
+      << "  backward: layer_backward\n";
   const fs::path oc = fs::path(dir) / "overlap_contention.csv";
   if (fs::exists(oc)) {
     std::ifstream in(oc);

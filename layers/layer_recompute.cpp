@@ -3,9 +3,18 @@
 // concern. A recomputed tensor is held from its first use to its last.
 #include "layers/transformer_layer.hpp"
 
+#include "devices/device.hpp"
+#include "devices/node.hpp"
 #include "layers/detail/layer_plan_state.hpp"
 
 namespace nodeemu::layers {
+
+FrameworkScope LayerPlan::recompute_scope(Stream& s) const {
+  // Megatron re-runs a checkpointed module's forward under autograd (tensor_parallel/random.py
+  // CheckpointWithoutOutput.recompute, CheckpointFunction.backward): the host pays its forward
+  // ops' framework cost again, inside the backward.
+  return FrameworkScope(s.device().node(), FrameworkPass::Forward);
+}
 
 ops::At LayerPlan::recompute_at(Stream& s) const {
   ops::At at{s, ctx_.tally, "recompute.", &L_.cfg_.kernels};
@@ -25,6 +34,7 @@ Tensor LayerPlan::ln1(Stream& s) {
   State& st = *st_;
   if (!ctx_.recompute.input_norm) return st.saved.need("qkv_linear", "input", s);
   if (!st.re_ln1) {
+    const FrameworkScope forward = recompute_scope(s);
     Tensor rstd;
     ops::rmsnorm_forward(recompute_at(s), "input_layernorm", st.saved.need("attn_norm", "input", s),
                          L_.input_norm_, L_.cfg_.layernorm_epsilon, st.re_ln1, rstd);
@@ -54,6 +64,7 @@ Tensor LayerPlan::qkv(Stream& s) {
   State& st = *st_;
   if (!ctx_.recompute.qkv && !up_recomputed()) return st.saved.need("core_attn", "input", s);
   if (!st.re_qkv) {
+    const FrameworkScope forward = recompute_scope(s);
     const ops::At at = recompute_at(s);
     // mla_up_proj recomputes from the latents forward kept, even when the whole attention is
     // recomputed too (a2a_overlap_attn): the norms' outputs are then the recompute's.
@@ -97,6 +108,7 @@ void LayerPlan::recompute_attention(Stream& s) {
   State& st = *st_;
   if (st.attn_recomputed) return;
   st.attn_recomputed = true;
+  const FrameworkScope forward = recompute_scope(s);
   Tensor ctx, lse, probs;
   core_attention_forward(recompute_at(s), qkv(s), ctx, lse, probs);
   if (ctx_.recompute.attn_out) st.re_ctx = ctx;
@@ -126,6 +138,7 @@ Tensor LayerPlan::ln2(Stream& s) {
   State& st = *st_;
   if (!ctx_.recompute.mlp_norm) return st.saved.need(ln2_owner(), "pre_mlp_layernorm_output", s);
   if (!st.re_ln2) {
+    const FrameworkScope forward = recompute_scope(s);
     Tensor rstd;
     ops::rmsnorm_forward(recompute_at(s), "pre_mlp_layernorm",
                          st.saved.need("mlp_norm", "input", s), L_.mlp_norm_,
@@ -137,6 +150,7 @@ Tensor LayerPlan::ln2(Stream& s) {
 void LayerPlan::recompute_shared(Stream& s) {
   State& st = *st_;
   if (st.re_shared_f1 || st.re_shared_a) return;
+  const FrameworkScope forward = recompute_scope(s);
   const ops::At at = recompute_at(s);
   const Tensor in = ln2_all(s);
   st.re_shared_f1 = ops::linear_forward(at, "shared_fc1", in, L_.shared_fc1_.value,
@@ -169,6 +183,7 @@ Tensor LayerPlan::fc1_out(Stream& s) {
   const char* act = L_.is_moe() ? "moe_act" : "dense_act";
   if (!re_fc1()) return st.saved.need(act, "input", s);
   if (!st.re_h1) {
+    const FrameworkScope forward = recompute_scope(s);
     const Tensor in = fc1_in(s);
     const ops::Rows rows =
         L_.is_moe() ? st.dispatch->io.rows_per_expert : ops::Rows(ops::one_group(in));
@@ -182,9 +197,11 @@ Tensor LayerPlan::act_out(Stream& s) {
   State& st = *st_;
   const bool moe = L_.is_moe();
   if (!re_act()) return st.saved.need(moe ? "expert_fc2" : "dense_fc2", "input", s);
-  if (!st.re_a)
+  if (!st.re_a) {
+    const FrameworkScope forward = recompute_scope(s);
     st.re_a = ops::swiglu_forward(recompute_at(s), moe ? "moe_act" : "dense_act", fc1_out(s),
                                   probs(s), moe ? st.dispatch->io.rows_per_expert : ops::Rows{});
+  }
   return st.re_a;
 }
 

@@ -2,6 +2,7 @@
 // the load-balancing losses, split around an all-reduce of the balance counts under TP. Part of
 // LayerPlan, split out by concern.
 #include "layers/detail/layer_plan_state.hpp"
+#include "layers/detail/op_launch.hpp"
 #include "layers/router.hpp"
 #include "layers/transformer_layer.hpp"
 
@@ -53,8 +54,13 @@ void LayerPlan::route_tokens(Stream& s, const Tensor& logits, std::int64_t T) {
                   .shape = KernelShape::memory(MemoryOp::Router)};
   const bool balanced = rc.aux_loss_coeff > 0 && rc.load_balancing != LoadBalancing::None;
   if (!split || !balanced) {
-    launch(
-        s, "router_topk", work,
+    // Unfused routing (moe_router_fusion off, Megatron's default: moe_utils.py
+    // topk_softmax_with_capacity): softmax, then torch.topk's two kernels (the layer anatomy's
+    // trace, rows 21-23: 2.7, 28.4 and 6.3 us), priced together by the router series.
+    static constexpr ops::detail::KernelPiece kPieces[] = {
+        {".softmax", 2.7}, {".gather_topk", 28.4}, {"", 6.3}};
+    ops::detail::launch_pieces(
+        s, "router_topk", work, kPieces, false,
         [=] {
           *routing = split ? route_choice(rc, vl.as<const float>(), T, vb.as<const float>())
                            : route(rc, vl.as<const float>(), T, span.seq, vb.as<const float>());

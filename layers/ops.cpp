@@ -239,15 +239,29 @@ Tensor forward(At at, const std::string& name, const Tensor& x, const Tensor& w,
   return y;
 }
 
+// An fp32 linear of 16-bit tensors (the router under moe_router_dtype: fp32) casts what it reads
+// and writes: megatron/core/transformer/moe/moe_utils.py RouterGatingLinearFunction.forward casts
+// the input and the weight to fp32, its backward casts the input's and the weight's gradients
+// back to their types. One copy kernel each; the values are NodeEmu's fp32 math either way.
+void fp32_cast(const At& at, const std::string& name, const Tensor& t) {
+  if (!at.fp32_gemms || t.dtype() == DType::F32) return;
+  also(at, name, MemoryOp::Copy, double(t.numel()) * (4.0 + double(dtype_bytes(t.dtype()))),
+       t.dtype());
+}
+
 }  // namespace
 
 Tensor linear_forward(At at, const std::string& name, const Tensor& x, const Tensor& w,
                       const Rows& rows, DType out_dtype) {
+  fp32_cast(at, name + ".input_to_fp32", x);
+  fp32_cast(at, name + ".weight_to_fp32", w);
   return forward(at, name, x, w, rows, out_dtype, nullptr);
 }
 
 Tensor linear_forward(At at, const std::string& name, const Tensor& x, const Parameter& w,
                       const Rows& rows, DType out_dtype) {
+  fp32_cast(at, name + ".input_to_fp32", x);
+  fp32_cast(at, name + ".weight_to_fp32", w.value);
   return forward(at, name, x, w.value, rows, out_dtype, w.forward_copy);
 }
 
@@ -261,6 +275,7 @@ Tensor linear_dgrad(At at, const std::string& name, const Tensor& dy, const Tens
                  sliced(&grouped_linear_dgrad<float>, view(dy), ws.out, view(w), view(dx), ws.in,
                         rows, ws.in, ws.out),
                  {dy, w, dx});
+  fp32_cast(at, name + "_dgrad.to_input_dtype", dx);
   return dx;
 }
 
@@ -295,6 +310,7 @@ void linear_wgrad(At at, const std::string& name, const Tensor& dy, const Tensor
         };
       },
       {dy, x, grad});
+  fp32_cast(at, name + "_wgrad.to_weight_dtype", grad);
   if (fused) return;
   const std::int64_t per = out * in;
   View vm = view(w.main_grad);
@@ -317,7 +333,10 @@ void linear_wgrad(At at, const std::string& name, const Tensor& dy, const Tensor
 // --- SwiGLU --------------------------------------------------------------------------------
 // Fused (bias_activation_fusion): weighted_bias_swiglu, one kernel each way. Unfused: silu, the
 // multiply by the up half and the multiply by the router's probabilities as separate ops, and
-// autograd's grads of each. SequentialMLP runs the activation per expert.
+// autograd's grads of each. SequentialMLP runs the activation per expert. The unfused ops read
+// the halves torch.chunk cuts (megatron/core/transformer/mlp.py glu): strided operands, which
+// PyTorch runs with its non-vectorized elementwise kernel (MemoryOp::Strided), as does the
+// chunk's backward writing the two halves of dh.
 
 namespace {
 
@@ -347,12 +366,15 @@ Tensor swiglu_forward(At at, const std::string& name, const Tensor& h, const Ten
     const std::int64_t r0 = sl.first[i], n = sl.count[i], f = f2 / 2;
     const double half = double(n * f) * e;
     if (!fused) {
-      also(at, name + ".silu", MemoryOp::Elementwise, 2 * half, h.dtype());
-      if (with_probs) also(at, name + ".mul", MemoryOp::Elementwise, 3 * half, h.dtype());
+      also(at, name + ".silu", MemoryOp::Strided, 2 * half, h.dtype());
+      if (with_probs) also(at, name + ".mul", MemoryOp::Strided, 3 * half, h.dtype());
     }
     launch(
         at.stream, at.named(fused ? name : name + (with_probs ? ".mul_probs" : ".mul")),
-        memory(fused ? MemoryOp::Activation : MemoryOp::Elementwise, 5.0 * double(n * f),
+        memory(fused        ? MemoryOp::Activation
+               : with_probs ? MemoryOp::Elementwise
+                            : MemoryOp::Strided,
+               5.0 * double(n * f),
                (fused        ? 4 * half
                 : with_probs ? 2 * half
                              : 3 * half) +
@@ -390,13 +412,13 @@ void swiglu_backward(At at, const std::string& name, const Tensor& da, const Ten
         also(at, name + "_bwd.probs_sum", MemoryOp::Elementwise, 2 * half + double(n) * 4,
              h.dtype());
       }
-      also(at, name + "_bwd.mul_up", MemoryOp::Elementwise, 3 * half, h.dtype());
-      also(at, name + "_bwd.mul_gate", MemoryOp::Elementwise, 3 * half, h.dtype());
-      also(at, name + "_bwd.silu", MemoryOp::Elementwise, 3 * half, h.dtype());
+      also(at, name + "_bwd.mul_up", MemoryOp::Strided, 3 * half, h.dtype());
+      also(at, name + "_bwd.mul_gate", MemoryOp::Strided, 3 * half, h.dtype());
+      also(at, name + "_bwd.silu", MemoryOp::Strided, 3 * half, h.dtype());
     }
     launch(
         at.stream, at.named(fused ? name + "_bwd" : name + "_bwd.cat"),
-        memory(fused ? MemoryOp::Activation : MemoryOp::Elementwise, 10.0 * double(n * f),
+        memory(fused ? MemoryOp::Activation : MemoryOp::Strided, 10.0 * double(n * f),
                fused ? 6 * half + (with_probs ? double(n) * 8 : 0) : 4 * half, h.dtype()),
         [=] {
           F32Scope s;

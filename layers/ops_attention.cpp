@@ -122,23 +122,25 @@ void rope(At at, const std::string& name, Tensor& qkv, const kernels::AttentionS
              first ? std::function<void()>(body) : nullptr,
              first ? std::vector<Tensor>{qkv} : std::vector<Tensor>{}, at.tally);
     } else if (!inverse) {
+      // The written-out chain runs on the heads' strided views (rotate-half's slices, the cat):
+      // PyTorch's non-vectorized elementwise kernel (MemoryOp::Strided), as the anatomy shows.
       also(at, n + ".cos", MemoryOp::Elementwise, 2 * trig, qkv.dtype());
       also(at, n + ".sin", MemoryOp::Elementwise, 2 * trig, qkv.dtype());
-      also(at, n + ".neg", MemoryOp::Elementwise, t, qkv.dtype());
-      also(at, n + ".cat_half", MemoryOp::Elementwise, 2 * t, qkv.dtype());
-      also(at, n + ".mul_cos", MemoryOp::Elementwise, 2 * t + trig, qkv.dtype());
-      also(at, n + ".mul_sin", MemoryOp::Elementwise, 2 * t + trig, qkv.dtype());
-      also(at, n + ".add", MemoryOp::Elementwise, 3 * t, qkv.dtype());
+      also(at, n + ".neg", MemoryOp::Strided, t, qkv.dtype());
+      also(at, n + ".cat_half", MemoryOp::Strided, 2 * t, qkv.dtype());
+      also(at, n + ".mul_cos", MemoryOp::Strided, 2 * t + trig, qkv.dtype());
+      also(at, n + ".mul_sin", MemoryOp::Strided, 2 * t + trig, qkv.dtype());
+      also(at, n + ".add", MemoryOp::Strided, 3 * t, qkv.dtype());
       launch(at.stream, at.named(n + ".cat"),
-             memory(MemoryOp::Elementwise, 3.0 * elems, 2 * t, qkv.dtype()),
+             memory(MemoryOp::Strided, 3.0 * elems, 2 * t, qkv.dtype()),
              first ? std::function<void()>(body) : nullptr,
              first ? std::vector<Tensor>{qkv} : std::vector<Tensor>{}, at.tally);
     } else {
-      also(at, n + ".mul_cos", MemoryOp::Elementwise, 2 * t + trig, qkv.dtype());
-      also(at, n + ".mul_sin", MemoryOp::Elementwise, 2 * t + trig, qkv.dtype());
-      also(at, n + ".neg", MemoryOp::Elementwise, t, qkv.dtype());
+      also(at, n + ".mul_cos", MemoryOp::Strided, 2 * t + trig, qkv.dtype());
+      also(at, n + ".mul_sin", MemoryOp::Strided, 2 * t + trig, qkv.dtype());
+      also(at, n + ".neg", MemoryOp::Strided, t, qkv.dtype());
       launch(at.stream, at.named(n + ".add"),
-             memory(MemoryOp::Elementwise, 3.0 * elems, 3 * t, qkv.dtype()),
+             memory(MemoryOp::Strided, 3.0 * elems, 3 * t, qkv.dtype()),
              first ? std::function<void()>(body) : nullptr,
              first ? std::vector<Tensor>{qkv} : std::vector<Tensor>{}, at.tally);
     }
@@ -147,7 +149,8 @@ void rope(At at, const std::string& name, Tensor& qkv, const kernels::AttentionS
 }
 
 // --- core attention ------------------------------------------------------------------------
-// cuDNN or flash: one kernel each way, keeping the log-sum-exp. Unfused (DotProductAttention):
+// Flash: one kernel each way, keeping the log-sum-exp. cuDNN (TE's FusedAttention on Hopper)
+// runs each pass as the kernels of its sdpa graph (cudnn_pieces below). Unfused (DotProductAttention):
 // K and V repeated to the query heads (GQA), baddbmm(QK^T), the fused scale-mask-softmax,
 // bmm(PV) and the context's permute; the probabilities are kept for backward. Its batched GEMMs
 // are priced as one GEMM of batch x heads x seq rows (the same work, spread over the SMs).
@@ -159,6 +162,18 @@ KernelShape fused_attention(CoreAttention backend, const kernels::AttentionShape
       backend == CoreAttention::Flash ? AttentionBackend::Flash : AttentionBackend::Cudnn, bwd,
       true, s.batch, s.seq, int(s.heads), int(s.kv_heads), int(s.head_dim), int(s.dv()));
 }
+
+// The kernels cuDNN's sdpa graph launches, as the H100 layer anatomy's trace shows them
+// (configs/calibration/h100_layer_anatomy, qwen3_30b_a3b_ep16_layer_kernels.csv rows 13-14 and
+// 69-75, in microseconds): forward, a memset then the fprop kernel; backward, a memset of the
+// fp32 dq accumulator, dot(dO, O), the bprop kernel, dq converted to 16 bits and, with GQA, a
+// reduction over each KV group's query heads for dk and for dv. The attention table prices the
+// whole pass; each kernel takes the share of it the trace measured (launch_pieces; at sequence
+// 4096: at other lengths the split is that trace's, the total the table's).
+constexpr KernelPiece kCudnnForward[] = {{".memset", 0.7}, {"", 255.9}};
+constexpr KernelPiece kCudnnBackward[] = {
+    {".memset", 1.3},    {".dot_do_o", 47.8},       {"", 688.3},
+    {".convert_dq", 38.4}, {".reduce_head_dk", 16.7, true}, {".reduce_head_dv", 16.3, true}};
 
 }  // namespace
 
@@ -186,17 +201,20 @@ void attention_forward(At at, const Tensor& qkv, const kernels::AttentionShape& 
     shape = fused_attention(backend, s, false);
   }
   View vq = view(qkv), vo = view(out), vl = view(lse);
-  launch(
-      at.stream, at.named(name),
-      work(shape, kernels::attention_forward_flops(s),
-           backend == CoreAttention::Unfused ? 2 * double(out.bytes())
-                                             : bytes_of({&qkv, &out, &lse}),
-           t),
-      [=] {
-        F32Scope f;
-        kernels::attention_forward(f.in(vq), f.out(vo), vl.as<float>(), s);
-      },
-      {qkv, out, lse, probs}, at.tally);
+  const Work whole = work(shape, kernels::attention_forward_flops(s),
+                          backend == CoreAttention::Unfused ? 2 * double(out.bytes())
+                                                            : bytes_of({&qkv, &out, &lse}),
+                          t);
+  auto body = [=] {
+    F32Scope f;
+    kernels::attention_forward(f.in(vq), f.out(vo), vl.as<float>(), s);
+  };
+  if (backend == CoreAttention::Cudnn)
+    launch_pieces(at.stream, at.named(name), whole, kCudnnForward, s.kv_heads < s.heads,
+                  runs_bodies(at.stream) ? std::function<void()>(body) : nullptr,
+                  {qkv, out, lse, probs}, at.tally);
+  else
+    launch(at.stream, at.named(name), whole, body, {qkv, out, lse, probs}, at.tally);
 }
 
 Tensor attention_backward(At at, const Tensor& dout, const Tensor& qkv, const Tensor& out,
@@ -228,14 +246,17 @@ Tensor attention_backward(At at, const Tensor& dout, const Tensor& qkv, const Te
                            ? 2.0 * e * double(s.rows() * d) * double(s.kv_heads + s.heads)
                            : bytes_of({&dout, &qkv, &out, &lse, &dqkv});
   View vd = view(dout), vq = view(qkv), vo = view(out), vl = view(lse), vdq = view(dqkv);
-  launch(
-      at.stream, at.named(name), work(shape, kernels::attention_backward_flops(s), bytes, t),
-      [=] {
-        F32Scope f;
-        kernels::attention_backward(f.in(vd), f.in(vq), f.in(vo), vl.as<const float>(), f.out(vdq),
-                                    s);
-      },
-      {dout, qkv, out, lse, probs, dqkv}, at.tally);
+  const Work whole = work(shape, kernels::attention_backward_flops(s), bytes, t);
+  auto body = [=] {
+    F32Scope f;
+    kernels::attention_backward(f.in(vd), f.in(vq), f.in(vo), vl.as<const float>(), f.out(vdq), s);
+  };
+  if (backend == CoreAttention::Cudnn)
+    launch_pieces(at.stream, at.named(name), whole, kCudnnBackward, s.kv_heads < s.heads,
+                  runs_bodies(at.stream) ? std::function<void()>(body) : nullptr,
+                  {dout, qkv, out, lse, probs, dqkv}, at.tally);
+  else
+    launch(at.stream, at.named(name), whole, body, {dout, qkv, out, lse, probs, dqkv}, at.tally);
   return dqkv;
 }
 

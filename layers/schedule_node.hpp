@@ -98,7 +98,8 @@ class ScheduleNode {
   void before_forward(Body hook) { before_forward_ = std::move(hook); }
 
  private:
-  void run(const Body& body, const Body& then, bool chained, const Body& before = {});
+  void run(const Body& body, const Body& then, bool chained, const Body& before,
+           FrameworkPass pass);
   std::string name_ = "noop";
   StreamKind kind_ = StreamKind::Compute;
   ExecContext* ctx_ = nullptr;

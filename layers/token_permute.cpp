@@ -138,8 +138,10 @@ Tensor unpermute(ops::At at, const std::string& name, const Tensor& rows, const 
   NE_CHECK(!with_probs || out_dtype == DType::F32, "unpermute: probabilities need an fp32 output");
   const std::int64_t w = h + (with_probs ? topk : 0);
   Tensor out = output(at, {tokens, w}, out_dtype, into);
-  // Without TE's moe_unpermute: zeros, then scatter_add (moe_utils.unpermute).
-  if (!at.k().permute_fusion)
+  // Without TE's moe_unpermute: zeros, then scatter_add (moe_utils.unpermute), whose atomics run
+  // far below the bandwidth (MemoryOp::ScatterAdd; the layer anatomy's index_add).
+  const bool fused = at.k().permute_fusion;
+  if (!fused)
     launch(at.stream, name + ".zeros", move_work(MemoryOp::Elementwise, double(out.bytes())),
            nullptr, {}, at.tally);
   View vr = view(rows), vp = with_probs ? view(probs) : View{}, vs = view(slots), vo = view(out);
@@ -147,7 +149,7 @@ Tensor unpermute(ops::At at, const std::string& name, const Tensor& rows, const 
       at.stream, name,
       Work{.flops = double(n * h),
            .bytes = double(rows.bytes() + out.bytes()),
-           .shape = KernelShape::memory(MemoryOp::Scatter)},
+           .shape = KernelShape::memory(fused ? MemoryOp::Scatter : MemoryOp::ScatterAdd)},
       [=] {
         F32Scope f;
         const float* r = f.in(vr);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "comm/group.hpp"
+#include "devices/host.hpp"
 #include "layers/context_parallel.hpp"
 #include "layers/mla.hpp"
 #include "layers/model_config.hpp"
@@ -141,6 +142,8 @@ class LayerPlan {
   ops::At at_(Stream& s) const;
   ops::At router_at(Stream& s) const;  // at_, with the GEMMs in moe_router_dtype
   ops::At recompute_at(Stream& s) const;
+  // Held while a recompute issues its ops: the host pays forward's framework cost for them.
+  FrameworkScope recompute_scope(Stream& s) const;
   // A token-split tensor all-gathered over TP (itself without TP), and the reverse: a partial
   // sum over TP reduce-scattered to this rank's tokens.
   Tensor gathered(ops::At at, const Tensor& x, const char* name) const;

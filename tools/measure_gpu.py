@@ -35,6 +35,7 @@ import torch
 from gpu_measure.compute_tables import (attention_table, gemm_tables, grouped_kernel,
                                         grouped_tables, memory_table)
 from gpu_measure.contention_tables import contention_tables
+from gpu_measure.host_op_tables import host_op_table
 from gpu_measure.timing import MeasureError, Tables, Timer
 from gpu_measure.transfer_tables import host_cost_table, pcie_table
 
@@ -177,6 +178,7 @@ def device_json(cfg, args):
 
 STEPS = [("gemm", gemm_tables), ("grouped", grouped_tables), ("attention", attention_table),
          ("memory", memory_table), ("pcie", pcie_table), ("host", host_cost_table),
+         ("host_ops", host_op_table),
          ("contention", contention_tables)]
 
 
@@ -216,9 +218,11 @@ def main():
     unknown = [w for w in wanted if w not in known]
     if unknown:
         ap.error("--tables: unknown table '%s'; choose from %s" % (unknown[0], ",".join(known)))
-    if args.device == "cpu" and not args.quick:
-        ap.error("--device cpu needs --quick: the full sizes would take days on a CPU, and a CPU "
-                 "run measures nothing worth a profile")
+    # host_ops alone is worth running on a CPU: it measures the framework's own share per
+    # operation (Python, dispatcher, autograd), which NodeEmu's host model is split by.
+    if args.device == "cpu" and not args.quick and wanted != ["host_ops"]:
+        ap.error("--device cpu needs --quick (or --tables host_ops alone): the full sizes would "
+                 "take days on a CPU, and a CPU run measures nothing else worth a profile")
     if args.repeats is not None and args.repeats < 1:
         ap.error("--repeats: must be at least 1")
     if args.memory_gib is not None and args.memory_gib <= 0:

@@ -43,6 +43,7 @@ struct Actor {
   std::string deadlock;     // set when the actor was woken because nothing could ever wake it
   OpId waiting_on = kNoOp;  // while blocked in a synchronize, for deadlock reports
   int graph_replay = 0;     // > 0: inside a CUDA-graph scope (GraphReplay)
+  int framework_pass = 0;   // FrameworkPass of the innermost FrameworkScope (host.hpp)
   std::exception_ptr error;
   int binding = -1;  // index into Actors' CPU sets; -1: the thread's binding is left as it is
 

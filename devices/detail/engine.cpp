@@ -163,6 +163,14 @@ OpId Engine::issue(StreamState& s, Issue in) {
     // Replayed from a captured graph: no eager launch, and the GPU starts it when it gets there.
     in.host_cost_s = d.spec->graph_kernel_host_s;
     in.latency_s = 0;
+  } else if (a.framework_pass != 0 && in.host_cost_s > 0 &&
+             (in.kind == OpKind::Kernel || in.kind == OpKind::Copy)) {
+    // An eager launch inside PyTorch's forward or backward: the framework's cost per kernel of
+    // that pass, launch included (FrameworkScope). A zero host cost (a read-back the host pays
+    // as a wait) stays zero.
+    in.host_cost_s = a.framework_pass == int(FrameworkPass::Forward)
+                         ? d.spec->forward_kernel_host_s
+                         : d.spec->backward_kernel_host_s;
   }
   a.clock += seconds_to_vtime(in.host_cost_s);
   emit_host(a.id, in.name, issued, a.clock);
@@ -221,6 +229,10 @@ OpId Engine::launch(StreamState& s, OpKind kind, ResourceKind res, double durati
   in.cls = cls;
   in.use_handles = use_handles;
   return issue(s, std::move(in));
+}
+
+FrameworkPass Engine::enter_framework_pass(FrameworkPass pass) {
+  return FrameworkPass(std::exchange(current().framework_pass, int(pass)));
 }
 
 void Engine::enter_graph_replay() {

@@ -213,6 +213,8 @@ class Engine {
               OpClass cls = OpClass::Other, std::span<const Buffer> use_handles = {});
   // Inside a CUDA-graph scope the running host's launches, records and waits replay from the
   // captured graph: each costs the host graph_kernel_host_s and starts without launch latency.
+  // Sets the calling actor's FrameworkPass (host.hpp) and returns the one it replaces.
+  FrameworkPass enter_framework_pass(FrameworkPass pass);
   void enter_graph_replay();
   void leave_graph_replay();
   // Issues eagerly until resumed (what a graph cannot capture: a host sync); returns the depth.

@@ -28,6 +28,11 @@ ProfileModels::ProfileModels(ProfileTables tables) : tables_(std::move(tables)) 
     memory_ = std::make_unique<MemoryBoundModel>(*t.memory_bound, all_rows(*t.memory_bound));
     floor_s_ = memory_->floor_s();
   }
+  if (t.memory_anatomy) {
+    MemoryBoundModel::validate(*t.memory_anatomy);
+    anatomy_ = std::make_unique<MemoryBoundModel>(*t.memory_anatomy, all_rows(*t.memory_anatomy),
+                                                  floor_s_ > 0 ? floor_s_ : 1e-6);
+  }
   if (t.gemm) {
     GemmModel::validate(*t.gemm);
     gemm_ = std::make_unique<GemmModel>(*t.gemm, all_rows(*t.gemm));

@@ -21,6 +21,10 @@ namespace nodeemu::detail {
 // missing falls back and says so.
 struct ProfileTables {
   std::optional<CsvTable> gemm, gemm_fp32, grouped_gemm, attention, memory_bound, pcie;
+  // Memory-bound series read from one real layer's kernel trace (shared/calibration/
+  // h100_layer_anatomy), for kernels no table measured yet; memory_bound.csv's columns + source.
+  // Left out of leave-one-out: a series of one trace has nothing to hold out against.
+  std::optional<CsvTable> memory_anatomy;
   std::optional<GroupedTiling> grouped_tiling;  // how the grouped table's kernel tiles
 };
 
@@ -35,6 +39,7 @@ class ProfileModels {
   const GroupedGemmModel* grouped() const { return grouped_.get(); }
   const AttentionModel* attention() const { return attention_.get(); }
   const MemoryBoundModel* memory() const { return memory_.get(); }
+  const MemoryBoundModel* memory_anatomy() const { return anatomy_.get(); }
   const PcieModel* pcie() const { return pcie_.get(); }
   // The smallest kernel time measured: every kernel's start-up.
   double floor_s() const { return floor_s_; }
@@ -52,7 +57,7 @@ class ProfileModels {
   std::unique_ptr<Fp32GemmModel> fp32_;
   std::unique_ptr<GroupedGemmModel> grouped_;
   std::unique_ptr<AttentionModel> attention_;
-  std::unique_ptr<MemoryBoundModel> memory_;
+  std::unique_ptr<MemoryBoundModel> memory_, anatomy_;
   std::unique_ptr<PcieModel> pcie_;
   double floor_s_ = 0;
   double best_flops_ = 0;

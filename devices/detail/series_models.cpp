@@ -63,7 +63,9 @@ MemoryBoundModel::Query MemoryBoundModel::query(const CsvTable& t, std::size_t r
   return q;
 }
 
-MemoryBoundModel::MemoryBoundModel(const CsvTable& t, const std::vector<std::size_t>& rows) {
+MemoryBoundModel::MemoryBoundModel(const CsvTable& t, const std::vector<std::size_t>& rows,
+                                   double floor_below)
+    : floor_below_(floor_below) {
   std::map<std::string, std::vector<SeriesPoint>> raw;
   floor_ = 0;
   for (std::size_t r : rows) {
@@ -79,6 +81,8 @@ MemoryBoundModel::MemoryBoundModel(const CsvTable& t, const std::vector<std::siz
 Prediction MemoryBoundModel::predict(const Query& q) const {
   auto it = series_.find(q.op);
   NE_CHECK(it != series_.end(), "MemoryBoundModel: an op the profile's YAML did not check");
+  if (floor_below_ > 0)
+    return interpolate(it->second, std::max(1.0, q.x), Below::ConstantRate, floor_below_);
   return interpolate(it->second, std::max(1.0, q.x), Below::Clamp);
 }
 

@@ -27,7 +27,9 @@ class MemoryBoundModel {
   static Query query(const CsvTable& t, std::size_t row);
   // Whether series `op` is measured by tokens rather than bytes.
   static bool by_tokens(const CsvTable& t, const std::string& op);
-  MemoryBoundModel(const CsvTable& t, const std::vector<std::size_t>& rows);
+  // `floor_below` > 0: below a series' smallest size its rate holds, down to that floor (series
+  // read from a layer trace: one size each, far above the start-up); 0: the smallest time holds.
+  MemoryBoundModel(const CsvTable& t, const std::vector<std::size_t>& rows, double floor_below = 0);
   bool has(const std::string& op) const { return series_.count(op) > 0; }
   Prediction predict(const Query& q) const;
   // The fastest rate any series reached (bytes/s) and the smallest time measured: the roofline
@@ -37,7 +39,7 @@ class MemoryBoundModel {
 
  private:
   std::map<std::string, std::vector<SeriesPoint>> series_;
-  double peak_ = 0, floor_ = 0;
+  double peak_ = 0, floor_ = 0, floor_below_ = 0;
 };
 
 // pcie.csv: copies by direction (h2d, d2h) and host memory (pinned, pageable), by bytes. For

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "devices/cost_model.hpp"
+#include "devices/device.hpp"
 #include "layers/ops.hpp"
 
 namespace nodeemu::layers::ops::detail {
@@ -38,6 +40,39 @@ inline void also_gemm(const At& at, const std::string& name, GemmLayout l, std::
   launch(at.stream, at.named(name),
          work(KernelShape::gemm(l, m, n, k), 2.0 * double(m) * double(n) * double(k), 0, t),
          nullptr, {}, at.tally);
+}
+
+// One kernel of an op that the profile's table prices as a whole (a cuDNN attention pass, the
+// router's softmax and top-k): its name suffix ("" for the main kernel, which runs the body) and
+// the time a real trace measured it at, whose share of the pieces' sum it takes of the table's
+// price. `optional` pieces run only where the caller says (GQA's head reductions).
+struct KernelPiece {
+  const char* suffix;
+  double us;
+  bool optional = false;
+};
+
+// Launches `whole` as its pieces: each priced at its share of whole's table price (Work::fixed_s),
+// so the op's total stays the table's while the trace shows each kernel and the host pays a
+// launch for each.
+template <std::size_t N>
+void launch_pieces(Stream& stream, const std::string& name, const Work& whole,
+                   const KernelPiece (&pieces)[N], bool with_optional, std::function<void()> body,
+                   KernelUses uses, WorkTally* tally) {
+  double total_us = 0;
+  for (const auto& p : pieces)
+    if (with_optional || !p.optional) total_us += p.us;
+  const double seconds = kernel_price(stream.device().spec(), whole).seconds;
+  for (const auto& p : pieces) {
+    if (p.optional && !with_optional) continue;
+    const bool main = p.suffix[0] == '\0';
+    Work w = main ? whole : Work{.shape = whole.shape};
+    w.fixed_s = seconds * p.us / total_us;
+    if (main)
+      launch(stream, name, w, std::move(body), uses, tally);
+    else
+      launch(stream, name + p.suffix, w, nullptr, {}, tally);
+  }
 }
 
 // A row slice of a view: rows [first, first + count) of a [rows][width] tensor.

@@ -9,6 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "devices/gpu_profile.hpp"
 #include "tests/emu/emu_test_support.hpp"
 
 namespace nodeemu::emu {
@@ -126,6 +127,52 @@ TEST(Layer, JsonHasTheDocumentedKeys) {
   double sum = 0;
   for (const auto& [c, v] : l.at("by_class").items()) sum += v.get<double>();
   EXPECT_NEAR(sum, l.at("busy_s").get<double>(), 1e-12);
+}
+
+}  // namespace
+}  // namespace nodeemu::emu
+
+namespace nodeemu::emu {
+namespace {
+
+// Qwen3-30B-A3B's layer at TP 2 with sequence parallelism: half the tokens per operation, so the
+// host, issuing each at the framework's cost (host_ops.csv), cannot keep the GPU fed: the GPU
+// idles between kernels. Transformer Engine's graph of the attention block replays its launches
+// at the graph's cost, and recovers part of that idle time.
+TEST(Layer, ATp2SequenceParallelLayerIsHostBoundAndAttentionGraphsRecoverPart) {
+  const std::string tp2 = testing::recipe_path("qwen3_30b_a3b_tp2_pp2_vpp4_ep4");
+  const LayerTiming eager = time_layers(Recipe::load(tp2)).layers.front();
+  const LayerTiming graphed =
+      time_layers(Recipe::load(tp2, {"model.cuda_graph_impl=transformer_engine",
+                                     "model.cuda_graph_scope=[attn]"}))
+          .layers.front();
+  // Idle: the span is well above the time the GPU was busy, most of all in the forward.
+  EXPECT_LT(eager.busy_s, 0.85 * eager.forward_backward_s);
+  EXPECT_LT(eager.forward_busy_s, 0.7 * eager.forward_s);
+  // The graph replays the same kernels (busy time unchanged) and closes part of the gaps.
+  EXPECT_NEAR(graphed.busy_s, eager.busy_s, 0.01 * eager.busy_s);
+  EXPECT_LT(graphed.forward_backward_s, 0.9 * eager.forward_backward_s);
+  EXPECT_GT(graphed.forward_backward_s, graphed.busy_s);
+  EXPECT_LT(graphed.host_issue_s, eager.host_issue_s);
+}
+
+// Recompute re-runs the forward ops of what it recomputes through Megatron's checkpoint
+// functions, and the host pays their framework cost again: in a host-bound layer (the tiny
+// recipe's) recomputing the norms costs the layer at least that host time, not just the two
+// norms' microseconds of kernel time.
+TEST(Layer, RecomputingTheNormsInAHostBoundLayerCostsTheirHostTime) {
+  const LayerTiming plain = time_layers(testing::tiny()).layers.front();
+  const LayerTiming re =
+      time_layers(testing::tiny({"model.recompute_granularity=selective",
+                                 "model.recompute_modules=[layernorm]"}))
+          .layers.front();
+  int recomputed = 0;
+  for (const auto& op : re.timeline) recomputed += op.name.rfind("recompute.", 0) == 0;
+  EXPECT_EQ(recomputed, 2);  // the input norm and the pre-MLP norm
+  const double per_op = GpuProfile::builtin("h100_sxm5")->host_costs().forward_kernel_s;
+  ASSERT_GT(per_op, 20e-6);  // the framework's cost, not a bare launch's
+  EXPECT_GE(re.host_issue_s - plain.host_issue_s, 0.99 * recomputed * per_op);
+  EXPECT_GE(re.forward_backward_s - plain.forward_backward_s, 0.99 * recomputed * per_op);
 }
 
 }  // namespace
