@@ -167,10 +167,12 @@ OpId Engine::issue(StreamState& s, Issue in) {
              (in.kind == OpKind::Kernel || in.kind == OpKind::Copy)) {
     // An eager launch inside PyTorch's forward or backward: the framework's cost per kernel of
     // that pass, launch included (FrameworkScope). A zero host cost (a read-back the host pays
-    // as a wait) stays zero.
-    in.host_cost_s = a.framework_pass == int(FrameworkPass::Forward)
-                         ? d.spec->forward_kernel_host_s
-                         : d.spec->backward_kernel_host_s;
+    // as a wait) stays zero, and a spec without framework costs (a hand-built one) keeps the
+    // bare launch.
+    const double framework = a.framework_pass == int(FrameworkPass::Forward)
+                                 ? d.spec->forward_kernel_host_s
+                                 : d.spec->backward_kernel_host_s;
+    if (framework > 0) in.host_cost_s = framework;
   }
   a.clock += seconds_to_vtime(in.host_cost_s);
   emit_host(a.id, in.name, issued, a.clock);
