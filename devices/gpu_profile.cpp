@@ -192,11 +192,12 @@ void scale_times(detail::CsvTable& t, const std::vector<std::string>& columns, d
     }
 }
 
-double host_row(const detail::CsvTable& t, const std::string& what, const std::string& key,
-                const std::string& profile_yaml) {
+// The row of a host table (host_costs.csv, host_ops.csv) that profile.yaml's `key` names.
+std::size_t host_row(const detail::CsvTable& t, const std::string& what, const std::string& key,
+                     const std::string& profile_yaml) {
   t.require({"what", "seconds"});
   for (std::size_t r = 0; r < t.rows(); ++r)
-    if (t.text(r, "what") == what) return t.number(r, "seconds");
+    if (t.text(r, "what") == what) return r;
   throw ConfigError(profile_yaml, key,
                     "names row '" + what + "', which " + t.file() + " does not have");
 }
@@ -219,9 +220,8 @@ std::shared_ptr<const GpuProfile> ProfileLoader::load(const FileSource& src) {
 
   if (r.has("derived")) {
     if (p->measured_) r.fail("measured", "a derived profile is not measured; set measured: false");
-    for (const char* k :
-         {"tables", "grouped_gemm_tiling", "memory_ops", "host_costs", "host_ops",
-          "overlap_contention"})
+    for (const char* k : {"tables", "grouped_gemm_tiling", "memory_ops", "host_costs", "host_ops",
+                          "overlap_contention"})
       if (r.has(k))
         r.fail(k, "a derived profile takes its tables from 'derived.from'; remove this key");
     const std::string base_name = r.str("derived.from");
@@ -294,8 +294,8 @@ std::shared_ptr<const GpuProfile> ProfileLoader::load(const FileSource& src) {
   {
     const detail::CsvTable h = table(src, r.str("tables.host_costs"), "tables.host_costs");
     auto row = [&](const char* k) {
-      return host_row(h, r.str(std::string("host_costs.") + k), std::string("host_costs.") + k,
-                      yaml_file);
+      const std::string key = std::string("host_costs.") + k;
+      return h.number(host_row(h, r.str(key), key, yaml_file), "seconds");
     };
     HostCosts& c = p->host_;
     c.launch_s = row("launch");
@@ -326,19 +326,10 @@ std::shared_ptr<const GpuProfile> ProfileLoader::load(const FileSource& src) {
     h.require({"what", "seconds", "kernels"});
     HostCosts& c = p->host_;
     for (const char* k : {"forward", "backward"}) {
-      const std::string key = std::string("host_ops.") + k, what = r.str(key);
-      std::size_t row = h.rows();
-      for (std::size_t i = 0; i < h.rows() && row == h.rows(); ++i)
-        if (h.text(i, "what") == what) row = i;
-      if (row == h.rows())
-        throw ConfigError(yaml_file, key,
-                          "names row '" + what + "', which " + h.file() + " does not have");
+      const std::string key = std::string("host_ops.") + k;
+      const std::size_t row = host_row(h, r.str(key), key, yaml_file);
       const double kernels = double(h.count(row, "kernels"));
       (k[0] == 'f' ? c.forward_kernel_s : c.backward_kernel_s) = h.number(row, "seconds") / kernels;
-      if (h.has("source") && !h.empty(row, "source")) {
-        if (!c.framework_source.empty()) c.framework_source += "; ";
-        c.framework_source += what + ": " + h.text(row, "source");
-      }
     }
   }
 
@@ -393,8 +384,8 @@ std::shared_ptr<const GpuProfile> ProfileLoader::load(const FileSource& src) {
       const std::string key = std::string("memory_ops.") + memory_op_name(op);
       if (!r.has(key) && (op == MemoryOp::ScatterAdd || op == MemoryOp::Strided)) {
         // Optional classes: priced as the class they refine (kernel_shape.hpp).
-        p->memory_series_[op] =
-            p->memory_series_.at(op == MemoryOp::ScatterAdd ? MemoryOp::Scatter : MemoryOp::Elementwise);
+        p->memory_series_[op] = p->memory_series_.at(
+            op == MemoryOp::ScatterAdd ? MemoryOp::Scatter : MemoryOp::Elementwise);
         continue;
       }
       const std::string series = r.str(key + ".series");
@@ -428,12 +419,6 @@ std::optional<GroupedTiling> GpuProfile::grouped_tiling() const {
 
 double GpuProfile::kernel_floor_s() const {
   return models_->floor_s();
-}
-
-std::string GpuProfile::memory_series(MemoryOp op, bool* from_anatomy) const {
-  const auto it = memory_series_.find(op);
-  if (from_anatomy) *from_anatomy = it != memory_series_.end() && it->second.from_anatomy;
-  return it == memory_series_.end() ? std::string() : it->second.series;
 }
 
 std::shared_ptr<const GpuProfile> GpuProfile::load(const std::string& dir) {

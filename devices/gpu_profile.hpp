@@ -31,17 +31,16 @@ struct HostCosts {
   double stream_wait_s = 0;     // Stream.wait_event
   double synchronize_s = 0;     // a synchronize's own cost, on top of waiting for the device
   double graph_kernel_s = 0;    // each kernel replayed inside a CUDA graph
+  double small_d2h_sync_s = 0;  // a small D2H copy read on the host (.tolist()), GPU idle
+  // Device-side delay from the end of a launch to the earliest start: the launch + synchronize
+  // round trip less the launch, the synchronize and the smallest kernel (never below 0).
+  double launch_latency_s = 0;
   // Host time per kernel of an eager layer as the framework issues it (Python, the dispatcher,
   // autograd's recording in forward, the autograd engine's per-node work in backward, the
   // launch): host_ops.csv's layer rows, host seconds over the kernels they launched. 0: the
   // profile has no such table (a launch then costs launch_s in every pass).
   double forward_kernel_s = 0;
   double backward_kernel_s = 0;
-  std::string framework_source;  // host_ops.csv's source column, for reports
-  double small_d2h_sync_s = 0;  // a small D2H copy read on the host (.tolist()), GPU idle
-  // Device-side delay from the end of a launch to the earliest start: the launch + synchronize
-  // round trip less the launch, the synchronize and the smallest kernel (never below 0).
-  double launch_latency_s = 0;
 };
 
 // How kernels sharing a GPU slow each other down, as measured (sm_contention.csv,
@@ -117,9 +116,6 @@ class GpuProfile {
   const HostCosts& host_costs() const { return host_; }
   const Contention& contention() const { return contention_; }
   double kernel_floor_s() const;
-  // Which series prices a memory-bound kernel class, and whether it is one read from a layer's
-  // kernel trace rather than measured as a table ("from the layer anatomy, not a table").
-  std::string memory_series(MemoryOp op, bool* from_anatomy = nullptr) const;
   // How the grouped table's kernel tiles (a derived profile's is its base's); none: unknown.
   std::optional<GroupedTiling> grouped_tiling() const;
 

@@ -46,14 +46,14 @@ struct GpuSpec {
   double stream_wait_host_s = 0;     // a stream waiting on an event
   double sync_host_s = 0;            // return from a synchronize
   double graph_kernel_host_s = 0;    // an op replayed inside a CUDA graph
+  double small_d2h_sync_host_s = 0;  // a small D2H read by the host, all told, GPU idle
+  // Device-side delay from the end of the launch call to the earliest possible start.
+  double launch_latency_s = 0;
   // One kernel launched inside PyTorch's eager forward or autograd's backward, framework
   // included (FrameworkScope, host.hpp; the profile's host_ops.csv). A profile without that
   // table leaves them at the bare launch.
   double forward_kernel_host_s = 0;
   double backward_kernel_host_s = 0;
-  double small_d2h_sync_host_s = 0;  // a small D2H read by the host, all told, GPU idle
-  // Device-side delay from the end of the launch call to the earliest possible start.
-  double launch_latency_s = 0;
   Contention contention;   // how kernels sharing the GPU slow each other
   double pcie_duplex = 1;  // each PCIe direction's rate while the other also runs
 

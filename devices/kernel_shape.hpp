@@ -47,8 +47,9 @@ enum class MemoryOp : std::uint8_t {
 };
 
 inline constexpr MemoryOp kMemoryOps[] = {
-    MemoryOp::Copy,   MemoryOp::Elementwise, MemoryOp::Norm,       MemoryOp::Gather, MemoryOp::Scatter,
-    MemoryOp::Activation, MemoryOp::Router, MemoryOp::ScatterAdd, MemoryOp::Strided};
+    MemoryOp::Copy,   MemoryOp::Elementwise, MemoryOp::Norm,
+    MemoryOp::Gather, MemoryOp::Scatter,     MemoryOp::Activation,
+    MemoryOp::Router, MemoryOp::ScatterAdd,  MemoryOp::Strided};
 
 struct KernelShape {
   KernelKind kind = KernelKind::Unspecified;

@@ -35,11 +35,10 @@ OpClass op_class(const KernelShape& s) {
     case KernelKind::Attention:
       return OpClass::Attention;
     case KernelKind::MemoryBound:
-      return s.op == MemoryOp::Gather || s.op == MemoryOp::Scatter ||
-                     s.op == MemoryOp::ScatterAdd
+      return s.op == MemoryOp::Gather || s.op == MemoryOp::Scatter || s.op == MemoryOp::ScatterAdd
                  ? OpClass::Permute
-             : s.op == MemoryOp::Copy                              ? OpClass::Memcpy
-                                                                   : OpClass::Elementwise;
+             : s.op == MemoryOp::Copy ? OpClass::Memcpy
+                                      : OpClass::Elementwise;
     case KernelKind::Unspecified:
       break;
   }

@@ -53,6 +53,13 @@ int info(const detail::NodeArgs& args, std::ostream& out) {
       << fixed(g.event_record_host_s * 1e6, 1) << " us per event record, "
       << fixed(g.sync_host_s * 1e6, 1) << " us per synchronize, "
       << fixed(g.graph_kernel_host_s * 1e6, 1) << " us per kernel in a CUDA graph\n";
+  out << "  framework " << fixed(g.forward_kernel_host_s * 1e6, 1)
+      << " us per kernel an eager forward launches, " << fixed(g.backward_kernel_host_s * 1e6, 1)
+      << " us per kernel of autograd's backward"
+      << (g.profile && g.profile->host_costs().forward_kernel_s > 0
+              ? " (the profile's host_ops.csv)"
+              : " (no host_ops.csv: a bare launch)")
+      << "\n";
   out << "  CPUs     " << t.host.sockets << " sockets x " << t.host.cores_per_socket
       << " cores; NUMA";
   for (int i = 0; i < t.host.numa_count(); ++i)

@@ -18,7 +18,7 @@ namespace nodeemu::emu {
 
 // One device operation of the timed layer, as Nsight lists it.
 struct LayerOp {
-  std::string name, cls;  // cls: gemm, attention, elementwise, permute, memcpy, comm, other
+  std::string name, cls;          // cls: gemm, attention, elementwise, permute, memcpy, comm, other
   double start_s = 0, end_s = 0;  // from the layer's first operation
   bool backward = false;
 };

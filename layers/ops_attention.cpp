@@ -150,10 +150,11 @@ void rope(At at, const std::string& name, Tensor& qkv, const kernels::AttentionS
 
 // --- core attention ------------------------------------------------------------------------
 // Flash: one kernel each way, keeping the log-sum-exp. cuDNN (TE's FusedAttention on Hopper)
-// runs each pass as the kernels of its sdpa graph (cudnn_pieces below). Unfused (DotProductAttention):
-// K and V repeated to the query heads (GQA), baddbmm(QK^T), the fused scale-mask-softmax,
-// bmm(PV) and the context's permute; the probabilities are kept for backward. Its batched GEMMs
-// are priced as one GEMM of batch x heads x seq rows (the same work, spread over the SMs).
+// runs each pass as the kernels of its sdpa graph (kCudnnForward, kCudnnBackward). Unfused
+// (DotProductAttention): K and V repeated to the query heads (GQA), baddbmm(QK^T), the fused
+// scale-mask-softmax, bmm(PV) and the context's permute; the probabilities are kept for backward.
+// Its batched GEMMs are priced as one GEMM of batch x heads x seq rows (the same work, spread over
+// the SMs).
 
 namespace {
 
@@ -171,9 +172,12 @@ KernelShape fused_attention(CoreAttention backend, const kernels::AttentionShape
 // whole pass; each kernel takes the share of it the trace measured (launch_pieces; at sequence
 // 4096: at other lengths the split is that trace's, the total the table's).
 constexpr KernelPiece kCudnnForward[] = {{".memset", 0.7}, {"", 255.9}};
-constexpr KernelPiece kCudnnBackward[] = {
-    {".memset", 1.3},    {".dot_do_o", 47.8},       {"", 688.3},
-    {".convert_dq", 38.4}, {".reduce_head_dk", 16.7, true}, {".reduce_head_dv", 16.3, true}};
+constexpr KernelPiece kCudnnBackward[] = {{".memset", 1.3},
+                                          {".dot_do_o", 47.8},
+                                          {"", 688.3},
+                                          {".convert_dq", 38.4},
+                                          {".reduce_head_dk", 16.7, true},
+                                          {".reduce_head_dv", 16.3, true}};
 
 }  // namespace
 
@@ -201,17 +205,16 @@ void attention_forward(At at, const Tensor& qkv, const kernels::AttentionShape& 
     shape = fused_attention(backend, s, false);
   }
   View vq = view(qkv), vo = view(out), vl = view(lse);
-  const Work whole = work(shape, kernels::attention_forward_flops(s),
-                          backend == CoreAttention::Unfused ? 2 * double(out.bytes())
-                                                            : bytes_of({&qkv, &out, &lse}),
-                          t);
+  const Work whole = work(
+      shape, kernels::attention_forward_flops(s),
+      backend == CoreAttention::Unfused ? 2 * double(out.bytes()) : bytes_of({&qkv, &out, &lse}),
+      t);
   auto body = [=] {
     F32Scope f;
     kernels::attention_forward(f.in(vq), f.out(vo), vl.as<float>(), s);
   };
   if (backend == CoreAttention::Cudnn)
-    launch_pieces(at.stream, at.named(name), whole, kCudnnForward, s.kv_heads < s.heads,
-                  runs_bodies(at.stream) ? std::function<void()>(body) : nullptr,
+    launch_pieces(at.stream, at.named(name), whole, kCudnnForward, s.kv_heads < s.heads, body,
                   {qkv, out, lse, probs}, at.tally);
   else
     launch(at.stream, at.named(name), whole, body, {qkv, out, lse, probs}, at.tally);
@@ -252,8 +255,7 @@ Tensor attention_backward(At at, const Tensor& dout, const Tensor& qkv, const Te
     kernels::attention_backward(f.in(vd), f.in(vq), f.in(vo), vl.as<const float>(), f.out(vdq), s);
   };
   if (backend == CoreAttention::Cudnn)
-    launch_pieces(at.stream, at.named(name), whole, kCudnnBackward, s.kv_heads < s.heads,
-                  runs_bodies(at.stream) ? std::function<void()>(body) : nullptr,
+    launch_pieces(at.stream, at.named(name), whole, kCudnnBackward, s.kv_heads < s.heads, body,
                   {dout, qkv, out, lse, probs, dqkv}, at.tally);
   else
     launch(at.stream, at.named(name), whole, body, {dout, qkv, out, lse, probs, dqkv}, at.tally);

@@ -55,10 +55,10 @@ struct KernelPiece {
 // Launches `whole` as its pieces: each priced at its share of whole's table price (Work::fixed_s),
 // so the op's total stays the table's while the trace shows each kernel and the host pays a
 // launch for each.
-template <std::size_t N>
+template <std::size_t N, BodyLambda Body>
 void launch_pieces(Stream& stream, const std::string& name, const Work& whole,
-                   const KernelPiece (&pieces)[N], bool with_optional, std::function<void()> body,
-                   KernelUses uses, WorkTally* tally) {
+                   const KernelPiece (&pieces)[N], bool with_optional, Body&& body, KernelUses uses,
+                   WorkTally* tally) {
   double total_us = 0;
   for (const auto& p : pieces)
     if (with_optional || !p.optional) total_us += p.us;
@@ -69,7 +69,7 @@ void launch_pieces(Stream& stream, const std::string& name, const Work& whole,
     Work w = main ? whole : Work{.shape = whole.shape};
     w.fixed_s = seconds * p.us / total_us;
     if (main)
-      launch(stream, name, w, std::move(body), uses, tally);
+      launch(stream, name, w, std::forward<Body>(body), uses, tally);
     else
       launch(stream, name + p.suffix, w, nullptr, {}, tally);
   }

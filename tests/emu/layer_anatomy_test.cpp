@@ -36,8 +36,7 @@ std::string trace_class(const std::string& k) {
     return "gemm";
   if (has("sdpa") || has("cudnn")) return "attention";
   if (has("gather") || has("indexFunc") || has("scatter")) return "permute";
-  if (has("Memcpy") || has("direct_copy") || has("CatArray") || has("bfloat16_copy"))
-    return "copy";
+  if (has("Memcpy") || has("direct_copy") || has("CatArray") || has("bfloat16_copy")) return "copy";
   return "elementwise";
 }
 

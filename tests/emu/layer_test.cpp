@@ -162,10 +162,9 @@ TEST(Layer, ATp2SequenceParallelLayerIsHostBoundAndAttentionGraphsRecoverPart) {
 // norms' microseconds of kernel time.
 TEST(Layer, RecomputingTheNormsInAHostBoundLayerCostsTheirHostTime) {
   const LayerTiming plain = time_layers(testing::tiny()).layers.front();
-  const LayerTiming re =
-      time_layers(testing::tiny({"model.recompute_granularity=selective",
-                                 "model.recompute_modules=[layernorm]"}))
-          .layers.front();
+  const LayerTiming re = time_layers(testing::tiny({"model.recompute_granularity=selective",
+                                                    "model.recompute_modules=[layernorm]"}))
+                             .layers.front();
   int recomputed = 0;
   for (const auto& op : re.timeline) recomputed += op.name.rfind("recompute.", 0) == 0;
   EXPECT_EQ(recomputed, 2);  // the input norm and the pre-MLP norm
