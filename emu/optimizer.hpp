@@ -7,10 +7,19 @@
 // ddp.use_distributed_optimizer this rank's shard of each bucket (Megatron's DistributedOptimizer:
 // fp32 masters and Adam moments for the shard only, in both modes), whose gradients the
 // reduce-scatter left there and whose parameters the all-gather then brings to the other ranks.
+//
+// It launches what Megatron's step launches (megatron/core/optimizer/optimizer.py,
+// MixedPrecisionOptimizer.step_with_ready_grads): Transformer Engine's fused step over the
+// tensors Megatron holds, cut into launches as multi_tensor_apply cuts them, then the masters
+// copied into the model's parameters: one multi-tensor copy over all of them
+// (Float16OptimizerWithFloat16Params._copy_main_params_to_model_params), or with the distributed
+// optimizer one copy_ per tensor (distrib_optimizer.py, _copy_main_params_to_model_params). Each
+// launch is an eager one outside the autograd passes: the host pays a bare launch for it.
 #pragma once
 #include <vector>
 
 #include "devices/stream.hpp"
+#include "emu/multi_tensor_apply.hpp"
 #include "layers/distributed_data_parallel.hpp"
 
 namespace nodeemu::emu {
@@ -25,9 +34,9 @@ struct OptimizerConfig {
 class Optimizer {
  public:
   // Allocates the state on `device` and copies the targets' values into the fp32 masters (a
-  // kernel on `s`).
+  // kernel on `s`). `distributed`: the targets are the distributed optimizer's shards.
   Optimizer(const OptimizerConfig& config, std::vector<layers::OptimizerTarget> targets,
-            Device& device, Stream& s);
+            bool distributed, Device& device, Stream& s);
   // One update of each target from its gradient, as kernels on `s`.
   void step(Stream& s);
   std::uint64_t state_bytes() const;  // the fp32 masters and moments
@@ -37,10 +46,19 @@ class Optimizer {
     layers::OptimizerTarget target;
     layers::Tensor master, m, v;  // fp32; m and v only for Adam
   };
+  // One of Megatron's tensors: elements [offset, offset + numel) of state_[state].
+  struct Held {
+    std::size_t state;
+    std::int64_t offset, numel;
+  };
   bool adam_;
   double lr_, weight_decay_, beta1_, beta2_, eps_;
   int steps_ = 0;
   std::vector<State> state_;
+  std::vector<Held> held_;
+  // Each launch's segments of held_: the fused step's, and the copies' into the parameters.
+  std::vector<MultiTensorLaunch> step_launches_, copy_launches_;
+  bool multi_tensor_copy_;  // the copies are one multi-tensor op (with its flag's fill)
 };
 
 }  // namespace nodeemu::emu

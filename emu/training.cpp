@@ -28,6 +28,7 @@
 #include "emu/recipe_views.hpp"
 #include "emu/run_plan.hpp"
 #include "emu/step_context_impl.hpp"
+#include "emu/step_reductions.hpp"
 #include "emu/timeline_stats.hpp"
 #include "layers/distributed_data_parallel.hpp"
 #include "layers/gemm.hpp"
@@ -120,7 +121,8 @@ class RankRun {
   std::unique_ptr<offload::OffloadEngine> offloader_;
   std::unique_ptr<Schedule> schedule_;
   std::optional<PipelineLinks> links_;
-  Group world_group_, stage_;
+  Group world_group_, stage_, mp_;
+  std::optional<Group> loss_group_;
   std::optional<Group> embedding_group_;
   int shard_ = 0;
   bool sync_free_ = false;
@@ -178,6 +180,10 @@ void RankRun::build_data_parallel() {
   // Dense gradients reduce over DP x CP: the CP ranks hold the same weights and different
   // tokens (Megatron's dp-cp group).
   Group dp = comm.group_of(pg, GroupKind::DP_CP, r_), edp = comm.group_of(pg, GroupKind::EDP, r_);
+  // train_step's statistics after the optimizer: over the model-parallel group, and the loss
+  // over DP x CP on the last stage (emu/step_reductions.hpp).
+  mp_ = comm.group_of(pg, GroupKind::MP, r_);
+  if (p_ == s_.pp - 1) loss_group_ = dp;
   // An expert weight's shard: its EP rank's experts, and its ETP rank's columns of them.
   shard_ = pg.rank_in(GroupKind::EP, r_) * etp_.size + etp_.rank;
   // moe_expert_rank_capacity_factor: Megatron's PagedStashRunner checks every step.
@@ -213,7 +219,8 @@ void RankRun::build_data_parallel() {
     ctx_.parameters_needed = [this](const std::vector<layers::Parameter*>& params, Stream& st) {
       for (auto& wrapped : ddp_) wrapped->parameters_needed(params, st);
     };
-  optimizer_.emplace(s_.optimizer, std::move(targets), dev_, ctx_.compute);
+  optimizer_.emplace(s_.optimizer, std::move(targets), s_.ddp.use_distributed_optimizer, dev_,
+                     ctx_.compute);
   out_.optimizer_state = optimizer_->state_bytes();
   for (auto& c : chunks_)
     for (const auto* prm : c->parameters()) out_.parameters += std::uint64_t(prm->value.numel());
@@ -300,6 +307,14 @@ void RankRun::iteration(int it) {
   // The distributed optimizer's all-gather of the updated shards: after the step without
   // overlap_param_gather, in the next step's forward with it (DistributedOptimizer.step).
   for (auto& wrapped : ddp_) wrapped->gather_parameters(ctx_.compute);
+  reduce_step_statistics(
+      mp_, loss_group_, s_.microbatches,
+      [scale = s_.loss_scale, losses = impl->loss_handles()] {
+        double loss = 0;
+        for (const auto& l : losses) loss += *l * scale;
+        return loss;
+      },
+      double(s_.microbatches) * double(s_.mbs * s_.seq) / double(cp_.size), ctx_.compute);
   dev_.synchronize();
   if (offloader_) {
     offloader_->end_iteration();

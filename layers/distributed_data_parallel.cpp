@@ -159,16 +159,66 @@ void DistributedDataParallel::finish_parameters(Stream& s) {
     for (int b = int(p.stale.size()) - 1; b >= 0; --b) finish_gather(p, b, s);
 }
 
+namespace {
+
+// Megatron's tensors for the elements [lo, hi) of `prm`: one per local expert of an expert
+// weight ([local, out, in]; TE's GroupedLinear holds weight0..weightN-1), else one.
+void add_tensors(const Parameter& prm, std::int64_t lo, std::int64_t hi, std::int64_t at,
+                 std::vector<OptimizerTarget::Range>& out) {
+  const Shape& shape = prm.value.shape();
+  const std::int64_t per =
+      prm.expert && shape.size() == 3 ? prm.value.numel() / shape[0] : prm.value.numel();
+  for (std::int64_t first = lo; first < hi;) {
+    const std::int64_t last = std::min(hi, (first / per + 1) * per);
+    out.push_back({at + first - lo, last - first});
+    first = last;
+  }
+}
+
+}  // namespace
+
+std::vector<DistributedDataParallel::ShardPiece> DistributedDataParallel::shard_pieces(
+    const Part& p) const {
+  std::vector<ShardPiece> out;
+  const BucketLayout& l = p.buffer->layout();
+  for (std::size_t i = 0; i < l.params.size(); ++i) {
+    const auto& r = l.params[i];
+    const std::int64_t shard = l.shard_numel(r.bucket);
+    const std::int64_t mine = l.buckets[std::size_t(r.bucket)].start + p.rank * shard;
+    const std::int64_t lo = std::max(r.start, mine), hi = std::min(r.end, mine + shard);
+    if (lo < hi) out.push_back({i, lo - r.start, hi - r.start, lo - mine});
+  }
+  return out;
+}
+
 std::vector<OptimizerTarget> DistributedDataParallel::optimizer_targets() const {
   std::vector<OptimizerTarget> out;
   for (const Part& p : parts_) {
+    const auto& params = p.buffer->params();
     if (!c_.use_distributed_optimizer) {
-      for (Parameter* prm : p.buffer->params()) out.push_back({prm->value, prm->main_grad});
+      for (Parameter* prm : params) {
+        OptimizerTarget t{prm->value, prm->main_grad, {}};
+        add_tensors(*prm, 0, prm->value.numel(), 0, t.tensors);
+        out.push_back(std::move(t));
+      }
       continue;
     }
-    for (const auto& b : p.buffer->layout().buckets)
-      out.push_back(
-          {p.buffer->param_shard(b.bucket, p.rank), p.buffer->grad_shard(b.bucket, p.rank)});
+    const BucketLayout& l = p.buffer->layout();
+    std::vector<OptimizerTarget> shards;
+    for (const auto& b : l.buckets)
+      shards.push_back(
+          {p.buffer->param_shard(b.bucket, p.rank), p.buffer->grad_shard(b.bucket, p.rank), {}});
+    // Megatron lays a bucket's parameters out in reverse module order: each shard's tensors in
+    // the order they sit in it.
+    std::vector<ShardPiece> pieces = shard_pieces(p);
+    std::sort(pieces.begin(), pieces.end(), [&](const ShardPiece& a, const ShardPiece& b) {
+      return std::pair(l.params[a.index].bucket, a.in_shard) <
+             std::pair(l.params[b.index].bucket, b.in_shard);
+    });
+    for (const ShardPiece& piece : pieces)
+      add_tensors(*params[piece.index], piece.begin, piece.end, piece.in_shard,
+                  shards[std::size_t(l.params[piece.index].bucket)].tensors);
+    for (auto& t : shards) out.push_back(std::move(t));
   }
   return out;
 }
@@ -182,14 +232,8 @@ std::vector<GradPiece> DistributedDataParallel::digest_pieces() const {
         for (Parameter* prm : params) out.push_back({prm, 0, prm->main_grad.numel()});
       continue;
     }
-    const BucketLayout& l = p.buffer->layout();
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      const auto& r = l.params[i];
-      const std::int64_t shard = l.shard_numel(r.bucket);
-      const std::int64_t mine = l.buckets[std::size_t(r.bucket)].start + p.rank * shard;
-      const std::int64_t lo = std::max(r.start, mine), hi = std::min(r.end, mine + shard);
-      if (lo < hi) out.push_back({params[i], lo - r.start, hi - r.start});
-    }
+    for (const ShardPiece& piece : shard_pieces(p))
+      out.push_back({params[piece.index], piece.begin, piece.end});
   }
   return out;
 }

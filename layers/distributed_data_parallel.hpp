@@ -45,6 +45,15 @@ struct DdpConfig {
 // optimizer this rank's shard of a bucket's parameters and reduced gradients.
 struct OptimizerTarget {
   Tensor value, grad;
+  // The tensors Megatron's optimizer holds for this target, as [offset, offset + numel) element
+  // ranges of it, in order: the parameter (an expert weight one per local expert, as TE's
+  // GroupedLinear holds them), or with the distributed optimizer each parameter's piece in this
+  // rank's shard (DistributedOptimizer's shard_fp32_from_float16_groups); the shard's padding is
+  // in none. Empty: the whole target is one tensor. They decide the optimizer's launches.
+  struct Range {
+    std::int64_t offset = 0, numel = 0;
+  };
+  std::vector<Range> tensors;
 };
 
 // A range [begin, end) of a parameter's elements whose reduced gradient this rank holds.
@@ -100,6 +109,13 @@ class DistributedDataParallel {
     std::vector<char> stale;
     std::vector<std::optional<Event>> gathering;
   };
+  // A parameter's elements in this rank's shard (distributed optimizer): parameter `index` of
+  // the buffer, its elements [begin, end), starting at `in_shard` in its bucket's shard.
+  struct ShardPiece {
+    std::size_t index;
+    std::int64_t begin, end, in_shard;
+  };
+  std::vector<ShardPiece> shard_pieces(const Part& p) const;
   void start_bucket(Part& p, int bucket, Stream& s);
   void dispatch_gather(Part& p, int bucket, Stream& s);
   void finish_gather(Part& p, int bucket, Stream& s);

@@ -46,4 +46,11 @@ inline std::string trace_path(const std::string& stem, const std::vector<std::st
          std::to_string(std::hash<std::string>{}(joined)) + ".json";
 }
 
+// A kernel of the step's end, not of the model: the optimizer's (emu/optimizer.hpp), the loss's
+// reduction (emu/step_reductions.hpp), and the gradients' zeroing at the step's start.
+inline bool step_bookkeeping_kernel(const std::string& name) {
+  return name.rfind("optimizer.", 0) == 0 || name.rfind("loss_reduce.", 0) == 0 ||
+         name == "zero_grad";
+}
+
 }  // namespace nodeemu::testing

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 
 #include "devices/node.hpp"
 #include "emu/optimizer.hpp"
@@ -59,7 +60,7 @@ TEST(Optimizer, AdamUpdatesEveryElementAsTheScalarDefinition) {
       const layers::Tensor value = layers::Tensor::empty(dev, {kElements}, dtype);
       const layers::Tensor grad = layers::Tensor::empty(dev, {kElements}, layers::DType::F32);
       value.copy_from_f32(weights);
-      Optimizer opt(c, {{value, grad}}, dev, s);
+      Optimizer opt(c, {{value, grad, {}}}, /*distributed=*/false, dev, s);
       for (int step = 0; step < kSteps; ++step) {
         dev.synchronize();
         grad.copy_from_f32(gradients[std::size_t(step)]);
@@ -93,6 +94,59 @@ TEST(Optimizer, AdamUpdatesEveryElementAsTheScalarDefinition) {
       EXPECT_EQ(got[std::size_t(i)], layers::round_to(dtype, master[std::size_t(i)]))
           << "element " << i << ", weights in " << layers::dtype_name(dtype);
   }
+}
+
+// What Megatron's step launches (emu/optimizer.hpp): FusedAdam's kernels as multi_tensor_apply
+// cuts the list of tensors Megatron holds (36 a launch for Adam's four lists), then the masters
+// copied into the parameters: one multi-tensor copy after its flag's fill, or with the
+// distributed optimizer one copy per tensor. Either way every element comes out the same, and
+// the elements between the tensors (a shard's padding) are not touched.
+TEST(Optimizer, LaunchesWhatMegatronsStepLaunches) {
+  constexpr int kTensors = 40, kEach = 100, kStride = kEach + 1;  // one element of padding each
+  const OptimizerConfig c{
+      .adam = true, .lr = 1e-2, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+  std::vector<float> weights(kTensors * kStride), gradients(weights.size());
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    weights[i] = 0.01f * float(int(i % 37) - 18);
+    gradients[i] = 0.001f * (float(i % 11) - 5.5f);  // never 0: every element moves
+  }
+  std::map<bool, std::vector<float>> updated;
+  for (const bool distributed : {false, true}) {
+    SCOPED_TRACE(distributed ? "distributed" : "not distributed");
+    Node node(testing::options(testing::round_h100()));
+    node.run([&](Host& host) {
+      if (host.rank() != 0) return;
+      Device& dev = host.device();
+      Stream s = dev.default_stream();
+      const auto n = std::int64_t(weights.size());
+      const layers::Tensor value = layers::Tensor::empty(dev, {n}, layers::DType::BF16);
+      const layers::Tensor grad = layers::Tensor::empty(dev, {n}, layers::DType::F32);
+      value.copy_from_f32(weights);
+      grad.copy_from_f32(gradients);
+      layers::OptimizerTarget target{value, grad, {}};
+      for (int t = 0; t < kTensors; ++t) target.tensors.push_back({t * kStride, kEach});
+      Optimizer opt(c, {target}, distributed, dev, s);
+      opt.step(s);
+      dev.synchronize();
+      updated[distributed] = value.to_f32();
+    });
+    std::map<std::string, int> launched;
+    for (const auto& op : node.trace().ops())
+      if (op.device == 0) ++launched[op.name];
+    EXPECT_EQ(launched["optimizer.multi_tensor_adam"], 2);
+    EXPECT_EQ(launched["optimizer.copy_main_to_model"], distributed ? kTensors : 0);
+    EXPECT_EQ(launched["optimizer.multi_tensor_copy_main_to_model"], distributed ? 0 : 1);
+    EXPECT_EQ(launched["optimizer.overflow_buf_fill"], distributed ? 0 : 1);
+    const std::vector<float>& got = updated[distributed];
+    ASSERT_EQ(got.size(), weights.size());
+    for (int t = 0; t < kTensors; ++t) {
+      const std::size_t pad = std::size_t(t * kStride + kEach), inside = pad - 1;
+      EXPECT_EQ(got[pad], layers::round_to(layers::DType::BF16, weights[pad])) << "padding " << t;
+      EXPECT_NE(got[inside], layers::round_to(layers::DType::BF16, weights[inside]))
+          << "tensor " << t;
+    }
+  }
+  EXPECT_EQ(updated[false], updated[true]);
 }
 
 }  // namespace

@@ -83,8 +83,7 @@ Timing timing(std::vector<std::string> overrides) {
     const double ts = e.value("ts", 0.0);
     if (e.value("cat", "") == "comm" && name == "grad_allreduce") {
       if (!t.reductions++ || ts < t.first_reduction_us) t.first_reduction_us = ts;
-    } else if (e.value("cat", "") == "kernel" && name.find("adam") == std::string::npos &&
-               name != "zero_grad") {
+    } else if (e.value("cat", "") == "kernel" && !testing::step_bookkeeping_kernel(name)) {
       t.backward_end_us = std::max(t.backward_end_us, ts + e.value("dur", 0.0));
     }
   }

@@ -100,8 +100,7 @@ Timing timing(std::vector<std::string> overrides) {
     if (ts < from_us || ts > to_us) continue;
     if (e.value("cat", "") == "comm" && name == "param_allgather")
       gathers.emplace_back(ts, end);
-    else if (e.value("cat", "") == "kernel" && name.find("adam") == std::string::npos &&
-             name != "zero_grad")
+    else if (e.value("cat", "") == "kernel" && !testing::step_bookkeeping_kernel(name))
       kernels.emplace_back(ts, end);
     if (name == "cross_entropy_bwd") t.first_backward_us = std::min(t.first_backward_us, ts);
   }
