@@ -39,6 +39,15 @@ const std::pair<const char*, const char*> kTables[] = {
     {"overlap_contention", "overlap_contention.csv"},
 };
 
+// Whether a table's `op` column (its first) names `op`: a series the measurement took.
+bool table_has_op(const fs::path& file, const std::string& op) {
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(op + ",", 0) == 0) return true;
+  return false;
+}
+
 struct CostArgs {
   std::string gpu, table, out;
   bool explain = false;
@@ -180,8 +189,15 @@ std::string profile_yaml(const std::string& dir, const std::string& name,
     << "  gather: {series: permute_gather_top8_h2048}\n"
     << "  scatter: {series: permute_gather_top8_h2048}\n"
     << "  activation: {series: swiglu_768_top8}\n"
-    << "  router: {series: router_softmax_top8_of128, bytes_per_token: 512}\n"
-    << "host_costs:\n"
+    << "  router: {series: router_softmax_top8_of128, bytes_per_token: 512}\n";
+  // The unfused paths' classes, where this measurement has their series (tools/gpu_measure/
+  // compute_tables.py, unfused_path_rows); without them they are priced as scatter and
+  // elementwise.
+  for (const auto& [op, series] : {std::pair{"scatter_add", "index_add_bf16_h2048"},
+                                   std::pair{"strided", "strided_elementwise_bf16"}})
+    if (table_has_op(fs::path(dir) / "memory_bound.csv", series))
+      y << "  " << op << ": {series: " << series << "}\n";
+  y << "host_costs:\n"
     << "  launch: torch_add_host_per_launch\n"
     << "  event_record: event_record_host\n"
     << "  stream_wait: stream_wait_event_host\n"

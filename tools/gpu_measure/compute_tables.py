@@ -234,6 +234,71 @@ def rmsnorm(x, w):
     return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype) * w
 
 
+# The kernels of Megatron's unfused paths that run far below bytes over bandwidth (the layer
+# anatomy, shared/calibration/h100_layer_anatomy): a row gather's backward and the unfused
+# unpermute (index_add with atomics, bf16 and fp32, at two row widths), RoPE and SwiGLU on
+# strided views, and the permute's bookkeeping (moe_utils.permute's masked_select over the
+# routing map, argsort, cumsum) and the alltoall dispatcher's chunk sort (torch.cat of chunks).
+# `index_add_bf16_h2048` and `strided_elementwise_bf16` price NodeEmu's scatter_add and strided
+# classes (`nodeemu calibrate` maps them); the rest are recorded for the kernels NodeEmu prices
+# as elementwise or copies today.
+UNFUSED_SERIES = ["index_add_bf16_h2048", "index_add_bf16_h7168", "index_add_f32_h2048",
+                  "strided_elementwise_bf16", "cat_64_chunks_bf16", "masked_select_top8_of128",
+                  "argsort_top8", "cumsum_i64"]
+
+
+def unfused_path_rows(t, cfg):
+    dt, dev = cfg.dtype, cfg.device
+    rows = []
+    topk, experts = 8, 128
+
+    def add(op, tokens, b, s):
+        rows.append([op, tokens, b, fmt(s), "%.4g" % (b / s / 1e9) if b != "" else ""])
+
+    for tokens in cfg.token_counts:
+        # index_add: top-k rows per token summed back into the tokens; bytes = rows read + output.
+        for op, h, dtype in (("index_add_bf16_h2048", 2048, dt), ("index_add_bf16_h7168", 7168, dt),
+                             ("index_add_f32_h2048", 2048, torch.float32)):
+            size = dtype.itemsize if hasattr(dtype, "itemsize") else torch.finfo(dtype).bits // 8
+            if not fits(2 * tokens * (topk + 1) * h * size, cfg):
+                continue
+            out = torch.zeros(tokens, h, dtype=dtype, device=dev)
+            src = [torch.randn(tokens * topk, h, dtype=dtype, device=dev) for _ in range(2)]
+            idx = torch.randint(0, tokens, (tokens * topk,), device=dev)
+            b = (tokens * topk + tokens) * h * size
+            s = t.graph(lambda i, o=out, x=src, j=idx: o.index_add_(0, j, x[i % 2]),
+                        calls_for(b / 1e11))
+            add(op, "", b, s)
+        # RoPE's x * cos on the heads' transposed view of a [tokens, heads * 128] projection.
+        q = [torch.randn(tokens, 32 * 128, dtype=dt, device=dev) for _ in range(2)]
+        cos = torch.randn(1, 1, tokens, 128, dtype=dt, device=dev)
+        b = 2 * q[0].numel() * 2 + cos.numel() * 2
+        s = t.graph(lambda i: q[i % 2].view(tokens, 32, 128).transpose(0, 1)[None] * cos,
+                    calls_for(b / 1e12))
+        add("strided_elementwise_bf16", "", b, s)
+        # sort_chunks_by_idxs: the received rows cut into 64 chunks (8 experts x EP 8) and cat.
+        rows_in = tokens * topk
+        x = [torch.randn(rows_in, 2048, dtype=dt, device=dev) for _ in range(2)]
+        b = 2 * x[0].numel() * 2
+        if fits(3 * b, cfg):
+            chunks = [list(xi.chunk(64)) for xi in x]
+            s = t.graph(lambda i: torch.cat(chunks[i % 2][::-1]), calls_for(b / 1e12))
+            add("cat_64_chunks_bf16", "", b, s)
+        # moe_utils.permute without fusion: the token indices the routing map selects.
+        routing = [torch.rand(experts, tokens, device=dev) < topk / experts for _ in range(2)]
+        ids = torch.arange(tokens, device=dev).unsqueeze(0).expand(experts, -1)
+        # Its output's size is the host's to know (a sync inside): not capturable, so timed with
+        # events, the host's wait included, as a real step pays it.
+        s = t.events(lambda: ids.masked_select(routing[0]))
+        add("masked_select_top8_of128", tokens, "", s)
+        keys = [torch.randint(0, experts, (tokens * topk,), device=dev) for _ in range(2)]
+        s = t.graph(lambda i: torch.argsort(keys[i % 2], stable=True), calls_for(tokens / 1e9))
+        add("argsort_top8", tokens, "", s)
+        s = t.graph(lambda i: torch.cumsum(keys[i % 2], 0), calls_for(tokens / 1e10))
+        add("cumsum_i64", tokens, "", s)
+    return rows
+
+
 def memory_table(t, cfg, tables):
     # The RMSNorm, SwiGLU and router rows are eager PyTorch's kernels (SwiGLU is two: silu, then
     # the product), not Transformer Engine's fused ones: a lower bound on what a fused kernel
@@ -269,8 +334,9 @@ def memory_table(t, cfg, tables):
         s = t.graph(lambda i: torch.topk(torch.softmax(logits[i % 2], dim=-1), topk, dim=-1),
                     calls_for(tokens * experts * 8 / 1e12))
         rows.append(["router_softmax_top8_of128", tokens, "", fmt(s), ""])
+    rows += unfused_path_rows(t, cfg)
     # One series after another, each in increasing size (NodeEmu checks the order).
     order = ["d2d_copy", "elementwise_add_scalar", "rmsnorm_h2048", "permute_gather_top8_h2048",
-             "swiglu_768_top8", "router_softmax_top8_of128"]
+             "swiglu_768_top8", "router_softmax_top8_of128"] + UNFUSED_SERIES
     rows.sort(key=lambda r: order.index(r[0]))
     tables.write("memory_bound.csv", ["op", "tokens", "bytes_moved", "seconds", "gb_s"], rows)
