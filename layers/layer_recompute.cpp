@@ -76,6 +76,7 @@ Tensor LayerPlan::qkv(Stream& s) {
       const Tensor in = ln1_all(s);
       st.re_qkv = ops::linear_forward(at, "linear_qkv", in, L_.qkv_.value, ops::one_group(in),
                                       L_.cfg_.dtype);
+      ops::qkv_split_forward(at, "linear_qkv", st.attn(), L_.cfg_.dtype);
     }
     if (L_.q_norm_.value) {
       Tensor rstd;  // the forward's, saved, is what backward uses

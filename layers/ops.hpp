@@ -90,6 +90,18 @@ void linear_wgrad(At at, const std::string& name, const Tensor& dy, const Tensor
                   const Rows& rows, Parameter& w);
 std::vector<std::int64_t> one_group(const Tensor& x);
 
+// SelfAttention.get_query_key_value_tensors (megatron/core/transformer/attention.py) splits the
+// packed projection [sq, b, ng, (np/ng + 2) hn] along its last dimension and reshapes the query
+// to [sq, b, np, hn]. With more than one query head per group that view cannot be merged, so the
+// reshape copies the query; in backward the split's gradient (TE's SplitAlongDim, or
+// torch.split's) concatenates the three gradients, which come from separate tensors (RoPE's,
+// the attention's), into the packed one. NodeEmu keeps q, k and v packed, so neither moves a
+// value here: they take their time on the stream and their launch.
+void qkv_split_forward(const At& at, const std::string& name, const kernels::AttentionShape& s,
+                       DType t);
+void qkv_split_backward(const At& at, const std::string& name, const kernels::AttentionShape& s,
+                        DType t);
+
 // RoPE on the query and key heads' rotated columns (kernels::rope_apply).
 void rope(At at, const std::string& name, Tensor& qkv, const kernels::AttentionShape& s,
           const kernels::Rotary& r, bool inverse);

@@ -99,6 +99,19 @@ Tensor qk_norm_backward(At at, const Tensor& g, const Tensor& qkv, const Tensor&
   return dx;
 }
 
+void qkv_split_forward(const At& at, const std::string& name, const kernels::AttentionShape& s,
+                       DType t) {
+  if (s.heads <= s.kv_heads) return;  // one query head per group: the reshape is a view
+  also(at, name + ".query_reshape", MemoryOp::Copy,
+       2.0 * double(s.rows() * s.heads * s.head_dim * std::int64_t(dtype_bytes(t))), t);
+}
+
+void qkv_split_backward(const At& at, const std::string& name, const kernels::AttentionShape& s,
+                        DType t) {
+  also(at, name + ".split_bwd", MemoryOp::Copy,
+       2.0 * double(s.rows() * s.qkv_width() * std::int64_t(dtype_bytes(t))), t);
+}
+
 void rope(At at, const std::string& name, Tensor& qkv, const kernels::AttentionShape& s,
           const kernels::Rotary& r, bool inverse) {
   View v = view(qkv);

@@ -240,6 +240,7 @@ void LayerPlan::pre_dispatch_forward(Stream& s) {
     } else {
       const Tensor in = gathered(at, ln1, "sp_allgather_qkv");
       qkv = ops::linear_forward(at, "linear_qkv", in, L_.qkv_.value, ops::one_group(in), c.dtype);
+      ops::qkv_split_forward(at, "linear_qkv", st.attn(), c.dtype);
     }
     if (L_.q_norm_.value) {
       // SelfAttention.get_query_key_value_tensors: q_layernorm and k_layernorm after the split,

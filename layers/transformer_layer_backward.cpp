@@ -227,6 +227,7 @@ void LayerPlan::pre_dispatch_backward(Stream& s) {
   if (L_.mla_.on()) {
     st.g_ln1 = L_.mla_.backward(at, g_qkv, st.attn(), sv, "qkv_linear", st.mla_grads);
   } else {
+    ops::qkv_split_backward(at, "linear_qkv", st.attn(), c.dtype);
     st.g_qkv = g_qkv;
     st.g_ln1 = scattered(
         at,

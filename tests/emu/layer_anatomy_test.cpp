@@ -3,9 +3,10 @@
 // run as NodeEmu models it (configs/recipes/qwen3_30b_a3b_layer_anatomy.yaml: the same shapes,
 // Megatron's unfused paths, an eager host). Kernel count within 10 %; kernel time within 15 % for
 // GEMMs, attention, row gathers/scatters, and the memory-bound rest (elementwise and copies
-// together: apart, the copies are +58 %, README "How close is NodeEmu to a real GPU" says why);
-// forward+backward device time within 10 % and host issue time within 15 % for each measured
-// variant whose parameters are laid out as Megatron's (the 32-expert one is not: see below).
+// together: apart, the copies are +72 %, README "How close is NodeEmu to a real GPU" says why);
+// forward+backward device time within 10 % (less the kernels Megatron launches and the measured
+// layer, plain PyTorch, does not: see megatron_only) and host issue time within 15 % for each
+// measured variant whose parameters are laid out as Megatron's (the 32-expert one is not).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -98,6 +99,39 @@ std::vector<std::string> overrides_of(const std::string& variant) {
   return {};
 }
 
+// The device time of the kernels NodeEmu launches because Megatron does, which the measured layer
+// (layer.py: a fixed row index, precomputed RoPE tables, one 3-D weight per expert linear) does
+// not run:
+// - the alltoall dispatcher's chunk sorts and the counts' copy to the host
+//   (token_dispatcher.py, MoEAlltoAllTokenDispatcher: sort_chunks_by_idxs, cuda_dtoh_point);
+// - moe_utils.permute's bookkeeping (the routing map's transpose, the sort, the probs' gather);
+// - RoPE's cos and sin made per call and its closing cat with the unrotated columns
+//   (rope_utils.py, _apply_rotary_pos_emb_bshd);
+// - the query's reshape copy (attention.py, get_query_key_value_tensors, with GQA);
+// - the main-grad adds of every local expert after the first of each linear (the measured layer
+//   accumulates one gradient per 3-D weight).
+// Taking out their own time under-corrects where the layer waits on its host (their launch time
+// stays in): a conservative comparison.
+double megatron_only_s(const LayerTiming& t) {
+  double s = 0;
+  std::map<std::string, int> adds;
+  for (const auto& op : t.timeline) {
+    auto has = [&](const char* x) { return op.name.find(x) != std::string::npos; };
+    auto ends = [&](const std::string& x) {
+      return op.name.size() >= x.size() &&
+             op.name.compare(op.name.size() - x.size(), x.size(), x) == 0;
+    };
+    const bool expert_add = has("expert_fc") && ends("_main_grad_add");
+    if (expert_add && adds[op.name]++ == 0) continue;
+    if (expert_add || has("sort_chunks") || has("sort_probs") || op.name == "counts D2H" ||
+        op.name.rfind("permute.", 0) == 0 || has("query_reshape") ||
+        (op.name.rfind("rotary_pos_emb.", 0) == 0 &&
+         (ends(".cos") || ends(".sin") || (ends(".cat") && !ends(".cat_half")))))
+      s += op.end_s - op.start_s;
+  }
+  return s;
+}
+
 LayerTiming anatomy_layer(const std::vector<std::string>& overrides = {}) {
   const LayerReport r =
       time_layers(Recipe::load(recipe_path("qwen3_30b_a3b_layer_anatomy"), overrides));
@@ -151,8 +185,11 @@ TEST(LayerAnatomy, EachVariantsDeviceAndHostTimeMatchTheMeasurement) {
       EXPECT_GT(t.host_issue_s, v.host_s);
       continue;
     }
-    EXPECT_NEAR(t.forward_backward_s, v.device_s, 0.10 * v.device_s)
-        << "NodeEmu " << t.forward_backward_s * 1e3 << " ms";
+    const double extra = megatron_only_s(t);
+    EXPECT_GT(extra, 0.0);
+    EXPECT_NEAR(t.forward_backward_s - extra, v.device_s, 0.10 * v.device_s)
+        << "NodeEmu " << t.forward_backward_s * 1e3 << " ms, of which Megatron's own kernels "
+        << extra * 1e3 << " ms";
     EXPECT_NEAR(t.host_issue_s, v.host_s, 0.15 * v.host_s)
         << "NodeEmu " << t.host_issue_s * 1e3 << " ms";
   }
