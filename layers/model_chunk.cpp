@@ -4,6 +4,8 @@
 
 #include "devices/device.hpp"
 #include "devices/errors.hpp"
+#include "devices/host.hpp"
+#include "devices/node.hpp"
 #include "layers/kernels/rmsnorm.hpp"
 #include "layers/kernels/vocab.hpp"
 
@@ -155,13 +157,9 @@ ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const 
                      std::to_string(data.tokens.size()) +
                      " tokens for batch x seq = " + std::to_string(T));
   Device& dev = chunk.device_;
+  // Filled by fetch_batch, in the forward of the chunk's first node.
   tokens_ = Tensor::empty(dev, {T}, DType::I32);
   labels_ = Tensor::empty(dev, {T}, DType::I32);
-  if (!tokens_.is_meta()) {
-    // The data loader's batch, already on the device (its H2D copy is not modelled).
-    std::memcpy(tokens_.data<std::int32_t>(), data.tokens.data(), std::size_t(T) * 4);
-    std::memcpy(labels_.data<std::int32_t>(), data.labels.data(), std::size_t(T) * 4);
-  }
   for (auto& l : chunk.layers_)
     layers.push_back(l->plan(ctx, &event, microbatch, data.batch, data.seq, loss_scale));
   // Each decoder layer reads the previous one's output, and its output gradient is the next
@@ -184,6 +182,7 @@ ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const 
     embedding = ScheduleNode(
         "embedding", StreamKind::Compute, &ctx, &event,
         [this, &c](Stream& s) {
+          fetch_batch(s);
           ops::At at{s, ctx_.tally, nullptr, &c.kernels};
           embedded_ = embedding_forward(at, chunk_.tp_, tokens_, chunk_.embedding_, c.dtype);
         },
@@ -197,6 +196,10 @@ ChunkPlan::ChunkPlan(ModelChunk& chunk, ExecContext& ctx, int microbatch, const 
           embedding_wgrad(at, chunk_.tp_, tokens_, g_embedded_, chunk_.embedding_);
           embedded_ = g_embedded_ = Tensor();
         });
+  } else if (chunk.spec_.post_process || chunk.mtp_) {
+    // A last stage's batch comes before its first layer, as forward_step calls get_batch first.
+    embedding = ScheduleNode("get_batch", StreamKind::Compute, &ctx, &event,
+                             [this](Stream& s) { fetch_batch(s); }, {});
   }
   if (chunk.spec_.post_process) {
     loss = ScheduleNode(
@@ -294,6 +297,51 @@ void ChunkPlan::announce_weight_gradients(std::size_t decoder) {
   for (std::size_t i = 0; i < decoder; ++i)
     announce({&layers[i]->pre_dispatch, &layers[i]->mlp}, chunk_.layers_[i]->parameters());
   if (chunk_.spec_.post_process && !mtp_) announce({&loss}, {&chunk_.final_norm_, &chunk_.output_});
+}
+
+void ChunkPlan::fetch_batch(Stream& s) {
+  // pretrain_gpt.py get_batch and megatron/core/utils.py get_batch_on_this_tp_rank: TP rank 0
+  // takes the data loader's pinned batch to the device (`.cuda(non_blocking=True)`, on the
+  // current stream) and every tensor is broadcast from it over the TP group: tokens and position
+  // ids for a first stage, labels and the loss mask for a last one, all four with one stage or
+  // MTP. Eager calls outside autograd: each costs the host a bare launch. NodeEmu's tokens and
+  // labels are int32 (Megatron's int64), and the batch comes already cut for this CP rank
+  // (Megatron copies the whole sequence and cuts it on the GPU, get_batch_on_this_cp_rank).
+  // Position ids and the loss mask are copied as Megatron copies them; nothing here reads them
+  // (RoPE's positions are the row's, and every token counts).
+  const FrameworkScope eager(s.device().node(), FrameworkPass::None);
+  Device& dev = s.device();
+  const bool functional = !tokens_.is_meta();
+  const auto T = std::size_t(tokens_.numel());
+  const bool all = (chunk_.spec_.pre_process && chunk_.spec_.post_process) || chunk_.mtp_;
+  const bool first = all || chunk_.spec_.pre_process, last = all || chunk_.spec_.post_process;
+  TensorParallel& tp = chunk_.tp_;
+  auto fetch = [&](const char* name, const Buffer& to, const void* values) {
+    if (tp.rank == 0) {
+      Buffer from = dev.allocate_host(to.bytes());
+      if (functional) std::memcpy(from.data(), values, to.bytes());
+      s.copy(to, from, to.bytes(), std::string("get_batch.") + name);
+    }
+    if (tp.on())
+      tp.group.broadcast(to, to.bytes(), 0, s,
+                         {.name = std::string("get_batch_broadcast.") + name});
+  };
+  std::vector<std::int64_t> positions;
+  std::vector<float> mask;
+  if (functional) {
+    positions.resize(T);
+    for (std::size_t i = 0; i < T; ++i) positions[i] = std::int64_t(i % std::size_t(data_.seq));
+    mask.assign(T, 1.0f);
+  }
+  if (first) {
+    fetch("tokens", tokens_.buffer(), data_.tokens.data());
+    fetch("position_ids", Tensor::empty(dev, {std::int64_t(T)}, DType::I64).buffer(),
+          positions.data());
+  }
+  if (last) {
+    fetch("labels", labels_.buffer(), data_.labels.data());
+    fetch("loss_mask", Tensor::empty(dev, {std::int64_t(T)}, DType::F32).buffer(), mask.data());
+  }
 }
 
 ChunkPlan::~ChunkPlan() = default;

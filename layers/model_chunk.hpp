@@ -121,6 +121,9 @@ class ChunkPlan {
   // overlap_param_gather, on the step's first micro-batch: tell ctx.parameters_needed before
   // each node's forward which weights it reads.
   void announce_parameter_uses(std::size_t decoder);
+  // Megatron's get_batch on a first or last (virtual) stage: the batch to the device and over
+  // the TP group (model_chunk.cpp says how).
+  void fetch_batch(Stream& s);
 
   ModelChunk& chunk_;
   ExecContext& ctx_;
