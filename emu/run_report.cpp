@@ -4,6 +4,7 @@
 
 #include "devices/blas_kernel.hpp"
 #include "emu/detail/run_report.hpp"
+#include "emu/model_flops.hpp"
 #include "emu/recipe_keys.hpp"
 #include "layers/gemm.hpp"
 
@@ -103,6 +104,18 @@ DeviceReport device_report(int dev, const RankResult& res, const TimelineStats& 
   return dr;
 }
 
+// Tokens/s, Megatron's TFLOP/s and MFU per GPU, and the share of communication hidden.
+void add_throughput(const RunPlan& plan, Node& node, RunReport& rep) {
+  const std::int64_t samples = plan.mbs * plan.microbatches * plan.dp_size;
+  const double world = double(plan.world);
+  rep.tokens_per_s_per_gpu = double(samples * plan.seq) / rep.step_time_s / world;
+  rep.model_tflops_per_gpu =
+      megatron_model_flops(plan.cfg, samples, plan.seq) / rep.step_time_s / world / 1e12;
+  rep.peak_bf16_tflops = node.device(0).spec().bf16_flops / 1e12;
+  rep.mfu = rep.peak_bf16_tflops > 0 ? rep.model_tflops_per_gpu / rep.peak_bf16_tflops : 0;
+  rep.hidden_comm_share = rep.total_comm_s > 0 ? 1 - rep.exposed_comm_s / rep.total_comm_s : 1;
+}
+
 // The steady mean step and each GPU's figures; the means over the GPUs.
 void add_steady_state(const RunFacts& run, const std::vector<RankResult>& results,
                       const std::vector<double>& ends, const TimelineStats& stats, Node& node,
@@ -122,8 +135,11 @@ void add_steady_state(const RunFacts& run, const std::vector<RankResult>& result
     rep.exposed_comm_s += dr.exposed_comm_s / world;
     rep.total_comm_s += dr.comm_busy_s / world;
     rep.compute_utilisation += dr.compute_busy_s / rep.step_time_s / world;
+    for (const auto& [name, s] : stats.exposed_comm_by_name(dev, from, to))
+      rep.exposed_comm_by_name[name] += s / steady / world;
     rep.devices.push_back(dr);
   }
+  add_throughput(run.plan, node, rep);
 }
 
 // The losses and every weight's reduced gradient, in a fixed order.

@@ -70,6 +70,12 @@ void write_summary_json(const RunReport& r, const Recipe& recipe, std::ostream& 
   j["over_budget_reruns"] = r.over_budget_reruns;
   j["bindpcie"] = r.bindpcie;
   j["compute_utilisation"] = r.compute_utilisation;
+  j["tokens_per_s_per_gpu"] = r.tokens_per_s_per_gpu;
+  j["model_tflops_per_gpu"] = r.model_tflops_per_gpu;
+  j["mfu"] = r.mfu;
+  j["peak_bf16_tflops"] = r.peak_bf16_tflops;
+  j["hidden_comm_share"] = r.hidden_comm_share;
+  j["exposed_comm_by_collective_s"] = r.exposed_comm_by_name;
   j["devices"] = Json::array();
   for (const auto& d : r.devices) j["devices"].push_back(device_json(d));
   j["numerics_hash"] = r.numerics_hash ? Json(hex(*r.numerics_hash)) : Json(nullptr);

@@ -49,7 +49,8 @@ TimelineStats::TimelineStats(int devices)
       comm_(static_cast<std::size_t>(devices)),
       kernels_(static_cast<std::size_t>(devices)),
       offload_(static_cast<std::size_t>(devices)),
-      recompute_(static_cast<std::size_t>(devices)) {}
+      recompute_(static_cast<std::size_t>(devices)),
+      comm_by_name_(static_cast<std::size_t>(devices)) {}
 
 void TimelineStats::add(Intervals& set, VTime start, VTime end) {
   // Every measure is of the union of a set (merged() clips and merges), and clipping to a window
@@ -77,8 +78,10 @@ void TimelineStats::on_op(const OpRecord& r) {
     if (starts("recompute.")) add(recompute_[d], r.start, r.end);
   } else if (r.kind == OpKind::Copy && (starts("offload ") || starts("reload "))) {
     add(offload_[d], r.start, r.end);
-  } else if (r.kind == OpKind::Comm)
+  } else if (r.kind == OpKind::Comm) {
     add(comm_[d], r.start, r.end);
+    if (r.name) add(comm_by_name_[d][r.name], r.start, r.end);
+  }
 }
 
 TimelineStats::Busy TimelineStats::busy(int device, double from_s, double to_s) const {
@@ -99,6 +102,20 @@ TimelineStats::Busy TimelineStats::busy(int device, double from_s, double to_s) 
   b.exposed_offload_s = double(measure(o) - overlap(o, k)) * s;
   b.recompute_s = double(measure(merged(recompute_[std::size_t(device)], lo, hi))) * s;
   return b;
+}
+
+std::map<std::string, double> TimelineStats::exposed_comm_by_name(int device, double from_s,
+                                                                  double to_s) const {
+  const VTime lo = VTime(from_s * double(kPicosPerSecond)),
+              hi = VTime(to_s * double(kPicosPerSecond));
+  const Intervals k = merged(kernels_[std::size_t(device)], lo, hi);
+  std::map<std::string, double> out;
+  for (const auto& [name, set] : comm_by_name_[std::size_t(device)]) {
+    const Intervals c = merged(set, lo, hi);
+    const VTime exposed = measure(c) - overlap(c, k);
+    if (exposed > 0) out[*name] += double(exposed) / double(kPicosPerSecond);
+  }
+  return out;
 }
 
 }  // namespace nodeemu::emu

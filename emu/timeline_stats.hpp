@@ -1,6 +1,9 @@
 // Per-device busy figures from the virtual timeline: an observer that keeps every operation's
 // interval by kind, and the measures a run reports over a window of virtual time.
 #pragma once
+#include <map>
+#include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -23,11 +26,17 @@ class TimelineStats : public TimelineObserver {
   };
   // Over [from_s, to_s) of device `device`.
   Busy busy(int device, double from_s, double to_s) const;
+  // The same window's exposed collective time (a collective runs and no kernel does) by the
+  // collective's name. Two collectives of different names exposed at once both count, so the
+  // parts can add up to more than Busy::exposed_comm_s.
+  std::map<std::string, double> exposed_comm_by_name(int device, double from_s, double to_s) const;
 
  private:
   using Intervals = std::vector<std::pair<VTime, VTime>>;
   static void add(Intervals& set, VTime start, VTime end);
   std::vector<Intervals> work_, comm_, kernels_, offload_, recompute_;
+  // Per device, each collective name's intervals (names are the engine's interned strings).
+  std::vector<std::unordered_map<const std::string*, Intervals>> comm_by_name_;
 };
 
 }  // namespace nodeemu::emu

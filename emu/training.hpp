@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -81,6 +82,17 @@ struct RunReport {
   // PagedStashRunner does. -1: the mode is off.
   int over_budget_reruns = -1;
   double compute_utilisation = 0;  // mean compute_busy_s / step_time_s
+  // The figures published runs are compared by, steady state, per GPU:
+  double tokens_per_s_per_gpu = 0;  // the global batch's tokens / step / world
+  // Megatron-LM's model FLOPs of a step (emu/model_flops.hpp) / step / world, and that as a share
+  // of the GPU's dense bf16 peak (the topology's datasheet figure, gpu.bf16_tflops).
+  double model_tflops_per_gpu = 0;
+  double mfu = 0;
+  double peak_bf16_tflops = 0;
+  // The share of collective time a kernel ran beside (1 - exposed / total), Nsight's "overlap".
+  double hidden_comm_share = 0;
+  // Exposed collective time, mean per GPU per steady step, by the collective's name.
+  std::map<std::string, double> exposed_comm_by_name;
   std::vector<DeviceReport> devices;
   std::optional<std::uint64_t> numerics_hash;  // none in meta mode
   std::uint64_t timeline_hash = 0;

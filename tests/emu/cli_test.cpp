@@ -344,14 +344,19 @@ TEST(Cli, CompareRunsTheCasesSideBySide) {
                  "--overlap-moe-expert-parallel-comm --delay-wgrad-compute");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("case       | "), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("steady mean ms | speedup | exposed comm ms | peak mem GiB"),
-            std::string::npos);
+  EXPECT_NE(r.out.find("steady mean ms | speedup | TFLOP/s/GPU | "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("MFU | comm hidden | exposed comm ms | peak mem GiB"), std::string::npos);
   EXPECT_NE(r.out.find("no_overlap |                sequential |"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("overlap    | combined-1f1b-a2a-overlap |"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("1.000x"), std::string::npos);
   // What the ratio means, and no column that is empty in every case (neither offloads).
   EXPECT_NE(r.out.find("speedup = the first case's steady step / this case's"), std::string::npos);
   EXPECT_EQ(r.out.find("offload MiB"), std::string::npos) << r.out;
+  // And in words, where the difference went.
+  EXPECT_NE(r.out.find("overlap against no_overlap: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("exposed communication "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the GPU idle otherwise (waiting on its host or a dependency)"),
+            std::string::npos);
 }
 
 // Meta-mode cases run several at once by default: the same table as one after another, each
