@@ -80,7 +80,7 @@ void TimelineStats::on_op(const OpRecord& r) {
     add(offload_[d], r.start, r.end);
   } else if (r.kind == OpKind::Comm) {
     add(comm_[d], r.start, r.end);
-    if (r.name) add(comm_by_name_[d][r.name], r.start, r.end);
+    if (r.name) add(comm_by_name_[d][*r.name], r.start, r.end);
   }
 }
 
@@ -113,7 +113,7 @@ std::map<std::string, double> TimelineStats::exposed_comm_by_name(int device, do
   for (const auto& [name, set] : comm_by_name_[std::size_t(device)]) {
     const Intervals c = merged(set, lo, hi);
     const VTime exposed = measure(c) - overlap(c, k);
-    if (exposed > 0) out[*name] += double(exposed) / double(kPicosPerSecond);
+    if (exposed > 0) out[name] += double(exposed) / double(kPicosPerSecond);
   }
   return out;
 }

@@ -35,8 +35,9 @@ class TimelineStats : public TimelineObserver {
   using Intervals = std::vector<std::pair<VTime, VTime>>;
   static void add(Intervals& set, VTime start, VTime end);
   std::vector<Intervals> work_, comm_, kernels_, offload_, recompute_;
-  // Per device, each collective name's intervals (names are the engine's interned strings).
-  std::vector<std::unordered_map<const std::string*, Intervals>> comm_by_name_;
+  // Per device, each collective name's intervals (by value: a record's name lives in the
+  // engine's operation slot, which the next operation reuses).
+  std::vector<std::unordered_map<std::string, Intervals>> comm_by_name_;
 };
 
 }  // namespace nodeemu::emu

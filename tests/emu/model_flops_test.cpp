@@ -61,6 +61,7 @@ TEST(ModelFlops, TheRunReportsTokensTflopsMfuAndHiddenCommunication) {
   // The exposed time by collective names collectives this run ran, each within the step.
   ASSERT_FALSE(r.exposed_comm_by_name.empty());
   for (const auto& [name, s] : r.exposed_comm_by_name) {
+    EXPECT_FALSE(name.empty());
     EXPECT_GT(s, 0) << name;
     EXPECT_LE(s, r.step_time_s) << name;
   }
