@@ -2,13 +2,19 @@
 #pragma once
 #include <unistd.h>
 
+#include <cstdio>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "emu/recipe.hpp"
+#include "emu/training.hpp"
 
 #ifndef NODEEMU_SOURCE_DIR
 #define NODEEMU_SOURCE_DIR "."
@@ -44,6 +50,25 @@ inline std::string trace_path(const std::string& stem, const std::vector<std::st
   for (const auto& o : overrides) joined += o + ' ';
   return ::testing::TempDir() + "/" + std::to_string(getpid()) + "_" + stem + "_" +
          std::to_string(std::hash<std::string>{}(joined)) + ".json";
+}
+
+// Trains the tiny recipe with `overrides` for `iterations` and counts, per device, the copies and
+// collectives it ran by name (device -> name -> how many): what a run launched where.
+inline std::map<int, std::map<std::string, int>> copies_and_collectives(
+    const std::string& stem, const std::vector<std::string>& overrides, int iterations) {
+  const std::string trace = trace_path(stem, overrides);
+  const emu::RunReport r =
+      emu::train(tiny(overrides), {.iterations = iterations, .trace_path = trace});
+  EXPECT_EQ(r.iterations.size(), std::size_t(iterations));
+  std::ifstream in(trace);
+  const auto events = nlohmann::json::parse(in)["traceEvents"];
+  std::remove(trace.c_str());
+  std::map<int, std::map<std::string, int>> seen;
+  for (const auto& e : events) {
+    const std::string cat = e.value("cat", "");
+    if (cat == "copy" || cat == "comm") ++seen[e.value("pid", -1)][e.value("name", "")];
+  }
+  return seen;
 }
 
 // A kernel of the step's end, not of the model: the optimizer's (emu/optimizer.hpp), the loss's

@@ -4,13 +4,6 @@
 // the broadcast brought it (the TP run's bits are checked elsewhere: tensor_parallel_run_test).
 #include <gtest/gtest.h>
 
-#include <cstdio>
-#include <fstream>
-#include <map>
-
-#include <nlohmann/json.hpp>
-
-#include "emu/training.hpp"
 #include "tests/emu/emu_test_support.hpp"
 
 namespace nodeemu::emu {
@@ -18,21 +11,10 @@ namespace {
 
 TEST(GetBatch, TpRankZeroCopiesTheStagesTensorsAndTheTpGroupBroadcastsThem) {
   // Four GPUs: TP 2 innermost, then two pipeline stages (ranks 0-1 the first, 2-3 the last).
-  const std::vector<std::string> overrides = {"model.tensor_model_parallel_size=2",
-                                              "model.sequence_parallel=true",
-                                              "model.pipeline_model_parallel_size=2",
-                                              "model.expert_model_parallel_size=1"};
-  const std::string trace = testing::trace_path("get_batch", overrides);
-  const RunReport r = train(testing::tiny(overrides), {.iterations = 1, .trace_path = trace});
-  ASSERT_EQ(r.iterations.size(), 1u);
-  std::ifstream in(trace);
-  const auto events = nlohmann::json::parse(in)["traceEvents"];
-  std::remove(trace.c_str());
-  std::map<int, std::map<std::string, int>> seen;  // device -> name -> device-side operations
-  for (const auto& e : events) {
-    const std::string cat = e.value("cat", "");
-    if (cat == "copy" || cat == "comm") ++seen[e.value("pid", -1)][e.value("name", "")];
-  }
+  const std::vector<std::string> overrides = {
+      "model.tensor_model_parallel_size=2", "model.sequence_parallel=true",
+      "model.pipeline_model_parallel_size=2", "model.expert_model_parallel_size=1"};
+  auto seen = testing::copies_and_collectives("get_batch", overrides, 1);
   const int microbatches = seen[0]["get_batch.tokens"];
   ASSERT_GE(microbatches, 1);
   for (int device = 0; device < 4; ++device) {

@@ -3,13 +3,6 @@
 // and the last pipeline stage all-reduces the loss and token count over DP x CP.
 #include <gtest/gtest.h>
 
-#include <cstdio>
-#include <fstream>
-#include <map>
-
-#include <nlohmann/json.hpp>
-
-#include "emu/training.hpp"
 #include "tests/emu/emu_test_support.hpp"
 
 namespace nodeemu::emu {
@@ -20,19 +13,8 @@ TEST(StepReductions, EveryRankWaitsThreeTimesAStepAndTheLastStageReducesTheLoss)
   // 2 and 3 hold the last stage.
   const std::vector<std::string> overrides = {"model.pipeline_model_parallel_size=2",
                                               "model.expert_model_parallel_size=2"};
-  const std::string trace = testing::trace_path("step_reductions", overrides);
   constexpr int kIterations = 2;
-  const RunReport r =
-      train(testing::tiny(overrides), {.iterations = kIterations, .trace_path = trace});
-  ASSERT_EQ(r.iterations.size(), std::size_t(kIterations));
-  std::ifstream in(trace);
-  const auto events = nlohmann::json::parse(in)["traceEvents"];
-  std::remove(trace.c_str());
-  std::map<int, std::map<std::string, int>> seen;  // device -> name -> device-side operations
-  for (const auto& e : events) {
-    const std::string cat = e.value("cat", "");
-    if (cat == "copy" || cat == "comm") ++seen[e.value("pid", -1)][e.value("name", "")];
-  }
+  auto seen = testing::copies_and_collectives("step_reductions", overrides, kIterations);
   for (int device = 0; device < 4; ++device) {
     SCOPED_TRACE("device " + std::to_string(device));
     auto& ops = seen[device];
