@@ -94,7 +94,7 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
     for (int m : c.parties) devices.push_back(g.ranks[size_t(m)]);
     std::string label =
         c.kind.substr(0, c.kind.find('(')) + " #" + std::to_string(seq) + " on group " + g.label();
-    OpenCall oc{e.open(parties, phases, std::move(label)),
+    OpenCall oc{e.open(parties, phases, std::move(label), g.name),
                 std::make_shared<Exchange>(parties, phases, devices),
                 std::vector<std::string>(size_t(parties)), std::vector<Call::Text>(size_t(parties)),
                 0};

@@ -16,8 +16,8 @@ int MultiParty::add_link(std::string name, double bytes_per_s) {
   return engine_->add_link(std::move(name), bytes_per_s);
 }
 
-RendezvousId MultiParty::open(int parties, int phases, std::string label) {
-  return engine_->open_rendezvous(parties, phases, std::move(label));
+RendezvousId MultiParty::open(int parties, int phases, std::string label, std::string group) {
+  return engine_->open_rendezvous(parties, phases, std::move(label), std::move(group));
 }
 
 void MultiParty::join(RendezvousId rv, Stream& s, PartyIssue p) {

@@ -55,7 +55,8 @@ class MultiParty {
   int add_link(std::string name, double bytes_per_s);
   // An operation of `parties` parties and `phases` functional phases; `label` names it in
   // reports ("all_to_all_v #3 on group ep (ranks 0-3)").
-  RendezvousId open(int parties, int phases, std::string label);
+  // `group`: the name of the group it runs on, for the timeline's records (OpRecord::group).
+  RendezvousId open(int parties, int phases, std::string label, std::string group = {});
   // The calling host's part, on its stream `s`.
   void join(RendezvousId rv, Stream& s, PartyIssue party);
   // Lets every functional task run out (a rendezvous some party never joined is abandoned

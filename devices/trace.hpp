@@ -36,6 +36,9 @@ struct OpRecord {
   // Comm ops: the bytes this party sends to the other members (all phases; not in the timeline
   // hash, which predates it).
   double bytes = 0;
+  // Comm ops: the name of the group the operation ran on ("ep0", "dp-cp1", "pp_fwd_0_4"), as the
+  // communicator named it; null for others. Valid during the observer's call (not hashed).
+  const std::string* group = nullptr;
 };
 
 struct HostRecord {

@@ -150,14 +150,20 @@ void print_throughput(const RunReport& r, std::ostream& os) {
      << fixed(r.model_tflops_per_gpu, 1)
      << " TFLOP/s (model FLOPs as Megatron-LM counts them), MFU " << fixed(100 * r.mfu, 1)
      << "% of the " << fixed(r.peak_bf16_tflops, 0) << " TFLOP/s dense bf16 peak (datasheet)\n";
-  os << "communication hidden behind compute: " << fixed(100 * r.hidden_comm_share, 1) << "%";
-  std::vector<std::pair<double, std::string>> by;
-  for (const auto& [name, s] : r.exposed_comm_by_name) by.emplace_back(-s, name);
-  std::sort(by.begin(), by.end());
-  if (!by.empty()) os << "; exposed the most:";
-  for (std::size_t i = 0; i < by.size() && i < 5; ++i)
-    os << (i ? ", " : " ") << by[i].second << " " << ms(-by[i].first) << " ms";
-  os << "\n";
+  os << "communication hidden behind compute: " << fixed(100 * r.hidden_comm_share, 1) << "%\n";
+  // The largest first, at most `most` of them.
+  auto largest = [&os](const char* what, const std::map<std::string, double>& m, std::size_t most) {
+    std::vector<std::pair<double, std::string>> by;
+    for (const auto& [key, s] : m) by.emplace_back(-s, key);
+    std::sort(by.begin(), by.end());
+    if (by.empty()) return;
+    os << "exposed communication by " << what << ":";
+    for (std::size_t i = 0; i < by.size() && i < most; ++i)
+      os << (i ? ", " : " ") << by[i].second << " " << ms(-by[i].first) << " ms";
+    os << "\n";
+  };
+  largest("group", r.exposed_comm_by_group, r.exposed_comm_by_group.size());
+  largest("collective (the five largest)", r.exposed_comm_by_name, 5);
 }
 
 // Where a step's time goes, per GPU: some kernel or copy runs; a collective runs and nothing

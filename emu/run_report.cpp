@@ -137,6 +137,8 @@ void add_steady_state(const RunFacts& run, const std::vector<RankResult>& result
     rep.compute_utilisation += dr.compute_busy_s / rep.step_time_s / world;
     for (const auto& [name, s] : stats.exposed_comm_by_name(dev, from, to))
       rep.exposed_comm_by_name[name] += s / steady / world;
+    for (const auto& [group, s] : stats.exposed_comm_by_group(dev, from, to))
+      rep.exposed_comm_by_group[group] += s / steady / world;
     rep.devices.push_back(dr);
   }
   add_throughput(run.plan, node, rep);

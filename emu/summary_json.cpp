@@ -76,6 +76,7 @@ void write_summary_json(const RunReport& r, const Recipe& recipe, std::ostream& 
   j["peak_bf16_tflops"] = r.peak_bf16_tflops;
   j["hidden_comm_share"] = r.hidden_comm_share;
   j["exposed_comm_by_collective_s"] = r.exposed_comm_by_name;
+  j["exposed_comm_by_group_s"] = r.exposed_comm_by_group;
   j["devices"] = Json::array();
   for (const auto& d : r.devices) j["devices"].push_back(device_json(d));
   j["numerics_hash"] = r.numerics_hash ? Json(hex(*r.numerics_hash)) : Json(nullptr);

@@ -50,7 +50,8 @@ TimelineStats::TimelineStats(int devices)
       kernels_(static_cast<std::size_t>(devices)),
       offload_(static_cast<std::size_t>(devices)),
       recompute_(static_cast<std::size_t>(devices)),
-      comm_by_name_(static_cast<std::size_t>(devices)) {}
+      comm_by_name_(static_cast<std::size_t>(devices)),
+      comm_by_group_(static_cast<std::size_t>(devices)) {}
 
 void TimelineStats::add(Intervals& set, VTime start, VTime end) {
   // Every measure is of the union of a set (merged() clips and merges), and clipping to a window
@@ -81,6 +82,7 @@ void TimelineStats::on_op(const OpRecord& r) {
   } else if (r.kind == OpKind::Comm) {
     add(comm_[d], r.start, r.end);
     if (r.name) add(comm_by_name_[d][*r.name], r.start, r.end);
+    if (r.group) add(comm_by_group_[d][group_kind(*r.group)], r.start, r.end);
   }
 }
 
@@ -104,18 +106,39 @@ TimelineStats::Busy TimelineStats::busy(int device, double from_s, double to_s) 
   return b;
 }
 
-std::map<std::string, double> TimelineStats::exposed_comm_by_name(int device, double from_s,
-                                                                  double to_s) const {
+std::string group_kind(const std::string& group_name) {
+  // Pipeline transfers run on a pair group per direction and pair ("pp_fwd_0_4"); the layout's
+  // groups are a kind and an index ("dp-cp1"); NodeEmu's own one-off groups keep their names.
+  if (group_name.rfind("pp_", 0) == 0) return "pp";
+  if (group_name == "tp_cp") return "tp-cp";
+  std::size_t end = group_name.size();
+  while (end > 0 && group_name[end - 1] >= '0' && group_name[end - 1] <= '9') --end;
+  return end == 0 ? group_name : group_name.substr(0, end);
+}
+
+std::map<std::string, double> TimelineStats::exposed(
+    const std::unordered_map<std::string, Intervals>& sets, int device, double from_s,
+    double to_s) const {
   const VTime lo = VTime(from_s * double(kPicosPerSecond)),
               hi = VTime(to_s * double(kPicosPerSecond));
   const Intervals k = merged(kernels_[std::size_t(device)], lo, hi);
   std::map<std::string, double> out;
-  for (const auto& [name, set] : comm_by_name_[std::size_t(device)]) {
+  for (const auto& [key, set] : sets) {
     const Intervals c = merged(set, lo, hi);
     const VTime exposed = measure(c) - overlap(c, k);
-    if (exposed > 0) out[name] += double(exposed) / double(kPicosPerSecond);
+    if (exposed > 0) out[key] += double(exposed) / double(kPicosPerSecond);
   }
   return out;
+}
+
+std::map<std::string, double> TimelineStats::exposed_comm_by_name(int device, double from_s,
+                                                                  double to_s) const {
+  return exposed(comm_by_name_[std::size_t(device)], device, from_s, to_s);
+}
+
+std::map<std::string, double> TimelineStats::exposed_comm_by_group(int device, double from_s,
+                                                                   double to_s) const {
+  return exposed(comm_by_group_[std::size_t(device)], device, from_s, to_s);
 }
 
 }  // namespace nodeemu::emu

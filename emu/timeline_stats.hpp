@@ -11,6 +11,11 @@
 
 namespace nodeemu::emu {
 
+// The kind of process group a communicator group's name stands for: "ep", "tp", "dp-cp", "edp",
+// "mp", "pp" (the pipeline's point-to-point pairs), "tp-cp", "world", "stage", "embedding"...
+// (the layout's groups are named by comm's to_string(GroupKind) and an index).
+std::string group_kind(const std::string& group_name);
+
 class TimelineStats : public TimelineObserver {
  public:
   explicit TimelineStats(int devices);
@@ -30,6 +35,8 @@ class TimelineStats : public TimelineObserver {
   // collective's name. Two collectives of different names exposed at once both count, so the
   // parts can add up to more than Busy::exposed_comm_s.
   std::map<std::string, double> exposed_comm_by_name(int device, double from_s, double to_s) const;
+  // The same by the kind of group the collective ran on (group_kind).
+  std::map<std::string, double> exposed_comm_by_group(int device, double from_s, double to_s) const;
 
  private:
   using Intervals = std::vector<std::pair<VTime, VTime>>;
@@ -37,7 +44,9 @@ class TimelineStats : public TimelineObserver {
   std::vector<Intervals> work_, comm_, kernels_, offload_, recompute_;
   // Per device, each collective name's intervals (by value: a record's name lives in the
   // engine's operation slot, which the next operation reuses).
-  std::vector<std::unordered_map<std::string, Intervals>> comm_by_name_;
+  std::vector<std::unordered_map<std::string, Intervals>> comm_by_name_, comm_by_group_;
+  std::map<std::string, double> exposed(const std::unordered_map<std::string, Intervals>& sets,
+                                        int device, double from_s, double to_s) const;
 };
 
 }  // namespace nodeemu::emu

@@ -91,8 +91,9 @@ struct RunReport {
   double peak_bf16_tflops = 0;
   // The share of collective time a kernel ran beside (1 - exposed / total), Nsight's "overlap".
   double hidden_comm_share = 0;
-  // Exposed collective time, mean per GPU per steady step, by the collective's name.
-  std::map<std::string, double> exposed_comm_by_name;
+  // Exposed collective time, mean per GPU per steady step, by the collective's name and by the
+  // kind of group it ran on (group_kind in emu/timeline_stats.hpp: "ep", "tp", "dp-cp", "pp"...).
+  std::map<std::string, double> exposed_comm_by_name, exposed_comm_by_group;
   std::vector<DeviceReport> devices;
   std::optional<std::uint64_t> numerics_hash;  // none in meta mode
   std::uint64_t timeline_hash = 0;

@@ -137,6 +137,7 @@ struct Rendezvous {
   int parties = 0;
   int phases = 1;
   std::string label;  // what it is, for reports: "all_to_all_v #3 on group ep (ranks 0-3)"
+  std::string group;  // the group's name, for the records of its parties (OpRecord::group)
   int joined = 0;
   int arrived = 0;
   std::vector<OpId> members;
@@ -246,7 +247,7 @@ class Engine {
   const Link& link(int id) const { return network_.link(id); }
   int link_count() const { return network_.link_count(); }
   // A multi-party operation with `parties` parties and `phases` functional phases.
-  RendezvousId open_rendezvous(int parties, int phases, std::string label);
+  RendezvousId open_rendezvous(int parties, int phases, std::string label, std::string group);
   // One party's part, issued by that party's host on its stream like a launch. `sms`: SMs the
   // party's kernel holds from its start to the end of the transfer (0 for copy-engine or
   // NIC-driven transfers). `alpha_s` and `loads` add to the transfer's latency (the largest

@@ -13,7 +13,8 @@
 
 namespace nodeemu::detail {
 
-RendezvousId Engine::open_rendezvous(int parties, int phases, std::string label) {
+RendezvousId Engine::open_rendezvous(int parties, int phases, std::string label,
+                                     std::string group) {
   NE_CHECK(parties >= 1 && phases >= 1, "a rendezvous needs a party and a phase");
   NE_CHECK(rvs_.size() < kNoRendezvous, "too many rendezvous for 32-bit ids");
   auto id = static_cast<RendezvousId>(rvs_.size());
@@ -21,6 +22,7 @@ RendezvousId Engine::open_rendezvous(int parties, int phases, std::string label)
   r.parties = parties;
   r.phases = phases;
   r.label = std::move(label);
+  r.group = std::move(group);
   if (watchdog_.on()) watchdog_.open(id, r.label);
   return id;
 }

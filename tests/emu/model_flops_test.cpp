@@ -9,6 +9,7 @@
 #include "emu/model_flops.hpp"
 #include "emu/recipe_views.hpp"
 #include "emu/report.hpp"
+#include "emu/timeline_stats.hpp"
 #include "emu/training.hpp"
 #include "tests/emu/emu_test_support.hpp"
 
@@ -65,12 +66,29 @@ TEST(ModelFlops, TheRunReportsTokensTflopsMfuAndHiddenCommunication) {
     EXPECT_GT(s, 0) << name;
     EXPECT_LE(s, r.step_time_s) << name;
   }
+  // By group: the layout's kinds; the tiny recipe's EP all-to-alls and data-parallel reductions.
+  EXPECT_TRUE(r.exposed_comm_by_group.count("ep")) << "no EP group in the exposed time";
+  for (const auto& [group, s] : r.exposed_comm_by_group) {
+    EXPECT_FALSE(group.empty());
+    EXPECT_TRUE(group.find_first_of("0123456789") == std::string::npos) << group;
+    EXPECT_LE(s, r.step_time_s) << group;
+  }
   std::ostringstream summary;
   print_summary(r, summary);
   EXPECT_NE(summary.str().find("TFLOP/s (model FLOPs as Megatron-LM counts them), MFU"),
             std::string::npos)
       << summary.str();
   EXPECT_NE(summary.str().find("communication hidden behind compute:"), std::string::npos);
+  EXPECT_NE(summary.str().find("exposed communication by group: "), std::string::npos);
+}
+
+TEST(ModelFlops, GroupNamesFoldIntoTheirKinds) {
+  EXPECT_EQ(group_kind("ep0"), "ep");
+  EXPECT_EQ(group_kind("dp-cp12"), "dp-cp");
+  EXPECT_EQ(group_kind("pp_fwd_0_4"), "pp");
+  EXPECT_EQ(group_kind("tp_cp"), "tp-cp");
+  EXPECT_EQ(group_kind("stage1"), "stage");
+  EXPECT_EQ(group_kind("world"), "world");
 }
 
 }  // namespace
