@@ -150,7 +150,9 @@ void print_throughput(const RunReport& r, std::ostream& os) {
      << fixed(r.model_tflops_per_gpu, 1)
      << " TFLOP/s (model FLOPs as Megatron-LM counts them), MFU " << fixed(100 * r.mfu, 1)
      << "% of the " << fixed(r.peak_bf16_tflops, 0) << " TFLOP/s dense bf16 peak (datasheet)\n";
-  os << "communication hidden behind compute: " << fixed(100 * r.hidden_comm_share, 1) << "%\n";
+  os << "communication hidden behind compute: " << fixed(100 * r.hidden_comm_share, 1)
+     << "%; the GPU idle while its host issued work (host-bound): " << ms(r.host_bound_s)
+     << " ms\n";
   // The largest first, at most `most` of them.
   auto largest = [&os](const char* what, const std::map<std::string, double>& m, std::size_t most) {
     std::vector<std::pair<double, std::string>> by;
@@ -167,13 +169,15 @@ void print_throughput(const RunReport& r, std::ostream& os) {
 }
 
 // Where a step's time goes, per GPU: some kernel or copy runs; a collective runs and nothing
-// else does (exposed); neither (the GPU waits on its host or on a dependency).
+// else does (exposed); nothing runs while the host issues work (host-bound); the rest (nothing
+// runs and the host waits too: on a dependency, a peer, the pipeline).
 struct StepParts {
-  double busy, exposed, idle;
+  double busy, exposed, host, idle;
 };
 StepParts parts_of(const RunReport& r) {
   const double busy = r.compute_utilisation * r.step_time_s;
-  return {busy, r.exposed_comm_s, std::max(0.0, r.step_time_s - busy - r.exposed_comm_s)};
+  return {busy, r.exposed_comm_s, r.host_bound_s,
+          std::max(0.0, r.step_time_s - busy - r.exposed_comm_s - r.host_bound_s)};
 }
 
 // "overlap against no_overlap: faster by 12.3 ms (18.0 %): ..." in the parts above.
@@ -188,7 +192,8 @@ std::string why_faster(const Case& base, const Case& c) {
     << ms(std::abs(d)) << " ms (" << fixed(100 * std::abs(d) / base.report.step_time_s, 1)
     << " %): " << change(b.exposed - a.exposed, "exposed communication") << ", "
     << change(b.busy - a.busy, "kernels and copies running") << ", "
-    << change(b.idle - a.idle, "the GPU idle otherwise (waiting on its host or a dependency)");
+    << change(b.host - a.host, "the GPU waiting on its host") << ", "
+    << change(b.idle - a.idle, "the GPU idle otherwise (waiting on a dependency)");
   return o.str();
 }
 

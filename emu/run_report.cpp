@@ -89,6 +89,11 @@ DeviceReport device_report(int dev, const RankResult& res, const TimelineStats& 
   dr.compute_busy_s = b.compute_s / steady;
   dr.comm_busy_s = b.comm_s / steady;
   dr.exposed_comm_s = b.exposed_comm_s / steady;
+  // The host actors that drive this GPU (its rank's program and any side threads).
+  std::vector<int> hosts;
+  for (int h = 0; h < stats.hosts_seen(); ++h)
+    if (node.host_device(h) == dev) hosts.push_back(h);
+  dr.host_bound_s = stats.idle_while_host_busy(dev, hosts, from, to) / steady;
   dr.offload_busy_s = b.offload_s / steady;
   dr.exposed_offload_s = b.exposed_offload_s / steady;
   dr.recompute_s = b.recompute_s / steady;
@@ -133,6 +138,7 @@ void add_steady_state(const RunFacts& run, const std::vector<RankResult>& result
     rep.total_offload_s += dr.offload_busy_s / world;
     rep.recompute_s += dr.recompute_s / world;
     rep.exposed_comm_s += dr.exposed_comm_s / world;
+    rep.host_bound_s += dr.host_bound_s / world;
     rep.total_comm_s += dr.comm_busy_s / world;
     rep.compute_utilisation += dr.compute_busy_s / rep.step_time_s / world;
     for (const auto& [name, s] : stats.exposed_comm_by_name(dev, from, to))

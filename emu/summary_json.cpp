@@ -34,6 +34,7 @@ Json device_json(const DeviceReport& d) {
               {"compute_busy_s", d.compute_busy_s},
               {"comm_busy_s", d.comm_busy_s},
               {"exposed_comm_s", d.exposed_comm_s},
+              {"host_bound_s", d.host_bound_s},
               {"offload_bytes", d.offload_bytes},
               {"offload_busy_s", d.offload_busy_s},
               {"exposed_offload_s", d.exposed_offload_s},
@@ -62,6 +63,7 @@ void write_summary_json(const RunReport& r, const Recipe& recipe, std::ostream& 
   j["step_time_s"] = r.step_time_s;
   j["exposed_comm_s"] = r.exposed_comm_s;
   j["total_comm_s"] = r.total_comm_s;
+  j["host_bound_s"] = r.host_bound_s;
   j["exposed_offload_s"] = r.exposed_offload_s;
   j["total_offload_s"] = r.total_offload_s;
   j["recompute_s"] = r.recompute_s;

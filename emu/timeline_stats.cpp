@@ -106,6 +106,26 @@ TimelineStats::Busy TimelineStats::busy(int device, double from_s, double to_s) 
   return b;
 }
 
+void TimelineStats::on_host(const HostRecord& r) {
+  if (r.end <= r.start || r.host < 0 || (r.name && *r.name == "launch queue full")) return;
+  if (std::size_t(r.host) >= host_busy_.size()) host_busy_.resize(std::size_t(r.host) + 1);
+  add(host_busy_[std::size_t(r.host)], r.start, r.end);
+}
+
+double TimelineStats::idle_while_host_busy(int device, const std::vector<int>& hosts, double from_s,
+                                           double to_s) const {
+  const VTime lo = VTime(from_s * double(kPicosPerSecond)),
+              hi = VTime(to_s * double(kPicosPerSecond));
+  Intervals busy, active = work_[std::size_t(device)];
+  for (int h : hosts)
+    if (std::size_t(h) < host_busy_.size())
+      busy.insert(busy.end(), host_busy_[std::size_t(h)].begin(), host_busy_[std::size_t(h)].end());
+  const auto& comm = comm_[std::size_t(device)];
+  active.insert(active.end(), comm.begin(), comm.end());
+  const Intervals b = merged(std::move(busy), lo, hi), a = merged(std::move(active), lo, hi);
+  return double(measure(b) - overlap(b, a)) / double(kPicosPerSecond);
+}
+
 std::string group_kind(const std::string& group_name) {
   // Pipeline transfers run on a pair group per direction and pair ("pp_fwd_0_4"); the layout's
   // groups are a kind and an index ("dp-cp1"); NodeEmu's own one-off groups keep their names.

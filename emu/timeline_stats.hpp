@@ -20,6 +20,9 @@ class TimelineStats : public TimelineObserver {
  public:
   explicit TimelineStats(int devices);
   void on_op(const OpRecord& r) override;
+  // The hosts' work: every API call's time, but not a launch blocked on a full queue (the host
+  // waiting on its GPU, not the other way round).
+  void on_host(const HostRecord& r) override;
 
   struct Busy {
     double compute_s = 0;          // some kernel or copy runs
@@ -35,6 +38,12 @@ class TimelineStats : public TimelineObserver {
   // collective's name. Two collectives of different names exposed at once both count, so the
   // parts can add up to more than Busy::exposed_comm_s.
   std::map<std::string, double> exposed_comm_by_name(int device, double from_s, double to_s) const;
+  // The window's time during which device `device` ran nothing (no kernel, copy or collective)
+  // while one of `hosts` (those that drive it) was busy issuing work: the GPU waiting on its
+  // host.
+  double idle_while_host_busy(int device, const std::vector<int>& hosts, double from_s,
+                              double to_s) const;
+  int hosts_seen() const { return int(host_busy_.size()); }
   // The same by the kind of group the collective ran on (group_kind).
   std::map<std::string, double> exposed_comm_by_group(int device, double from_s, double to_s) const;
 
@@ -42,6 +51,7 @@ class TimelineStats : public TimelineObserver {
   using Intervals = std::vector<std::pair<VTime, VTime>>;
   static void add(Intervals& set, VTime start, VTime end);
   std::vector<Intervals> work_, comm_, kernels_, offload_, recompute_;
+  std::vector<Intervals> host_busy_;  // per host actor
   // Per device, each collective name's intervals (by value: a record's name lives in the
   // engine's operation slot, which the next operation reuses).
   std::vector<std::unordered_map<std::string, Intervals>> comm_by_name_, comm_by_group_;

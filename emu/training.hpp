@@ -48,6 +48,8 @@ struct DeviceReport {
   double compute_busy_s = 0;  // per steady step: time some kernel or copy runs
   double comm_busy_s = 0;     // per steady step: time some collective runs
   double exposed_comm_s = 0;  // per steady step: collective time with no kernel running
+  // Per steady step: the GPU ran nothing while its host was busy issuing (host-bound time).
+  double host_bound_s = 0;
   // Activation offload, per steady step: bytes copied to the host, time some offload or reload
   // copy runs, and the part of it with no kernel running (the copy time compute did not hide).
   std::uint64_t offload_bytes = 0;
@@ -74,6 +76,7 @@ struct RunReport {
   int warmup_iterations = 0;
   double step_time_s = 0;                             // steady mean
   double exposed_comm_s = 0, total_comm_s = 0;        // mean per device per steady step
+  double host_bound_s = 0;                            // mean per device per steady step
   double exposed_offload_s = 0, total_offload_s = 0;  // mean per device per steady step
   double recompute_s = 0;                             // mean per device per steady step
   bool offload = false, recompute = false, bindpcie = false;

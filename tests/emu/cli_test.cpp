@@ -355,8 +355,8 @@ TEST(Cli, CompareRunsTheCasesSideBySide) {
   // And in words, where the difference went.
   EXPECT_NE(r.out.find("overlap against no_overlap: "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("exposed communication "), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("the GPU idle otherwise (waiting on its host or a dependency)"),
-            std::string::npos);
+  EXPECT_NE(r.out.find("the GPU waiting on its host "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the GPU idle otherwise (waiting on a dependency)"), std::string::npos);
 }
 
 // Meta-mode cases run several at once by default: the same table as one after another, each
