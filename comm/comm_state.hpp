@@ -54,6 +54,8 @@ struct Call {
   std::vector<PartyPhase> plan;  // one per phase, each sized parties.size()
   int sms = 0;
   int latency_steps = 1;  // alpha is this many times the slowest hop's latency
+  // The latency of an NCCL-like call as its plan prices it (comm/collective_plan.hpp), instead.
+  std::optional<double> alpha_s;
   // The caller's link loads; when unset, each phase's sends are costed as direct messages.
   std::optional<std::vector<LinkLoad>> loads;
   std::vector<Buffer> uses;

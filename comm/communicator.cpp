@@ -133,11 +133,16 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
         fabric.add_message(g.ranks[size_t(member)], g.ranks[size_t(c.parties[size_t(d)])],
                            static_cast<double>(p.send_bytes[size_t(d)]), loads);
   }
-  double hop = 0;
-  for (int d : c.parties)
-    if (d != member)
-      hop = std::max(hop, fabric.latency_s(g.ranks[size_t(member)], g.ranks[size_t(d)]));
-  const double alpha = hop * c.latency_steps;
+  double alpha = 0;
+  if (c.alpha_s) {
+    alpha = *c.alpha_s;
+  } else {
+    double hop = 0;
+    for (int d : c.parties)
+      if (d != member)
+        hop = std::max(hop, fabric.latency_s(g.ranks[size_t(member)], g.ranks[size_t(d)]));
+    alpha = hop * c.latency_steps;
+  }
 
   oc.kinds[size_t(c.party)] = c.kind;
   oc.texts[size_t(c.party)] = std::move(c.text);

@@ -1,12 +1,15 @@
 #include "comm/fabric.hpp"
 
+#include <algorithm>
+#include <map>
 #include <string>
 
+#include "devices/check.hpp"
 #include "devices/node.hpp"
 
 namespace nodeemu {
 
-Fabric::Fabric(Node& node) : topo_(&node.topology()) {
+Fabric::Fabric(Node& node) : topo_(&node.topology()), figures_(FabricFigures::of(*topo_)) {
   MultiParty e(node);
   const NodeTopology& t = *topo_;
   for (int d = 0; d < node.device_count(); ++d) {
@@ -40,6 +43,35 @@ void Fabric::add_message(int src, int dst, double bytes, std::vector<LinkLoad>& 
     out.push_back({nic_tx(src), wire});
     out.push_back({nic_rx(dst), wire});
   }
+}
+
+GroupShape Fabric::shape(const std::vector<int>& ranks) const {
+  NE_CHECK(!ranks.empty(), "a group has members");
+  std::map<int, int> per_node, per_nic;
+  for (int r : ranks) {
+    ++per_node[node_of(r)];
+    ++per_nic[nic_of_[size_t(r)]];
+  }
+  GroupShape s;
+  s.ranks = static_cast<int>(ranks.size());
+  s.nodes = static_cast<int>(per_node.size());
+  s.per_node = s.rails = per_node.begin()->second;
+  for (const auto& [node, n] : per_node) {
+    s.per_node = std::max(s.per_node, n);
+    s.rails = std::min(s.rails, n);
+  }
+  s.per_nic = 1;
+  for (const auto& [nic, n] : per_nic) s.per_nic = std::max(s.per_nic, n);
+  return s;
+}
+
+void Fabric::add_plan(int device, const CollectivePlan& p, std::vector<LinkLoad>& out) const {
+  const std::pair<int, double> loads[] = {{nvlink_tx(device), p.nvlink_out},
+                                          {nvlink_rx(device), p.nvlink_in},
+                                          {nic_tx(device), p.nic_out},
+                                          {nic_rx(device), p.nic_in}};
+  for (const auto& [link, bytes] : loads)
+    if (bytes > 0) out.push_back({link, bytes});
 }
 
 double Fabric::latency_s(int src, int dst) const {

@@ -8,6 +8,7 @@
 
 #include <vector>
 
+#include "comm/collective_plan.hpp"
 #include "devices/multi_party.hpp"
 #include "devices/topology.hpp"
 
@@ -30,6 +31,12 @@ class Fabric {
   // One step's latency between two devices (NVLink inside a node, the NIC's across).
   double latency_s(int src, int dst) const;
 
+  // Where the members of a group (global ranks) live, for plan_collective.
+  GroupShape shape(const std::vector<int>& ranks) const;
+  const FabricFigures& figures() const { return figures_; }
+  // One member's loads of a planned collective on its own links (its NVLink port, its NIC).
+  void add_plan(int device, const CollectivePlan& plan, std::vector<LinkLoad>& out) const;
+
   int nvlink_tx(int device) const { return nvl_tx_[size_t(device)]; }
   int nvlink_rx(int device) const { return nvl_rx_[size_t(device)]; }
   int nic_tx(int device) const { return nic_tx_[size_t(nic_of_[size_t(device)])]; }
@@ -41,6 +48,7 @@ class Fabric {
 
  private:
   const NodeTopology* topo_;
+  FabricFigures figures_;
   std::vector<int> node_of_, nic_of_;
   std::vector<int> nvl_tx_, nvl_rx_, nic_tx_, nic_rx_, ep_kernels_;
 };

@@ -44,6 +44,20 @@ std::byte* ptr(const Buffer& b, std::size_t offset) {
   return static_cast<std::byte*>(b.data()) + offset;
 }
 
+// A collective's latency, and for a symmetric one its loads on the caller's own links, as NCCL's
+// default algorithm moves `bytes` (nccl-tests' size) under the fastest protocol
+// (comm/collective_plan.hpp). All-to-all(v) and send/recv keep the loads of their messages.
+void price_as_planned(Call& c, const Fabric& f, const std::vector<int>& ranks, int me,
+                      Collective kind, std::size_t bytes, bool loads = true) {
+  const CollectivePlan p =
+      plan_collective(kind, f.shape(ranks), static_cast<double>(bytes), f.figures());
+  c.alpha_s = p.alpha_s;
+  if (!loads) return;
+  std::vector<LinkLoad> out;
+  f.add_plan(ranks[size_t(me)], p, out);
+  c.loads = std::move(out);
+}
+
 std::vector<int> all_members(int n) {
   std::vector<int> v(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) v[size_t(i)] = i;
@@ -138,6 +152,7 @@ std::optional<Event> Group::all_to_all_v(const Buffer& send,
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
+  price_as_planned(c, comm_->fabric, g_->ranks, me, Collective::AllToAll, sum(send_bytes), false);
   PartyPhase p(static_cast<size_t>(n), functional(stream));
   p.send_bytes = send_bytes;
   p.recv_bytes = recv_bytes;
@@ -189,7 +204,7 @@ std::optional<Event> Group::all_gather_v(const Buffer& send, std::size_t send_by
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
-  c.latency_steps = std::max(1, n - 1);  // a ring's steps
+  price_as_planned(c, comm_->fabric, g_->ranks, me, Collective::AllGather, sum(recv_bytes));
   PartyPhase p(static_cast<size_t>(n), functional(stream));
   p.send_bytes.assign(size_t(n), send_bytes);
   p.recv_bytes = recv_bytes;
@@ -235,7 +250,7 @@ std::optional<Event> Group::reduce_scatter(const Buffer& send, const Buffer& rec
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
-  c.latency_steps = std::max(1, n - 1);
+  price_as_planned(c, comm_->fabric, g_->ranks, me, Collective::ReduceScatter, sum(bytes));
   PartyPhase p(static_cast<size_t>(n), functional(stream));
   p.send_bytes = bytes;
   p.recv_bytes.assign(size_t(n), bytes[size_t(me)]);
@@ -297,7 +312,7 @@ std::optional<Event> Group::all_reduce(const Buffer& send, const Buffer& recv, s
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
-  c.latency_steps = std::max(1, 2 * (n - 1));
+  price_as_planned(c, comm_->fabric, g_->ranks, me, Collective::AllReduce, count * how.bytes);
   PartyPhase rs(static_cast<size_t>(n), functional(stream)),
       ag(static_cast<size_t>(n), functional(stream));
   rs.send_bytes = chunk;
@@ -347,7 +362,7 @@ std::optional<Event> Group::broadcast(const Buffer& buf, std::size_t bytes, int 
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
-  c.latency_steps = std::max(1, n - 1);
+  price_as_planned(c, comm_->fabric, g_->ranks, me, Collective::Broadcast, bytes);
   PartyPhase p(static_cast<size_t>(n), functional(stream));
   if (me == root) {
     for (int d = 0; d < n; ++d)
@@ -361,13 +376,6 @@ std::optional<Event> Group::broadcast(const Buffer& buf, std::size_t bytes, int 
       if (p.recv_bytes[size_t(d)]) p.recv[size_t(d)] = {{ptr(buf, 0), bytes}};
     }
   }
-  // Costed as NCCL's pipelined ring: every member forwards the data to the next once.
-  std::vector<LinkLoad> loads;
-  const int next = (me + 1) % n;
-  if (next != root)
-    comm_->fabric.add_message(g_->ranks[size_t(me)], g_->ranks[size_t(next)],
-                              static_cast<double>(bytes), loads);
-  c.loads = std::move(loads);
   c.plan.push_back(std::move(p));
   c.uses = {buf};
   return comm_->issue(*g_, std::move(c), stream, o);
@@ -397,6 +405,8 @@ std::optional<Event> Group::send_recv(int peer, const Buffer& send, std::size_t 
   c.p2p_peer = peer;
   // NCCL runs point-to-point with one channel's worth of SMs; copy-engine p2p would take none.
   c.sms = std::max(1, comm_->nccl_sms / 8);
+  price_as_planned(c, comm_->fabric, {g_->ranks[size_t(lo)], g_->ranks[size_t(hi)]}, 0,
+                   Collective::SendRecv, std::max(send_bytes, recv_bytes), false);
   PartyPhase p(2, functional(stream));
   p.send_bytes[other] = send_bytes;
   p.recv_bytes[other] = recv_bytes;

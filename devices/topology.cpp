@@ -18,6 +18,19 @@ using namespace schema;
 
 // The file format, as data (schema/yaml_schema.hpp walks it).
 
+// One of NCCL's protocols as fitted by `nodeemu comm --fit` (devices/topology.hpp, ProtocolSpec).
+Field protocol_schema(const char* name) {
+  return map(
+      name,
+      {real("base_latency_us", "the protocol's latency before its first step, us", kNonNegative),
+       optional(real("bandwidth_share", "its share of the link's efficiency (1 when left out)",
+                     kFraction)),
+       optional(real("nic_step_us",
+                     "its latency per step across nodes, us (nic.latency_us when "
+                     "left out)",
+                     kNonNegative))});
+}
+
 const Field& topology_schema() {
   static const Field root = map(
       "",
@@ -64,6 +77,10 @@ const Field& topology_schema() {
                   real("half_kb", "message KB at which half of efficiency is reached",
                        kNonNegative),
                   real("latency_us", "NVLink latency in us", kNonNegative),
+                  optional(real("nvls_efficiency",
+                                "achievable fraction of gb_s for an all-reduce through NVLink "
+                                "SHARP (NVLS); leave out for a switch without it",
+                                kFraction)),
               }),
           map("pcie",
               {
@@ -79,10 +96,14 @@ const Field& topology_schema() {
                        kNonNegative),
                   real("latency_us", "network latency in us", kNonNegative),
               }),
+          optional(
+              map("protocols", {optional(protocol_schema("ll")), optional(protocol_schema("ll128")),
+                                optional(protocol_schema("simple"))})),
           map("comm_kernels",
               {
                   integer("nccl_sms", "SMs an NCCL-like collective kernel holds", ints(1)),
                   integer("deepep_sms", "SMs of DeepEP-like dispatch/combine (even)", ints(2)),
+
               }),
       });
   return root;
@@ -182,6 +203,7 @@ NodeTopology build(const YAML::Node& doc, const std::string& file) {
   t.nvlink.efficiency = r.si("nvlink.efficiency", 0);
   t.nvlink.half_bytes = r.si("nvlink.half_kb", kKilo);
   t.nvlink.latency_s = r.si("nvlink.latency_us", kMicro);
+  if (r.has("nvlink.nvls_efficiency")) t.nvlink.nvls_efficiency = r.si("nvlink.nvls_efficiency", 0);
 
   t.pcie.generation = r.integer("pcie.generation");
   t.pcie.remote_numa_factor = r.si("pcie.remote_numa_factor", 0);
@@ -194,6 +216,23 @@ NodeTopology build(const YAML::Node& doc, const std::string& file) {
 
   t.comm.nccl_sms = r.integer("comm_kernels.nccl_sms");
   t.comm.deepep_sms = r.integer("comm_kernels.deepep_sms");
+  // Without a protocols map, one protocol at the links' own figures.
+  if (!r.has("protocols")) t.protocols = {{"simple", 0, 1, t.nic.latency_s}};
+  if (r.has("protocols")) {
+    for (const char* name : {"ll", "ll128", "simple"}) {
+      const std::string at = std::string("protocols.") + name;
+      if (!r.has(at)) continue;
+      ProtocolSpec p{name, r.si(at + ".base_latency_us", kMicro), 1, t.nic.latency_s};
+      if (r.has(at + ".bandwidth_share")) p.bandwidth_share = r.si(at + ".bandwidth_share", 0);
+      if (r.has(at + ".nic_step_us")) p.nic_step_s = r.si(at + ".nic_step_us", kMicro);
+      t.protocols.push_back(p);
+    }
+    // Point-to-point calls (all-to-all, send/recv) run Simple: it is the one every map has.
+    if (t.protocols.empty() || t.protocols.back().name != "simple")
+      fail("protocols",
+           "has no simple protocol; give protocols.simple (NCCL's point-to-point "
+           "calls run it), or leave the map out");
+  }
   const std::pair<const char*, int> comm_sms[] = {{"comm_kernels.nccl_sms", t.comm.nccl_sms},
                                                   {"comm_kernels.deepep_sms", t.comm.deepep_sms}};
   for (const auto& [key, v] : comm_sms)

@@ -26,6 +26,9 @@ struct NvlinkSpec {
   double efficiency = 1.0;  // achievable fraction for large messages
   double half_bytes = 0;    // message size at which half of `efficiency` is reached
   double latency_s = 0;     // alpha
+  // All-reduce through NVLink SHARP (the switch reduces and multicasts): the achievable fraction
+  // of bytes_per_s; 0 for a switch without it (NVSwitch before Hopper).
+  double nvls_efficiency = 0;
   EfficiencyCurve curve() const { return {efficiency, half_bytes}; }
 };
 
@@ -50,6 +53,18 @@ struct CommKernelSpec {
   int deepep_sms = 0;  // DeepEP-like normal-mode dispatch/combine; even (num_sms/2 channels)
 };
 
+// One of NCCL's protocols as the fabric fit sees it (NCCL's tuning model, src/graph/tuning.cc:
+// a base latency per protocol, a latency per step by link, a share of the link's bandwidth).
+// NCCL picks, per call, the protocol its model predicts fastest; the timing plane picks the one
+// that is. A step over NVLink costs the link's latency_s under every protocol (no public point
+// tells them apart); a step across nodes costs the protocol's own.
+struct ProtocolSpec {
+  std::string name;            // ll, ll128, simple
+  double base_latency_s = 0;   // before the first step
+  double bandwidth_share = 1;  // of the link's efficiency
+  double nic_step_s = 0;       // a step across nodes (0: the NIC's latency_s)
+};
+
 struct NodeTopology {
   std::string name;  // "dgx_h100"
   std::string file;  // where it was loaded from ("<string>" for inline text)
@@ -60,6 +75,9 @@ struct NodeTopology {
   PcieSpec pcie;
   NicSpec nic;
   CommKernelSpec comm;
+  // NCCL's protocols (the `protocols` map); without one, a single protocol at the links' figures
+  // (no base latency, the NIC's latency_s per step across nodes).
+  std::vector<ProtocolSpec> protocols;
 
   // Throws ConfigError("<file>", "<dotted.key>", "<what>") on any problem, including an
   // unreadable file (key "file") and YAML syntax errors (key "yaml", with line and column).

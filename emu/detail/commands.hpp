@@ -28,5 +28,6 @@ CommandBody add_layer(CLI::App& app, Streams io);
 CommandBody add_cost(CLI::App& app, Streams io);
 CommandBody add_calibrate(CLI::App& app, Streams io);
 CommandBody add_keys(CLI::App& app, Streams io);
+CommandBody add_comm(CLI::App& app, Streams io);
 
 }  // namespace nodeemu::emu::detail

@@ -14,7 +14,8 @@
 namespace nodeemu::testing {
 
 // round_h100 with a round fabric: NVLink 100 GB/s, NIC 10 GB/s, both at full efficiency for
-// every size, 1 us and 2 us latency; 20 SMs for NCCL-like kernels.
+// every size, 1 us and 2 us latency; 20 SMs for NCCL-like kernels; one protocol with no base
+// latency and no NVLink SHARP, so that a collective costs its ring's steps and bytes.
 inline std::shared_ptr<const NodeTopology> round_fabric() {
   auto t = std::make_shared<NodeTopology>(*round_h100());
   t->nvlink.bytes_per_s = 100e9;
@@ -25,6 +26,8 @@ inline std::shared_ptr<const NodeTopology> round_fabric() {
   t->nic.efficiency = 1;
   t->nic.half_bytes = 0;
   t->nic.latency_s = 2e-6;
+  t->nvlink.nvls_efficiency = 0;
+  t->protocols = {{"simple", 0, 1, t->nic.latency_s}};
   t->comm.nccl_sms = 20;
   return t;
 }

@@ -145,16 +145,52 @@ TEST(Topology, DgxH100FiguresComeThroughInSiUnits) {
 
   EXPECT_EQ(t.nvlink.links, 18);
   EXPECT_EQ(t.nvlink.bytes_per_s, 450e9);
-  EXPECT_EQ(t.nvlink.efficiency, 0.85);
+  EXPECT_EQ(t.nvlink.efficiency, 0.8005);
   EXPECT_EQ(t.nvlink.latency_s, 1.0e-6);
+  EXPECT_EQ(t.nvlink.nvls_efficiency, 0.558);
 
   EXPECT_EQ(t.pcie.generation, 5);
   EXPECT_EQ(t.pcie.remote_numa_factor, 0.8);
 
   EXPECT_EQ(t.nic.per_node, 8);
   EXPECT_EQ(t.nic.bytes_per_s, 50e9);
-  EXPECT_EQ(t.nic.efficiency, 0.97);
+  EXPECT_EQ(t.nic.efficiency, 0.9419);
   EXPECT_EQ(t.nic.latency_s, 2.0e-6);
+
+  // NCCL's protocols, fitted with the links' figures (tests/emu/fabric_fit_test.cpp).
+  ASSERT_EQ(t.protocols.size(), 3u);
+  EXPECT_EQ(t.protocols[0].name, "ll");
+  EXPECT_NEAR(t.protocols[0].base_latency_s, 22.09e-6, 1e-15);
+  EXPECT_EQ(t.protocols[0].bandwidth_share, 0.123);
+  EXPECT_NEAR(t.protocols[0].nic_step_s, 6.138e-6, 1e-15);
+  EXPECT_EQ(t.protocols[2].name, "simple");
+  EXPECT_EQ(t.protocols[2].bandwidth_share, 1);
+}
+
+TEST(Topology, AProtocolsMapWithoutSimpleIsRefusedAndNoMapIsOneProtocol) {
+  const std::string base = R"(name: t
+gpus: 1
+gpu: {name: g, sms: 132, bf16_tflops: 989, fp8_tflops: 0, fp32_tflops: 67, hbm_gib: 80,
+      hbm_tb_s: 3.35, compute_capability: "9.0", copy_engines: {h2d: 1, d2h: 1},
+      profile: h100_sxm5}
+host: {sockets: 1, cores_per_socket: 4, numa_socket: [0], numa_mem_gb_s: 100, gpu_numa: [0]}
+nvlink: {links: 18, gb_s: 450, efficiency: 0.8, half_kb: 0, latency_us: 1}
+pcie: {generation: 5, remote_numa_factor: 0.8}
+nic: {per_node: 1, gb_s: 50, efficiency: 0.9, half_kb: 0, latency_us: 2}
+comm_kernels: {nccl_sms: 24, deepep_sms: 20}
+)";
+  const NodeTopology plain = NodeTopology::from_yaml(base, "t.yaml");
+  ASSERT_EQ(plain.protocols.size(), 1u);
+  EXPECT_EQ(plain.protocols[0].name, "simple");
+  EXPECT_EQ(plain.protocols[0].base_latency_s, 0);
+  EXPECT_EQ(plain.protocols[0].nic_step_s, 2e-6);
+  EXPECT_EQ(plain.nvlink.nvls_efficiency, 0) << "no NVLS unless the topology says so";
+  try {
+    NodeTopology::from_yaml(base + "protocols: {ll: {base_latency_us: 5}}\n", "t.yaml");
+    FAIL() << "a protocols map without simple was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("protocols.simple"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Topology, OtherShippedFigures) {
