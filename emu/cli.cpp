@@ -64,8 +64,8 @@ const std::vector<CommandHelp>& commands() {
        "nodeemu cost --gpu configs/gpus/h100_sxm5 my_gemms.csv --explain", detail::add_cost},
       {"comm", "COLLECTIVE [options] | --fit CSV",
        "one collective on the emulated fabric, size by size, as nccl-tests prints it (time,\n"
-       "        algbw, busbw); --fit: the fabric's figures fitted to public nccl-tests points,\n"
-       "        with each point's leave-one-out error",
+       "        algbw, busbw), or the flex dispatcher's dispatch or combine; --fit: the fabric's\n"
+       "        figures fitted to public nccl-tests points, with each point's leave-one-out error",
        "nodeemu comm all_reduce --nodes 2 -b 1M -e 8G", detail::add_comm},
       {"calibrate", "DIR [options]",
        "check a folder written by tools/measure_gpu.py, write a GPU profile from it, and\n"

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "comm/communicator.hpp"
+#include "comm/flex_dispatcher.hpp"
 #include "devices/errors.hpp"
 #include "devices/node.hpp"
 #include "emu/detail/commands.hpp"
@@ -43,6 +44,10 @@ struct CommArgs {
   int iters = 5;
   std::string fit;
   bool errors = false;
+  // dispatch and combine: DeepEP's and HybridEP's benchmark (tests/test_intranode.py: 4096 tokens
+  // of hidden 7168, top-8 of 256 experts, bf16 rows).
+  std::string backend = "deepep";
+  int tokens = 4096, hidden = 7168, topk = 8, experts = 256, sms = 0;
 };
 
 // "8", "64K", "128M", "8G": bytes, binary multiples as nccl-tests reads -b and -e.
@@ -131,7 +136,8 @@ int sweep(const CommArgs& a, std::ostream& out, std::ostream& err) {
     std::string names;
     for (const auto& [name, c] : collectives()) names += (names.empty() ? "" : ", ") + name;
     throw ConfigError("nodeemu comm", "COLLECTIVE",
-                      "'" + a.collective + "' is not a collective; use one of " + names);
+                      "'" + a.collective + "' is not a collective; use one of " + names +
+                          ", dispatch or combine");
   }
   const Collective coll = found->second;
   NodeOptions options = a.node.options();
@@ -203,6 +209,87 @@ int sweep(const CommArgs& a, std::ostream& out, std::ostream& err) {
         << algbw << std::setw(9) << algbw * factor << "\n"
         << std::defaultfloat;
   }
+  return 0;
+}
+
+// The flex dispatcher's dispatch or combine, every member's tokens spread evenly over every
+// expert (meta mode's counts), timed as the collectives are. Prints the time and the bandwidth
+// DeepEP's tables print: NVLink bytes over time inside a node, RDMA bytes over time across.
+int flex(const CommArgs& a, bool combine, std::ostream& out, std::ostream& err) {
+  if (a.backend != "deepep" && a.backend != "hybridep")
+    throw ConfigError("nodeemu comm", "--backend",
+                      "'" + a.backend + "' is not a flex backend; use deepep or hybridep");
+  if (a.tokens < 1 || a.hidden < 1 || a.topk < 1 || a.experts < a.topk)
+    throw ConfigError("nodeemu comm", "--tokens",
+                      "tokens, hidden and topk must be positive and topk at most --experts");
+  NodeOptions options = a.node.options();
+  options.mode = Mode::Meta;
+  Node node(std::move(options));
+  Communicator comm(node);
+  const int n = a.gpus == 0 ? node.device_count() : a.gpus, nodes = node.options().nodes;
+  if (n < 1 || n > node.device_count() || n % nodes != 0 || a.experts % n != 0)
+    throw ConfigError("nodeemu comm", "--gpus",
+                      std::to_string(n) + " GPUs must spread evenly over the nodes and divide " +
+                          std::to_string(a.experts) + " experts");
+  std::vector<int> ranks;
+  for (int node_i = 0; node_i < nodes; ++node_i)
+    for (int i = 0; i < n / nodes; ++i) ranks.push_back(node_i * node.topology().gpus + i);
+  const FlexConfig config{
+      .backend = a.backend == "deepep" ? FlexBackend::DeepEP : FlexBackend::HybridEP,
+      .num_sms = a.sms,
+      .rows = {.elem_bytes = 2,
+               .widen = [](const void*, float*, std::size_t) {},
+               .narrow = [](const float*, void*, std::size_t) {}}};
+  const std::vector<std::int64_t> counts(size_t(n) * size_t(a.experts),
+                                         std::int64_t(a.tokens) * a.topk / a.experts);
+  const std::vector<std::int64_t> tokens(size_t(n), a.tokens);
+  double seconds = 0;
+  FlexTraffic traffic;
+  int sms = 0;
+  err << "comm: " << a.backend << (combine ? " combine" : " dispatch") << " on " << n << " GPUs\n";
+  node.run([&](Host& host) {
+    const auto at = std::find(ranks.begin(), ranks.end(), host.rank());
+    if (at == ranks.end()) return;
+    Group ep = comm.group(ranks, "ep");
+    FlexDispatcher disp(ep, a.experts, a.hidden, a.topk, config);
+    Device& dev = host.device();
+    Stream s = dev.default_stream();
+    const std::size_t T = std::size_t(a.tokens);
+    Buffer x = dev.allocate(T * disp.row_bytes()), idx = dev.allocate(T * size_t(a.topk) * 8),
+           w = dev.allocate(T * size_t(a.topk) * 4);
+    Event start, end;
+    s.record(start);
+    FlexDispatched d = disp.dispatch(x, idx, w, a.tokens, s, {}, counts, tokens);
+    const FlexTraffic before = disp.traffic();
+    if (combine) {
+      s.record(start);
+      disp.combine(d.x, d.handle, s);
+    }
+    s.record(end);
+    end.synchronize();
+    if (at == ranks.begin()) {
+      seconds = Event::elapsed_s(start, end);
+      traffic = disp.traffic();
+      if (combine) {  // the combine's own bytes
+        traffic.nvlink_bytes -= before.nvlink_bytes;
+        traffic.rdma_bytes -= before.rdma_bytes;
+      }
+      sms = disp.num_sms();
+    }
+  });
+  const bool across = nodes > 1;
+  const double bytes = double(across ? traffic.rdma_bytes : traffic.nvlink_bytes);
+  out << "# nodeemu comm " << (combine ? "combine" : "dispatch") << " (" << a.backend << ", " << sms
+      << " SMs): " << n << " GPUs on " << nodes << " node(s) of " << node.topology().name << ", "
+      << a.tokens << " tokens of hidden " << a.hidden << " (bf16), top-" << a.topk << " of "
+      << a.experts << " experts, spread evenly\n"
+      << "#" << std::setw(11) << "time" << std::setw(14) << (across ? "rdma" : "nvlink")
+      << std::setw(12) << "bandwidth\n"
+      << "#" << std::setw(11) << "(us)" << std::setw(14) << "(MB)" << std::setw(11) << "(GB/s)"
+      << "\n"
+      << std::fixed << std::setprecision(2) << std::setw(12) << seconds * 1e6 << std::setw(14)
+      << bytes / 1e6 << std::setw(11) << bytes / seconds / 1e9 << "\n"
+      << std::defaultfloat;
   return 0;
 }
 
@@ -279,7 +366,8 @@ namespace detail {
 CommandBody add_comm(CLI::App& app, Streams io) {
   auto a = std::make_shared<CommArgs>();
   app.add_option("collective", a->collective,
-                 "all_to_all, all_gather, reduce_scatter, all_reduce, broadcast or send_recv")
+                 "all_to_all, all_gather, reduce_scatter, all_reduce, broadcast, send_recv, or "
+                 "the flex dispatcher's dispatch or combine")
       ->type_name("COLLECTIVE");
   a->node.add_to(app);
   app.add_option("--gpus", a->gpus, "GPUs in the group, spread evenly over the nodes (0: all)")
@@ -297,11 +385,25 @@ CommandBody add_comm(CLI::App& app, Streams io) {
                  "point's leave-one-out error instead")
       ->type_name("CSV");
   app.add_flag("--errors", a->errors, "with --fit: every point's times, as CSV");
+  app.add_option("--backend", a->backend, "dispatch and combine: deepep or hybridep")
+      ->capture_default_str();
+  app.add_option("--tokens", a->tokens, "dispatch and combine: tokens per GPU")
+      ->capture_default_str();
+  app.add_option("--hidden", a->hidden, "dispatch and combine: hidden size")->capture_default_str();
+  app.add_option("--topk", a->topk, "dispatch and combine: experts per token")
+      ->capture_default_str();
+  app.add_option("--experts", a->experts, "dispatch and combine: experts in all")
+      ->capture_default_str();
+  app.add_option("--sms", a->sms,
+                 "dispatch and combine: the kernels' SMs (0: the backend's default)")
+      ->capture_default_str();
   return [a, io] {
     if (!a->fit.empty()) return fit(*a, io.out);
     if (a->collective.empty())
       throw ConfigError("nodeemu comm", "COLLECTIVE",
                         "missing; name a collective such as all_reduce, or give --fit CSV");
+    if (a->collective == "dispatch" || a->collective == "combine")
+      return flex(*a, a->collective == "combine", io.out, io.err);
     return sweep(*a, io.out, io.err);
   };
 }

@@ -60,6 +60,30 @@ TEST(CommCommand, AllReduceInsideANodeRunsNvlsAndTheBusBandwidthIsNcclTests) {
   EXPECT_LT(rows[0].algbw, 300);
 }
 
+TEST(CommCommand, FlexDispatchAndCombineReportDeepEpsBandwidths) {
+  // DeepEP's benchmark shape (4096 tokens of hidden 7168, top-8 of 256 experts). Across two
+  // nodes the RDMA bandwidth is NIC-bound: DeepEP's README measured 43 GB/s on H800s with the
+  // same 400 Gb/s NIC per GPU (docs/legacy.md); inside a node NVLink binds.
+  for (const char* backend : {"deepep", "hybridep"}) {
+    const CliResult across = run_cli(std::string("comm dispatch --nodes 2 --backend ") + backend);
+    ASSERT_EQ(across.code, 0) << across.err;
+    EXPECT_NE(across.out.find("rdma"), std::string::npos) << across.out;
+    // The one data row: time (us), RDMA MB, GB/s.
+    std::istringstream row(across.out.substr(across.out.rfind('\n', across.out.size() - 2) + 1));
+    double us = 0, mb = 0, gb_s = 0;
+    row >> us >> mb >> gb_s;
+    EXPECT_NEAR(gb_s, mb / us * 1e3, 0.01 * gb_s) << across.out;  // MB per us is 1000 GB/s
+    EXPECT_GT(gb_s, 30) << backend;
+    EXPECT_LT(gb_s, 50) << backend;
+    const CliResult inside = run_cli(std::string("comm combine --backend ") + backend);
+    ASSERT_EQ(inside.code, 0) << inside.err;
+    EXPECT_NE(inside.out.find("nvlink"), std::string::npos) << inside.out;
+  }
+  const CliResult bad = run_cli("comm dispatch --backend nccl");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--backend"), std::string::npos) << bad.err;
+}
+
 TEST(CommCommand, TheFitPrintsTheFiguresAndEachRunsErrors) {
   const CliResult r = run_cli("comm --fit " + std::string(NODEEMU_SOURCE_DIR) +
                               "/configs/calibration/public_fabric/nccl_tests_h100.csv");
