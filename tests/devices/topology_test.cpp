@@ -150,7 +150,7 @@ TEST(Topology, DgxH100FiguresComeThroughInSiUnits) {
   EXPECT_EQ(t.nvlink.nvls_efficiency, 0.558);
 
   EXPECT_EQ(t.pcie.generation, 5);
-  EXPECT_EQ(t.pcie.remote_numa_factor, 0.8);
+  EXPECT_EQ(t.pcie.remote_numa_factor, 0.41);
 
   EXPECT_EQ(t.nic.per_node, 8);
   EXPECT_EQ(t.nic.bytes_per_s, 50e9);
