@@ -73,10 +73,6 @@ double wire(double bytes, double message, const EfficiencyCurve& curve) {
   return bytes > 0 ? bytes / curve.at(message) : 0.0;
 }
 
-}  // namespace
-
-namespace {
-
 // The plan under one protocol.
 CollectivePlan plan_under(Collective c, const GroupShape& s, double bytes, const FabricFigures& f,
                           CollAlgorithm algorithm, int protocol_index) {

@@ -103,7 +103,6 @@ const Field& topology_schema() {
               {
                   integer("nccl_sms", "SMs an NCCL-like collective kernel holds", ints(1)),
                   integer("deepep_sms", "SMs of DeepEP-like dispatch/combine (even)", ints(2)),
-
               }),
       });
   return root;
@@ -217,8 +216,9 @@ NodeTopology build(const YAML::Node& doc, const std::string& file) {
   t.comm.nccl_sms = r.integer("comm_kernels.nccl_sms");
   t.comm.deepep_sms = r.integer("comm_kernels.deepep_sms");
   // Without a protocols map, one protocol at the links' own figures.
-  if (!r.has("protocols")) t.protocols = {{"simple", 0, 1, t.nic.latency_s}};
-  if (r.has("protocols")) {
+  if (!r.has("protocols")) {
+    t.protocols = {{"simple", 0, 1, t.nic.latency_s}};
+  } else {
     for (const char* name : {"ll", "ll128", "simple"}) {
       const std::string at = std::string("protocols.") + name;
       if (!r.has(at)) continue;

@@ -62,7 +62,7 @@ struct ProtocolSpec {
   std::string name;            // ll, ll128, simple
   double base_latency_s = 0;   // before the first step
   double bandwidth_share = 1;  // of the link's efficiency
-  double nic_step_s = 0;       // a step across nodes (0: the NIC's latency_s)
+  double nic_step_s = 0;       // a step across nodes (the loader's default: the NIC's latency_s)
 };
 
 struct NodeTopology {
