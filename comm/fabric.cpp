@@ -16,19 +16,22 @@ Fabric::Fabric(Node& node) : topo_(&node.topology()), figures_(FabricFigures::of
     const Device& dev = node.device(d);
     node_of_.push_back(dev.node_index());
     const std::string name = dev.name();
-    nvl_tx_.push_back(e.add_link(name + " NVLink out", t.nvlink.bytes_per_s));
-    nvl_rx_.push_back(e.add_link(name + " NVLink in", t.nvlink.bytes_per_s));
+    // What leaves through the port is read from this GPU's HBM, what comes in is written there.
+    nvl_tx_.push_back(e.add_link(name + " NVLink out", t.nvlink.bytes_per_s, {d}));
+    nvl_rx_.push_back(e.add_link(name + " NVLink in", t.nvlink.bytes_per_s, {d}));
     ep_kernels_.push_back(e.add_link(name + " EP kernels", 1e12));
     // Rail-optimised: GPU g of a node uses NIC g * nics / gpus (one NIC per GPU on a DGX).
     const int nic = dev.node_index() * t.nic.per_node + dev.local_index() * t.nic.per_node / t.gpus;
     nic_of_.push_back(nic);
   }
   const int nics = node.options().nodes * t.nic.per_node;
+  std::vector<std::vector<int>> behind(static_cast<size_t>(nics));  // GPUDirect RDMA: GPU memory
+  for (int d = 0; d < node.device_count(); ++d) behind[size_t(nic_of_[size_t(d)])].push_back(d);
   for (int n = 0; n < nics; ++n) {
     const std::string name =
         "node " + std::to_string(n / t.nic.per_node) + " NIC " + std::to_string(n % t.nic.per_node);
-    nic_tx_.push_back(e.add_link(name + " out", t.nic.bytes_per_s));
-    nic_rx_.push_back(e.add_link(name + " in", t.nic.bytes_per_s));
+    nic_tx_.push_back(e.add_link(name + " out", t.nic.bytes_per_s, behind[size_t(n)]));
+    nic_rx_.push_back(e.add_link(name + " in", t.nic.bytes_per_s, behind[size_t(n)]));
   }
 }
 

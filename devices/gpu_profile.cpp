@@ -38,6 +38,13 @@ double Contention::with_sms_held(double fraction) const {
   return sl * (1 - fl) / (1 - fraction);
 }
 
+double Contention::compute_beside_hbm_share(double share) const {
+  // Linear in the share taken, from none at no share to the measured co-run at the copy
+  // kernel's share: the only HBM-sharing point the tables hold.
+  const double copy_share = 1 / memory_beside_compute;
+  return 1 + (compute_beside_memory - 1) * std::clamp(share, 0.0, 1.0) / copy_share;
+}
+
 namespace {
 
 const Field& profile_schema() {

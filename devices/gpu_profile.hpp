@@ -52,6 +52,10 @@ struct Contention {
   double compute_beside_memory = 1;  // a GEMM while a memory-bound kernel runs beside it
   double memory_beside_compute = 1;  // that memory-bound kernel
   double compute_beside_pcie = 1;    // a GEMM while PCIe copies run
+  // A GEMM's slowdown while the fabric moves a `share` of the GPU's HBM bandwidth (datasheet)
+  // through its memory: the measured GEMM-beside-copy slowdown in proportion to the HBM share
+  // the copy kernel had then (1 / memory_beside_compute of its rate alone, which is HBM's).
+  double compute_beside_hbm_share(double share) const;
   // The slowdown with `fraction` of the SMs held. Between measured points: linear; below the
   // first: from none to the first point; above the last point (f_l, s_l): s_l (1 - f_l) /
   // (1 - fraction), which grows without bound as the SMs left shrink, in proportion to them as

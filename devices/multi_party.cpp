@@ -12,8 +12,8 @@ Mode MultiParty::mode() const {
   return engine_->mode();
 }
 
-int MultiParty::add_link(std::string name, double bytes_per_s) {
-  return engine_->add_link(std::move(name), bytes_per_s);
+int MultiParty::add_link(std::string name, double bytes_per_s, std::vector<int> hbm_devices) {
+  return engine_->add_link(std::move(name), bytes_per_s, std::move(hbm_devices));
 }
 
 RendezvousId MultiParty::open(int parties, int phases, std::string label, std::string group) {

@@ -51,8 +51,10 @@ class MultiParty {
   explicit MultiParty(Node& node);
 
   Mode mode() const;
-  // A link of the fabric: one direction of a GPU's NVLink port or of a NIC.
-  int add_link(std::string name, double bytes_per_s);
+  // A link of the fabric: one direction of a GPU's NVLink port or of a NIC. `hbm_devices`: the
+  // devices (Node indices) whose HBM its bytes are read from or written to, which share their
+  // memory bandwidth with it (a NIC's GPUs split its traffic evenly); none: no memory traffic.
+  int add_link(std::string name, double bytes_per_s, std::vector<int> hbm_devices = {});
   // An operation of `parties` parties and `phases` functional phases; `label` names it in
   // reports ("all_to_all_v #3 on group ep (ranks 0-3)").
   // `group`: the name of the group it runs on, for the timeline's records (OpRecord::group).

@@ -240,9 +240,10 @@ class Engine {
   double duration_s(OpId op) const { return ops_[op].duration_s; }
 
   // --- multi-party operations and the fabric (comm/ builds on these) ---
-  // A link of the fabric: one direction of a GPU's NVLink port, one direction of a NIC.
-  int add_link(std::string name, double bytes_per_s) {
-    return network_.add_link(std::move(name), bytes_per_s);
+  // A link of the fabric: one direction of a GPU's NVLink port, one direction of a NIC, and the
+  // devices whose HBM its bytes go through (FlowNetwork::add_link).
+  int add_link(std::string name, double bytes_per_s, std::vector<int> hbm_devices = {}) {
+    return network_.add_link(std::move(name), bytes_per_s, std::move(hbm_devices));
   }
   const Link& link(int id) const { return network_.link(id); }
   int link_count() const { return network_.link_count(); }
@@ -361,6 +362,8 @@ class Engine {
   void arrive(RendezvousId rv);
   void start_flow(RendezvousId rv);
   void finish_rendezvous(RendezvousId rv);
+  // After a flow starts or ends: schedules the flows' new completions, and re-rates the
+  // devices whose HBM the fabric's traffic through them now shares differently.
   void schedule_flow_completions();
   std::string describe_op(OpId id) const;
   // `id`, and what holds it up: the earliest unfinished operation its stream order and event

@@ -109,6 +109,13 @@ void Engine::start_flow(RendezvousId rv) {
 void Engine::schedule_flow_completions() {
   for (const FlowNetwork::Completion& c : network_.completions())
     calendar_.schedule(c.at, Calendar::What::FlowComplete, c.flow, c.version);
+  for (int device : network_.hbm_changed()) {
+    DeviceState& d = devices_[static_cast<size_t>(device)];
+    if (d.spec->hbm_bytes_per_s <= 0) continue;  // a GPU without a bandwidth shares none
+    const double hbm_bytes_per_ps = d.spec->hbm_bytes_per_s / static_cast<double>(kPicosPerSecond);
+    d.resources.set_fabric_hbm_share(network_.hbm_traffic(device) / hbm_bytes_per_ps);
+    rerate(d);
+  }
 }
 
 void Engine::finish_rendezvous(RendezvousId rv) {

@@ -7,11 +7,52 @@
 
 namespace nodeemu::detail {
 
-int FlowNetwork::add_link(std::string name, double bytes_per_s) {
+int FlowNetwork::add_link(std::string name, double bytes_per_s, std::vector<int> hbm_devices) {
   NE_CHECK(bytes_per_s > 0, "a link needs a positive bandwidth");
-  links_.push_back({std::move(name), bytes_per_s / static_cast<double>(kPicosPerSecond)});
+  for (int d : hbm_devices) {
+    NE_CHECK(d >= 0, "a link's HBM device is a device index");
+    if (static_cast<std::size_t>(d) >= hbm_traffic_.size()) {
+      hbm_traffic_.resize(static_cast<std::size_t>(d) + 1, 0.0);
+      hbm_next_.resize(static_cast<std::size_t>(d) + 1, 0.0);
+    }
+  }
+  links_.push_back({std::move(name), bytes_per_s / static_cast<double>(kPicosPerSecond),
+                    std::move(hbm_devices)});
   local_of_link_.push_back(-1);
   return static_cast<int>(links_.size()) - 1;
+}
+
+double FlowNetwork::hbm_traffic(int device) const {
+  const auto d = static_cast<std::size_t>(device);
+  return d < hbm_traffic_.size() ? hbm_traffic_[d] : 0.0;
+}
+
+void FlowNetwork::account_hbm() {
+  // Only the devices some flow touches, now or at the last accounting, are looked at: like the
+  // re-share, this stays independent of the fabric's size.
+  hbm_scratch_.clear();
+  for (const Flow& f : flows_)
+    for (auto& [link, c] : f.coef) {
+      const Link& l = links_[static_cast<std::size_t>(link)];
+      if (l.hbm_devices.empty()) continue;
+      const double each = f.rate * c / static_cast<double>(l.hbm_devices.size());
+      for (int d : l.hbm_devices) {
+        hbm_next_[static_cast<std::size_t>(d)] += each;
+        hbm_scratch_.push_back(d);
+      }
+    }
+  hbm_scratch_.insert(hbm_scratch_.end(), hbm_touched_.begin(), hbm_touched_.end());
+  std::sort(hbm_scratch_.begin(), hbm_scratch_.end());
+  hbm_scratch_.erase(std::unique(hbm_scratch_.begin(), hbm_scratch_.end()), hbm_scratch_.end());
+  hbm_changed_.clear();
+  hbm_touched_.clear();
+  for (int d : hbm_scratch_) {
+    const auto i = static_cast<std::size_t>(d);
+    if (hbm_next_[i] != hbm_traffic_[i]) hbm_changed_.push_back(d);
+    hbm_traffic_[i] = hbm_next_[i];
+    hbm_next_[i] = 0;
+    if (hbm_traffic_[i] > 0) hbm_touched_.push_back(d);
+  }
 }
 
 bool FlowNetwork::start(FlowId id, std::vector<LinkLoad> loads, VTime now) {
@@ -31,7 +72,10 @@ bool FlowNetwork::start(FlowId id, std::vector<LinkLoad> loads, VTime now) {
   double most = 0;
   for (auto& [link, bytes] : f.coef) most = std::max(most, bytes);
   completions_.clear();
-  if (most <= 0) return false;
+  if (most <= 0) {
+    hbm_changed_.clear();
+    return false;
+  }
   for (auto& c : f.coef) c.second /= most;
   f.remaining = most;
   flows_.push_back(std::move(f));
@@ -50,7 +94,10 @@ void FlowNetwork::finish(FlowId id, VTime now) {
   NE_CHECK(it != flows_.end(), "a flow finished that was not flowing");
   flows_.erase(it);
   completions_.clear();
-  if (!flows_.empty()) reshare(now);
+  if (!flows_.empty())
+    reshare(now);
+  else
+    account_hbm();
 }
 
 void FlowNetwork::reshare(VTime now) {
@@ -111,6 +158,7 @@ void FlowNetwork::reshare(VTime now) {
     const double left = std::ceil(flow.remaining / flow.rate);
     completions_.push_back({flow.id, now + static_cast<VTime>(left), flow.version});
   }
+  account_hbm();
 }
 
 }  // namespace nodeemu::detail

@@ -19,6 +19,10 @@ namespace nodeemu::detail {
 struct Link {
   std::string name;
   double bytes_per_ps;
+  // The GPUs whose HBM the link's bytes are read from or written to (a GPU's NVLink port: that
+  // GPU; a NIC: the GPUs behind it, which split its traffic evenly); none for a link that is
+  // not memory traffic.
+  std::vector<int> hbm_devices;
 };
 
 class FlowNetwork {
@@ -31,7 +35,7 @@ class FlowNetwork {
     std::uint32_t version;
   };
 
-  int add_link(std::string name, double bytes_per_s);
+  int add_link(std::string name, double bytes_per_s, std::vector<int> hbm_devices = {});
   const Link& link(int id) const { return links_[static_cast<std::size_t>(id)]; }
   int link_count() const { return static_cast<int>(links_.size()); }
 
@@ -46,6 +50,11 @@ class FlowNetwork {
   // The new completion of every flow, set by the last start or finish, in start order.
   const std::vector<Completion>& completions() const { return completions_; }
   std::size_t flowing() const { return flows_.size(); }
+  // The bytes per picosecond the flows move through `device`'s HBM (the links' wire bytes, as
+  // of the last start or finish), and the devices whose figure that start or finish changed,
+  // in device order.
+  double hbm_traffic(int device) const;
+  const std::vector<int>& hbm_changed() const { return hbm_changed_; }
 
  private:
   struct Flow {
@@ -58,6 +67,7 @@ class FlowNetwork {
     std::uint32_t version = 0;
   };
   void reshare(VTime now);
+  void account_hbm();
 
   std::vector<Link> links_;
   std::vector<Flow> flows_;  // in start order
@@ -66,6 +76,10 @@ class FlowNetwork {
   // each link's index among them (-1: none crosses it).
   std::vector<int> local_of_link_;
   std::vector<int> used_links_;
+  // HBM traffic by device (indexed by device; grown by add_link), the devices with traffic as
+  // of the last accounting, and account_hbm()'s scratch (all zero between calls).
+  std::vector<double> hbm_traffic_, hbm_next_;
+  std::vector<int> hbm_touched_, hbm_changed_, hbm_scratch_;
 };
 
 }  // namespace nodeemu::detail

@@ -99,11 +99,14 @@ const SharedResources::Shares& SharedResources::share() {
   const bool pcie = !h2d_.running.empty() || !d2h_.running.empty();
   const double held = 1.0 - static_cast<double>(free_sms) / sm_count_;
   const double base = free_sms > 0 ? 1.0 / c.with_sms_held(held) : 0.0;
+  // The fabric's HBM share, held to its max-min fair share beside the memory-bound claimants.
+  const double fabric = std::min(fabric_hbm_share_, 1.0 / static_cast<double>(1 + memory + d2d));
   const double compute_rate =
       compute == 0 ? 0
                    : base / compute / (memory + d2d > 0 ? c.compute_beside_memory : 1.0) /
-                         (pcie ? c.compute_beside_pcie : 1.0);
-  const double memory_share = 1.0 / (compute > 0 ? c.memory_beside_compute : 1.0);
+                         (pcie ? c.compute_beside_pcie : 1.0) /
+                         (fabric > 0 ? c.compute_beside_hbm_share(fabric) : 1.0);
+  const double memory_share = (1.0 - fabric) / (compute > 0 ? c.memory_beside_compute : 1.0);
   const double memory_rate = memory == 0 ? 0 : base * memory_share / (memory + d2d);
   int left = sm_count_;
   for (const SmRunner& r : sm_) {

@@ -16,6 +16,15 @@
 //  - A memory-bound kernel (or a D2D copy) beside a compute-bound one shares HBM rather than SMs:
 //    each runs at its measured co-run slowdown, and kernels of one class split their class's
 //    rate. PCIe copies beside a GEMM cost it the measured few percent.
+//  - The fabric's transfers read and write this GPU's HBM (every byte through its NVLink port
+//    or its NIC, at the rate the flow network gives them): they take their share of HBM first,
+//    up to a fair share beside the memory-bound kernels (max-min: they ask for less than HBM
+//    has), the memory-bound kernels and D2D copies split the rest, and a GEMM is slowed by the
+//    measured GEMM-beside-copy slowdown in proportion to that share
+//    (Contention::compute_beside_hbm_share). The reverse, memory-bound kernels holding the
+//    transfers below their demand, would need the share above the fair one: more than a third
+//    of HBM beside two memory-bound kernels, which no shipped topology's links can move
+//    (tests/devices/topology_test.cpp holds it), so the flows are not re-rated by it.
 //  - Copies share their direction's engines: up to `copy_engines` run at once and split the
 //    direction's rate; the rest queue in launch order. Both PCIe directions at once run at the
 //    measured duplex rate.
@@ -73,6 +82,10 @@ class SharedResources {
   // The rates of every running operation of the device. The returned object is this part's and
   // is overwritten by the next call.
   const Shares& share();
+  // The share of the GPU's HBM bandwidth the fabric's transfers move through its memory now
+  // (0 <= share); takes effect at the next `share`.
+  void set_fabric_hbm_share(double share) { fabric_hbm_share_ = share; }
+  double fabric_hbm_share() const { return fabric_hbm_share_; }
 
   int sm_count() const { return sm_count_; }
   std::size_t running(ResourceKind kind) const;
@@ -97,6 +110,7 @@ class SharedResources {
   int sm_count_;
   std::vector<SmRunner> sm_;  // in start order
   CopyEngines h2d_, d2h_, d2d_;
+  double fabric_hbm_share_ = 0;
   Shares shares_;
 };
 

@@ -97,6 +97,20 @@ TEST(Topology, EveryShippedFileLoads) {
   }
 }
 
+// The fabric takes its HBM share first, up to its max-min fair share beside the memory-bound
+// kernels (detail/shared_resources.hpp). The engine does not slow the flows for HBM, which is
+// exact while a GPU's links at full rate both ways (its NVLink port and its share of its NICs)
+// move less than a third of its HBM bandwidth: the fair share beside two memory-bound kernels.
+TEST(Topology, TheFabricNeverWantsMoreThanItsFairShareOfHbm) {
+  for (const char* name : {"dgx_h100", "dgx_h200", "hgx_a100", "dgx_b200"}) {
+    SCOPED_TRACE(name);
+    const NodeTopology t = NodeTopology::from_file(topology_path(name));
+    const double nics_per_gpu = static_cast<double>(t.nic.per_node) / t.gpus;
+    const double most = 2 * (t.nvlink.bytes_per_s + nics_per_gpu * t.nic.bytes_per_s);
+    EXPECT_LT(most / t.gpu.hbm_bytes_per_s, 1.0 / 3);
+  }
+}
+
 TEST(Topology, DgxH100FiguresComeThroughInSiUnits) {
   const NodeTopology t = NodeTopology::from_file(topology_path("dgx_h100"));
   EXPECT_EQ(t.name, "dgx_h100");

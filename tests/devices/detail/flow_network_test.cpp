@@ -66,5 +66,33 @@ TEST(FlowNetwork, SharesMaxMinFairly) {
   EXPECT_EQ(completions(n), (std::map<FlowNetwork::FlowId, VTime>{{0, 10}, {1, 10}, {2, 10}}));
 }
 
+// The fabric's traffic through each GPU's memory: a port's bytes are its GPU's, a NIC's are
+// split among the GPUs behind it; only devices whose figure moved are reported, and an end
+// takes a device's traffic back to none.
+TEST(FlowNetwork, CountsTheTrafficThroughEachDevicesMemory) {
+  FlowNetwork n;
+  int out0 = n.add_link("gpu 0 out", 10 * kBytesPerPs, {0});
+  int in1 = n.add_link("gpu 1 in", 10 * kBytesPerPs, {1});
+  int nic = n.add_link("nic of 2 and 3", 4 * kBytesPerPs, {2, 3});
+  int kernels = n.add_link("kernels", 100 * kBytesPerPs);  // not memory traffic
+  // 100 bytes 0 -> 1 at 10 B/ps (the ports' pace); the kernels link carries 10 units alongside.
+  ASSERT_TRUE(n.start(1, {{out0, 100}, {in1, 100}, {kernels, 10}}, 0));
+  EXPECT_DOUBLE_EQ(n.hbm_traffic(0), 10);
+  EXPECT_DOUBLE_EQ(n.hbm_traffic(1), 10);
+  EXPECT_EQ(n.hbm_changed(), (std::vector<int>{0, 1}));
+  // A NIC flow at 4 B/ps: devices 2 and 3 get 2 each; 0 and 1 are unchanged and not reported.
+  ASSERT_TRUE(n.start(2, {{nic, 40}}, 0));
+  EXPECT_DOUBLE_EQ(n.hbm_traffic(2), 2);
+  EXPECT_DOUBLE_EQ(n.hbm_traffic(3), 2);
+  EXPECT_EQ(n.hbm_changed(), (std::vector<int>{2, 3}));
+  n.finish(1, 10);
+  EXPECT_DOUBLE_EQ(n.hbm_traffic(0), 0);
+  EXPECT_EQ(n.hbm_changed(), (std::vector<int>{0, 1}));
+  n.finish(2, 10);  // the last flow: nothing to re-share, the traffic still goes
+  EXPECT_DOUBLE_EQ(n.hbm_traffic(2), 0);
+  EXPECT_EQ(n.hbm_changed(), (std::vector<int>{2, 3}));
+  EXPECT_DOUBLE_EQ(n.hbm_traffic(42), 0);  // a device no link names
+}
+
 }  // namespace
 }  // namespace nodeemu::detail

@@ -175,5 +175,38 @@ TEST(SharedResources, RatesComeInStartOrderSmsFirst) {
   EXPECT_EQ(order, (std::vector<OpId>{5, 4, 6, 7}));
 }
 
+// The fabric moving 20 % of HBM's bandwidth through the GPU: a GEMM loses in proportion to the
+// measured GEMM-beside-copy slowdown at the copy's share (x1.25 at 1/2 of HBM -> x1.1 at 0.2),
+// a memory-bound kernel keeps the other 80 %, and beside several memory-bound kernels the
+// fabric takes no more than its fair share.
+TEST(SharedResources, TheFabricsMemoryTrafficSlowsTheKernelsBesideIt) {
+  const GpuSpec g = spec();
+  SharedResources r(g);
+  r.admit(compute(1));
+  r.set_fabric_hbm_share(0.2);
+  EXPECT_DOUBLE_EQ(rates(r).at(1), 1 / 1.1);
+  r.admit(memory_bound(2));
+  auto got = rates(r);
+  EXPECT_DOUBLE_EQ(got.at(1), 1 / 1.25 / 1.1);
+  EXPECT_DOUBLE_EQ(got.at(2), 0.8 / 2);
+  // Two memory-bound kernels and a D2D copy: the fabric's fair share is 1/4 > 0.2, so it keeps
+  // 0.2 and the three split 0.8 (beside the GEMM, at its measured rate).
+  r.admit(memory_bound(3));
+  r.admit(copy(4, Kind::D2D));
+  got = rates(r);
+  EXPECT_DOUBLE_EQ(got.at(2), 0.8 / 2 / 3);
+  EXPECT_DOUBLE_EQ(got.at(4), 0.8 / 2 / 3);
+  // At 0.3 the fabric asks for more than its fair 1/4: it is held there, the rest split 0.75.
+  r.set_fabric_hbm_share(0.3);
+  got = rates(r);
+  EXPECT_DOUBLE_EQ(got.at(2), 0.75 / 2 / 3);
+  EXPECT_DOUBLE_EQ(got.at(1), 1 / 1.25 / (1 + 0.25 * 0.25 * 2));
+  // No traffic: the rates are those of no fabric at all.
+  r.set_fabric_hbm_share(0);
+  got = rates(r);
+  EXPECT_DOUBLE_EQ(got.at(1), 1 / 1.25);
+  EXPECT_DOUBLE_EQ(got.at(2), 1.0 / 2 / 3);
+}
+
 }  // namespace
 }  // namespace nodeemu::detail
