@@ -13,8 +13,12 @@ namespace {
 
 // A run projected past this much wall time says so once, with the estimate.
 constexpr double kLongRunS = 60;
-// The estimate waits for this much wall time (the first micro-batches include start-up costs).
+// The estimate waits for this much wall time and this share of the parts (the first
+// micro-batches include start-up costs).
 constexpr double kEstimateAfterS = 2;
+constexpr double kEstimateAfterShare = 0.10;
+// Samples of the elapsed time kept for the pace (at most about this many).
+constexpr long kSamples = 1024;
 // In-place redraws at most this often.
 constexpr double kRedrawS = 0.2;
 // Not a terminal: a progress line at most this often.
@@ -53,8 +57,20 @@ Progress::Progress(std::ostream* os, bool terminal, int iterations, long parts_p
             .count();
       }) {
   start_ = clock_();
+  sample_every_ = std::max(1L, long(iterations_) * parts_per_iteration_ / kSamples);
   // A log's first progress line comes a minute in, not at the first step.
   if (!terminal_) last_draw_ = 0;
+}
+
+double Progress::left_s(double t) const {
+  const long total = long(iterations_) * parts_per_iteration_;
+  if (done_ >= total) return 0;
+  // The latest sample at or before a quarter of the parts done: the pace since is that of the
+  // later three quarters.
+  const long from = std::min(long(samples_.size()) - 1, done_ / 4 / sample_every_);
+  const double since = t - samples_[std::size_t(from)];
+  const long parts = done_ - from * sample_every_;
+  return since / double(parts) * double(total - done_);
 }
 
 void Progress::part_done(int iteration) {
@@ -62,9 +78,12 @@ void Progress::part_done(int iteration) {
   std::lock_guard lock(mu_);
   ++done_;
   const double t = elapsed_s();
+  if (done_ % sample_every_ == 0) samples_.push_back(t);
   const long total = long(iterations_) * parts_per_iteration_;
-  const double left = done_ < total ? t / double(done_) * double(total - done_) : 0;
-  if (!estimate_said_ && t >= kEstimateAfterS) {
+  const double left = left_s(t);
+  const bool can_estimate =
+      t >= kEstimateAfterS && double(done_) >= kEstimateAfterShare * double(total);
+  if (!estimate_said_ && can_estimate) {
     estimate_said_ = true;
     if (t + left > kLongRunS) {
       if (line_shown_) *os_ << "\r\033[K";
@@ -84,7 +103,7 @@ void Progress::part_done(int iteration) {
   const std::string line =
       "iter " + std::to_string(iteration + 1) + "/" + std::to_string(iterations_) + ": " +
       percent(in_iteration, parts_per_iteration_) + " of its micro-batch steps, " + duration(t) +
-      ", about " + duration(left) + " left";
+      (can_estimate ? ", about " + duration(left) + " left" : "");
   if (terminal_) {
     *os_ << "\r\033[K" << line << std::flush;
     line_shown_ = true;

@@ -9,12 +9,18 @@
 // 90-second DeepSeek-V3 run (PP 16, 8 micro-batches) announce itself at 10 minutes: in a
 // pipeline the first stage releases its first step only after the whole warm-up, and in meta
 // mode most of the wall time goes into making plans (the routing draws), not into releasing.
+//
+// The time left is the pace of the later three quarters of the steps done so far, not of all of
+// them: a run's first steps are slower (caches of prices and routing draws fill, the pipeline
+// fills). It waits for 10 % of the steps (and two seconds): the first estimate of a 25-minute
+// DeepSeek-V3 step, at two seconds, said 38 minutes (bench/README, "Progress estimates").
 #pragma once
 
 #include <functional>
 #include <iosfwd>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace nodeemu::emu {
 
@@ -35,6 +41,8 @@ class Progress {
 
  private:
   double elapsed_s() const { return clock_() - start_; }
+  // Seconds left at `t` with `done_` parts done, from the pace since a quarter of them were done.
+  double left_s(double t) const;
 
   std::mutex mu_;  // hosts of a functional run are threads
   std::ostream* os_;
@@ -42,6 +50,10 @@ class Progress {
   int iterations_;
   long parts_per_iteration_;
   long done_ = 0;  // parts over all iterations
+  // The elapsed time when every `sample_every_`-th part was done (from 0 parts at 0 s): at most
+  // ~1,000 samples whatever the run's size.
+  long sample_every_ = 1;
+  std::vector<double> samples_{0.0};
   std::function<double()> clock_;
   double start_ = 0, last_draw_ = -1e300;
   bool line_shown_ = false, estimate_said_ = false;

@@ -390,15 +390,16 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
   } stop_drawing_ahead{routing, &pool};
   Communicator comm(node);
   std::vector<RankResult> results(static_cast<std::size_t>(setup.world));
-  RunShared shared{node,
-                   comm,
-                   options,
-                   results,
-                   {},
-                   std::vector<int>(static_cast<std::size_t>(setup.world)),
-                   std::vector<int>(2 * static_cast<std::size_t>(setup.world), 0),
-                   Progress(options.progress, options.progress_terminal, setup.iterations,
-                            2 * long(setup.microbatches) * setup.vpp * setup.world)};
+  RunShared shared{
+      node,
+      comm,
+      options,
+      results,
+      {},
+      std::vector<int>(static_cast<std::size_t>(setup.world)),
+      std::vector<int>(2 * static_cast<std::size_t>(setup.world), 0),
+      Progress(options.progress, options.progress_terminal, setup.iterations,
+               2 * long(setup.microbatches) * setup.vpp * setup.world, options.progress_clock)};
   std::iota(shared.all_ranks.begin(), shared.all_ranks.end(), 0);
   node.run([&](Host& host) {
     RankRun rank(setup, shared, host);

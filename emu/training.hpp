@@ -25,6 +25,9 @@ struct TrainOptions {
   // `progress` is a terminal: a line rewritten in place shows the micro-batches inside an
   // iteration.
   bool progress_terminal = false;
+  // The clock `progress` estimates by, in seconds; empty: wall time (a test gives CPU time, which
+  // other processes' load does not stretch).
+  std::function<double()> progress_clock;
   // A custom schedule; empty = make_schedule(recipe).
   std::function<std::unique_ptr<Schedule>(const Recipe&)> schedule;
 };

@@ -28,22 +28,43 @@ TEST(Progress, ATerminalSeesTheStepsInsideAnIteration) {
   Progress p(&os, true, 2, 4, [&] { return now; });
   now = 0.5;
   p.part_done(0);
-  EXPECT_EQ(os.str(), "\r\033[Kiter 1/2: 25 % of its micro-batch steps, 0.5 s, about 3.5 s left");
+  // Too early for the time left (two seconds and 10 % of the steps give the first estimate).
+  EXPECT_EQ(os.str(), "\r\033[Kiter 1/2: 25 % of its micro-batch steps, 0.5 s");
+  os.str("");
+  now = 2.5;  // the pace since a quarter of the steps (none yet): 1.25 s a step
+  p.part_done(0);
+  EXPECT_EQ(os.str(), "\r\033[Kiter 1/2: 50 % of its micro-batch steps, 2.5 s, about 7.5 s left");
   os.str("");
   p.iteration_done("iter 1/2: virtual 1.000 ms");
   EXPECT_EQ(os.str(), "\r\033[Kiter 1/2: virtual 1.000 ms\n");
 }
 
-// A run projected past a minute says so once, as soon as two seconds give an estimate, whether
-// or not stderr is a terminal.
+// A run projected past a minute says so once, as soon as 10 % of the steps and two seconds give
+// an estimate, whether or not stderr is a terminal.
 TEST(Progress, ALongRunSaysHowLongUpFront) {
   std::ostringstream os;
   double now = 0;
   Progress p(&os, false, 10, 4, [&] { return now; });
   for (int s = 0; s < 3; ++s) now += 3, p.part_done(0);
+  EXPECT_EQ(os.str(), "") << "7.5 % of the steps: too early to say";
+  now += 3, p.part_done(0);
   EXPECT_EQ(os.str(),
-            "nodeemu: this run will take about 2 min of wall time (2.5 % of every rank's "
-            "micro-batch steps in 3.0 s)\n");
+            "nodeemu: this run will take about 2 min of wall time (10 % of every rank's "
+            "micro-batch steps in 12 s)\n");
+}
+
+// A run's first steps are slower than the rest (caches fill, the pipeline fills): the estimate
+// takes the pace of the later three quarters of the steps done, not of all of them. Here the
+// first 2 % of 1,000 steps take 1 s each, the rest 0.05 s: 69 s in all. The mean pace at 10 %
+// (100 steps, 24 s) would say 240 s; the later three quarters' says 69 s.
+TEST(Progress, TheEstimateIsThePaceOfTheLaterThreeQuarters) {
+  std::ostringstream os;
+  double now = 0;
+  Progress p(&os, false, 1, 1000, [&] { return now; });
+  for (int s = 0; s < 100; ++s) now += s < 20 ? 1.0 : 0.05, p.part_done(0);
+  EXPECT_EQ(os.str(),
+            "nodeemu: this run will take about 69 s of wall time (10 % of every rank's "
+            "micro-batch steps in 24 s)\n");
 }
 
 // Not a terminal, a long run: a progress line a minute, as new lines (a log has no "in place").
@@ -53,12 +74,12 @@ TEST(Progress, ALogOfALongRunGetsALineAMinute) {
   Progress p(&os, false, 1, 100, [&] { return now; });
   for (int s = 0; s < 100; ++s) now += 3, p.part_done(0);
   EXPECT_EQ(os.str(),
-            "nodeemu: this run will take about 5 min of wall time (1.0 % of every rank's "
-            "micro-batch steps in 3.0 s)\n"
-            "iter 1/1: 21 % of its micro-batch steps, 63 s, about 4 min left\n"
-            "iter 1/1: 41 % of its micro-batch steps, 2 min, about 3 min left\n"
-            "iter 1/1: 61 % of its micro-batch steps, 3 min, about 117 s left\n"
-            "iter 1/1: 81 % of its micro-batch steps, 4 min, about 57 s left\n");
+            "nodeemu: this run will take about 5 min of wall time (10 % of every rank's "
+            "micro-batch steps in 30 s)\n"
+            "iter 1/1: 30 % of its micro-batch steps, 90 s, about 4 min left\n"
+            "iter 1/1: 50 % of its micro-batch steps, 2 min, about 2 min left\n"
+            "iter 1/1: 70 % of its micro-batch steps, 4 min, about 90 s left\n"
+            "iter 1/1: 90 % of its micro-batch steps, 4 min, about 30 s left\n");
 }
 
 }  // namespace
