@@ -57,20 +57,20 @@ Progress::Progress(std::ostream* os, bool terminal, int iterations, long parts_p
             .count();
       }) {
   start_ = clock_();
-  sample_every_ = std::max(1L, long(iterations_) * parts_per_iteration_ / kSamples);
+  total_ = long(iterations_) * parts_per_iteration_;
+  sample_every_ = std::max(1L, total_ / kSamples);
   // A log's first progress line comes a minute in, not at the first step.
   if (!terminal_) last_draw_ = 0;
 }
 
 double Progress::left_s(double t) const {
-  const long total = long(iterations_) * parts_per_iteration_;
-  if (done_ >= total) return 0;
+  if (done_ >= total_) return 0;
   // The latest sample at or before a quarter of the parts done: the pace since is that of the
   // later three quarters.
   const long from = std::min(long(samples_.size()) - 1, done_ / 4 / sample_every_);
   const double since = t - samples_[std::size_t(from)];
   const long parts = done_ - from * sample_every_;
-  return since / double(parts) * double(total - done_);
+  return since / double(parts) * double(total_ - done_);
 }
 
 void Progress::part_done(int iteration) {
@@ -79,17 +79,16 @@ void Progress::part_done(int iteration) {
   ++done_;
   const double t = elapsed_s();
   if (done_ % sample_every_ == 0) samples_.push_back(t);
-  const long total = long(iterations_) * parts_per_iteration_;
   const double left = left_s(t);
   const bool can_estimate =
-      t >= kEstimateAfterS && double(done_) >= kEstimateAfterShare * double(total);
+      t >= kEstimateAfterS && double(done_) >= kEstimateAfterShare * double(total_);
   if (!estimate_said_ && can_estimate) {
     estimate_said_ = true;
     if (t + left > kLongRunS) {
       if (line_shown_) *os_ << "\r\033[K";
       line_shown_ = false;
       *os_ << "nodeemu: this run will take about " << duration(t + left) << " of wall time ("
-           << percent(done_, total) << " of every rank's micro-batch steps in " << duration(t)
+           << percent(done_, total_) << " of every rank's micro-batch steps in " << duration(t)
            << ")\n"
            << std::flush;
       last_draw_ = t;

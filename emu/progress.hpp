@@ -49,7 +49,8 @@ class Progress {
   bool terminal_;
   int iterations_;
   long parts_per_iteration_;
-  long done_ = 0;  // parts over all iterations
+  long total_ = 0;  // parts over all iterations
+  long done_ = 0;
   // The elapsed time when every `sample_every_`-th part was done (from 0 parts at 0 s): at most
   // ~1,000 samples whatever the run's size.
   long sample_every_ = 1;

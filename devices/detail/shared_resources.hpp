@@ -85,7 +85,6 @@ class SharedResources {
   // The share of the GPU's HBM bandwidth the fabric's transfers move through its memory now
   // (0 <= share); takes effect at the next `share`.
   void set_fabric_hbm_share(double share) { fabric_hbm_share_ = share; }
-  double fabric_hbm_share() const { return fabric_hbm_share_; }
 
   int sm_count() const { return sm_count_; }
   std::size_t running(ResourceKind kind) const;
