@@ -25,6 +25,30 @@ std::vector<int> iota(int n) {
   return v;
 }
 
+// On every one of `ranks` GPUs: a kernel `name` on the compute stream, then an all-to-all of
+// `bytes_per_peer` on a high-priority comm stream beside it (the kernel is ready at 2 us, the
+// all-to-all's part at 3 us).
+void kernel_beside_all_to_all(Node& node, int ranks, const char* name, Work w,
+                              std::size_t bytes_per_peer) {
+  Communicator comm(node);
+  node.run([&](Host& host) {
+    Group g = comm.group(iota(ranks), "ep");
+    Buffer send = host.device().allocate(bytes_per_peer * std::size_t(ranks));
+    Buffer recv = host.device().allocate(bytes_per_peer * std::size_t(ranks));
+    Stream comp = host.device().default_stream();
+    Stream cs = host.device().create_stream(Priority::High, "comm");
+    comp.launch({name, w});
+    g.all_to_all(send, recv, bytes_per_peer, cs, {.async = true});
+    host.device().synchronize();
+  });
+}
+
+Work memory_bound(double seconds) {
+  Work w{.fixed_s = seconds};
+  w.shape = KernelShape::memory(MemoryOp::Elementwise);
+  return w;
+}
+
 TEST(FabricTiming, TwoNodeAllToAllIsBoundByTheNics) {
   // 16 ranks on two 8-GPU nodes, 1 MB per peer. Each rank's launch costs 1 us of host time and
   // 1 us of latency: every part is ready at 2 us. The transfer starts one NIC latency later
@@ -94,16 +118,7 @@ TEST(FabricTiming, CommunicationKernelsTakeTheirSmsFromCompute) {
   // set's GEMM-beside-copy x1.277 with the copy at 1/1.92 of HBM). Compute loses
   // (1 - 1/1.0544) + 10 * (1 - 1/(1.0544 * 1.0318)) = 0.8594 us and ends at 102.8594 us.
   Node node(comm_options(2, Mode::Meta));
-  Communicator comm(node);
-  node.run([&](Host& host) {
-    Group g = comm.group({0, 1}, "ep");
-    Buffer b = host.device().allocate(2'000'000);
-    Stream comp = host.device().default_stream();
-    Stream cs = host.device().create_stream(Priority::High, "comm");
-    comp.launch({"gemm", Work{.fixed_s = 100e-6}});
-    g.all_to_all(b, b, 1'000'000, cs, {.async = true});
-    host.device().synchronize();
-  });
+  kernel_beside_all_to_all(node, 2, "gemm", Work{.fixed_s = 100e-6}, 1'000'000);
   for (int d = 0; d < 2; ++d) {
     EXPECT_EQ(find_op(node, d, "all_to_all_v").start, us(3));
     EXPECT_EQ(find_op(node, d, "all_to_all_v").end, us(14));
@@ -117,18 +132,7 @@ TEST(FabricTiming, TheTransfersMemoryTrafficSlowsAMemoryBoundKernel) {
   // through each GPU's HBM (5.97 % of 3.35 TB/s) leave the kernel 94.03 % of the bandwidth. It
   // loses (1 - 1/1.0544) + 10 * (1 - 0.9403/1.0544) = 1.1337 us and ends at 103.1337 us.
   Node node(comm_options(2, Mode::Meta));
-  Communicator comm(node);
-  node.run([&](Host& host) {
-    Group g = comm.group({0, 1}, "ep");
-    Buffer b = host.device().allocate(2'000'000);
-    Stream comp = host.device().default_stream();
-    Stream cs = host.device().create_stream(Priority::High, "comm");
-    Work w{.fixed_s = 100e-6};
-    w.shape = KernelShape::memory(MemoryOp::Elementwise);
-    comp.launch({"add", w});
-    g.all_to_all(b, b, 1'000'000, cs, {.async = true});
-    host.device().synchronize();
-  });
+  kernel_beside_all_to_all(node, 2, "add", memory_bound(100e-6), 1'000'000);
   for (int d = 0; d < 2; ++d) {
     EXPECT_EQ(find_op(node, d, "all_to_all_v").end, us(14));  // the transfer is not slowed
     EXPECT_NEAR(double(find_op(node, d, "add").end), 103.1337e6, 1e3);
@@ -142,18 +146,7 @@ TEST(FabricTiming, AcrossNodesTheNicsTrafficIsTheirGpusToo) {
   // 37.5 GB/s, 1.12 % of 3.35 TB/s. With the comm kernel's 20 of 100 SMs (x1.0544) the kernel
   // loses 2 * (1 - 1/1.0544) + 800 * (1 - 0.98881/1.0544) = 51.871 us.
   Node node(comm_options(16, Mode::Meta));
-  Communicator comm(node);
-  node.run([&](Host& host) {
-    Group g = comm.group(iota(16), "ep");
-    Buffer send = host.device().allocate(16'000'000), recv = host.device().allocate(16'000'000);
-    Stream comp = host.device().default_stream();
-    Stream cs = host.device().create_stream(Priority::High, "comm");
-    Work w{.fixed_s = 1000e-6};
-    w.shape = KernelShape::memory(MemoryOp::Elementwise);
-    comp.launch({"add", w});
-    g.all_to_all(send, recv, 1'000'000, cs, {.async = true});
-    host.device().synchronize();
-  });
+  kernel_beside_all_to_all(node, 16, "add", memory_bound(1000e-6), 1'000'000);
   for (int d = 0; d < 16; ++d) {
     EXPECT_EQ(find_op(node, d, "all_to_all_v").end, us(805));
     EXPECT_NEAR(double(find_op(node, d, "add").end), 1051.871e6, 1e3) << "device " << d;
