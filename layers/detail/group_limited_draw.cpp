@@ -61,10 +61,12 @@ struct Stream : SplitMix64 {
   }
 };
 
-}  // namespace
-
-std::vector<std::int64_t> group_limited_forced_counts(const RouterConfig& cfg, std::int64_t tokens,
-                                                      std::uint64_t state) {
+// Routes `tokens` tokens of the stream that starts at `state`; after each, calls
+// on_token(rng, groups, taken): the eligible groups are groups[0 .. group_topk), and taken[g] is
+// how many of the token's top-k group g holds (which of its members is the caller's draw).
+template <class OnToken>
+void route_tokens(const RouterConfig& cfg, std::int64_t tokens, std::uint64_t state,
+                  OnToken&& on_token) {
   const int E = cfg.num_experts, G = cfg.num_groups, k = cfg.topk, used = cfg.group_topk;
   NE_CHECK(G > 0 && E % G == 0 && used > 0 && used <= G,
            "group-limited draw: the groups must split the experts evenly");
@@ -82,8 +84,6 @@ std::vector<std::int64_t> group_limited_forced_counts(const RouterConfig& cfg, s
   };
 
   Stream rng{{state}};
-  std::vector<std::uint32_t> count(std::size_t(E), 0);
-  std::vector<std::uint32_t> mark(std::size_t(E), 0);  // the last token that picked the member
   const auto per_group = static_cast<std::size_t>(G);
   // A group's drawn values are kept as the logarithms of their uniforms: the merge below only
   // compares them, and the quantile is monotone, so it is taken only for the score's values.
@@ -141,20 +141,49 @@ std::vector<std::int64_t> group_limited_forced_counts(const RouterConfig& cfg, s
       }
       ++taken[std::size_t(best)];
     }
-    // Which members hold a group's largest values: distinct, uniformly random.
-    const auto token = std::uint32_t(t + 1);
-    for (int i = 0; i < used; ++i) {
-      const int g = groups[std::size_t(i)];
-      for (int left = taken[std::size_t(g)]; left > 0;) {
-        const std::size_t e = std::size_t(g) * std::size_t(n) + rng.below(std::uint32_t(n));
-        if (mark[e] == token) continue;
-        mark[e] = token;
-        ++count[e];
-        --left;
-      }
-    }
+    on_token(rng, groups, taken);
   }
+}
+
+}  // namespace
+
+std::vector<std::int64_t> group_limited_forced_counts(const RouterConfig& cfg, std::int64_t tokens,
+                                                      std::uint64_t state) {
+  const int E = cfg.num_experts, n = E / std::max(cfg.num_groups, 1);
+  std::vector<std::uint32_t> count(std::size_t(E), 0);
+  std::vector<std::uint32_t> mark(std::size_t(E), 0);  // the last token that picked the member
+  std::uint32_t token = 0;
+  route_tokens(cfg, tokens, state,
+               [&](Stream& rng, const std::vector<int>& groups, const std::vector<int>& taken) {
+                 // Which members hold a group's largest values: distinct, uniformly random.
+                 ++token;
+                 for (int i = 0; i < cfg.group_topk; ++i) {
+                   const int g = groups[std::size_t(i)];
+                   for (int left = taken[std::size_t(g)]; left > 0;) {
+                     const std::size_t e =
+                         std::size_t(g) * std::size_t(n) + rng.below(std::uint32_t(n));
+                     if (mark[e] == token) continue;
+                     mark[e] = token;
+                     ++count[e];
+                     --left;
+                   }
+                 }
+               });
   return {count.begin(), count.end()};
+}
+
+double group_picks_second_moment(const RouterConfig& cfg, std::int64_t tokens,
+                                 std::uint64_t state) {
+  NE_CHECK(tokens > 0, "group_picks_second_moment: no tokens to average over");
+  double sum = 0;
+  route_tokens(cfg, tokens, state,
+               [&](Stream&, const std::vector<int>& groups, const std::vector<int>& taken) {
+                 for (int i = 0; i < cfg.group_topk; ++i) {
+                   const double m = taken[std::size_t(groups[std::size_t(i)])];
+                   sum += m * m;
+                 }
+               });
+  return sum / double(tokens) / double(cfg.num_groups);
 }
 
 }  // namespace nodeemu::layers::detail

@@ -33,6 +33,11 @@ namespace nodeemu::layers::detail {
 std::vector<std::int64_t> group_limited_forced_counts(const RouterConfig& cfg, std::int64_t tokens,
                                                       std::uint64_t state);
 
+// E[S^2], S a group's share of one token's top-k (0 for a group left out), averaged over `tokens`
+// tokens routed as group_limited_forced_counts routes them: the one figure of the group limit
+// that the central-limit draw (layers/detail/central_limit_counts.hpp) needs besides E[S] = k / G.
+double group_picks_second_moment(const RouterConfig& cfg, std::int64_t tokens, std::uint64_t state);
+
 // The standard normal quantile of exp(log_p), for log_p < 0: taking the probability's logarithm
 // keeps both tails accurate (the upper tail from -expm1(log_p), the lower from exp(log_p)).
 // Acklam's rational approximation, relative error below 1.2e-9.

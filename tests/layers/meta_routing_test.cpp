@@ -195,19 +195,21 @@ std::uint64_t digest(const std::vector<std::int64_t>& counts) {  // FNV-1a over 
 }
 
 // The draw is pinned: a faster sampler must give the same counts, or every meta timeline hash
-// moves. Values from the one-word-at-a-time sampler: power-of-two expert counts (no rejection)
-// and others (Lemire's rejection step in play, 60), top-k below, at and above a vector of eight,
-// and every expert taken (8 of 8).
+// moves. At 4,096 tokens an expert's mean count is at least 64 in every case but 128 experts of
+// top-1 (32): those are the central-limit draw (layers/detail/central_limit_counts.hpp), and top-1
+// of 128 the one-word-at-a-time exact draw (pinned against its specification in
+// uniform_subset_draw_test.cpp). Values re-pinned when the central-limit draw came in (issue 53);
+// 8 of 8 (every expert taken) did not move.
 TEST(MetaRouting, ForcedDrawsArePinned) {
   for (const auto& [experts, topk, expected] :
-       {std::tuple{128, 8, std::uint64_t{12548472002374166485ULL}},
-        std::tuple{60, 6, std::uint64_t{9531683223980630619ULL}},
-        std::tuple{64, 6, std::uint64_t{1854613196741337359ULL}},
-        std::tuple{256, 8, std::uint64_t{18360389130366265435ULL}},
-        std::tuple{16, 8, std::uint64_t{9598587139022242017ULL}},
+       {std::tuple{128, 8, std::uint64_t{3841500953451386007ULL}},
+        std::tuple{60, 6, std::uint64_t{16538419326984251203ULL}},
+        std::tuple{64, 6, std::uint64_t{17066721076291878863ULL}},
+        std::tuple{256, 8, std::uint64_t{4213244406929108469ULL}},
+        std::tuple{16, 8, std::uint64_t{8673072519657067493ULL}},
         std::tuple{128, 1, std::uint64_t{14675930596622967015ULL}},
         std::tuple{8, 8, std::uint64_t{6536472569978745315ULL}},
-        std::tuple{512, 10, std::uint64_t{9237695075821733491ULL}}}) {
+        std::tuple{512, 10, std::uint64_t{6514757862609444637ULL}}}) {
     RouterConfig c = qwen3_router();
     c.num_experts = experts;
     c.topk = topk;
