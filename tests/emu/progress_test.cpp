@@ -3,10 +3,23 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <sstream>
+#include <string>
 
 namespace nodeemu::emu {
 namespace {
+
+// What a run of `iterations` iterations of `parts` steps each logs (stderr not a terminal) when
+// its first `steps` steps are done, step s taking seconds(s) on its clock.
+std::string log_of(int iterations, int parts, int steps,
+                   const std::function<double(int)>& seconds) {
+  std::ostringstream os;
+  double now = 0;
+  Progress p(&os, false, iterations, parts, [&] { return now; });
+  for (int s = 0; s < steps; ++s) now += seconds(s), p.part_done(0);
+  return os.str();
+}
 
 // Not a terminal (a log file, CI): one line per iteration and nothing rewritten in place.
 TEST(Progress, ALogGetsOneLinePerIteration) {
@@ -42,13 +55,9 @@ TEST(Progress, ATerminalSeesTheStepsInsideAnIteration) {
 // A run projected past a minute says so once, as soon as 10 % of the steps and two seconds give
 // an estimate, whether or not stderr is a terminal.
 TEST(Progress, ALongRunSaysHowLongUpFront) {
-  std::ostringstream os;
-  double now = 0;
-  Progress p(&os, false, 10, 4, [&] { return now; });
-  for (int s = 0; s < 3; ++s) now += 3, p.part_done(0);
-  EXPECT_EQ(os.str(), "") << "7.5 % of the steps: too early to say";
-  now += 3, p.part_done(0);
-  EXPECT_EQ(os.str(),
+  const auto three_seconds = [](int) { return 3.0; };
+  EXPECT_EQ(log_of(10, 4, 3, three_seconds), "") << "7.5 % of the steps: too early to say";
+  EXPECT_EQ(log_of(10, 4, 4, three_seconds),
             "nodeemu: this run will take about 2 min of wall time (10 % of every rank's "
             "micro-batch steps in 12 s)\n");
 }
@@ -58,22 +67,14 @@ TEST(Progress, ALongRunSaysHowLongUpFront) {
 // first 2 % of 1,000 steps take 1 s each, the rest 0.05 s: 69 s in all. The mean pace at 10 %
 // (100 steps, 24 s) would say 240 s; the later three quarters' says 69 s.
 TEST(Progress, TheEstimateIsThePaceOfTheLaterThreeQuarters) {
-  std::ostringstream os;
-  double now = 0;
-  Progress p(&os, false, 1, 1000, [&] { return now; });
-  for (int s = 0; s < 100; ++s) now += s < 20 ? 1.0 : 0.05, p.part_done(0);
-  EXPECT_EQ(os.str(),
+  EXPECT_EQ(log_of(1, 1000, 100, [](int s) { return s < 20 ? 1.0 : 0.05; }),
             "nodeemu: this run will take about 69 s of wall time (10 % of every rank's "
             "micro-batch steps in 24 s)\n");
 }
 
 // Not a terminal, a long run: a progress line a minute, as new lines (a log has no "in place").
 TEST(Progress, ALogOfALongRunGetsALineAMinute) {
-  std::ostringstream os;
-  double now = 0;
-  Progress p(&os, false, 1, 100, [&] { return now; });
-  for (int s = 0; s < 100; ++s) now += 3, p.part_done(0);
-  EXPECT_EQ(os.str(),
+  EXPECT_EQ(log_of(1, 100, 100, [](int) { return 3.0; }),
             "nodeemu: this run will take about 5 min of wall time (10 % of every rank's "
             "micro-batch steps in 30 s)\n"
             "iter 1/1: 30 % of its micro-batch steps, 90 s, about 4 min left\n"
