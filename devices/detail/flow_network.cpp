@@ -14,6 +14,7 @@ int FlowNetwork::add_link(std::string name, double bytes_per_s, std::vector<int>
     if (static_cast<std::size_t>(d) >= hbm_traffic_.size()) {
       hbm_traffic_.resize(static_cast<std::size_t>(d) + 1, 0.0);
       hbm_next_.resize(static_cast<std::size_t>(d) + 1, 0.0);
+      hbm_seen_.resize(static_cast<std::size_t>(d) + 1, 0);
     }
   }
   links_.push_back({std::move(name), bytes_per_s / static_cast<double>(kPicosPerSecond),
@@ -30,7 +31,14 @@ double FlowNetwork::hbm_traffic(int device) const {
 void FlowNetwork::account_hbm() {
   // Only the devices some flow touches, now or at the last accounting, are looked at: like the
   // re-share, this stays independent of the fabric's size.
+  // Each device once in the scratch (its stamp says whether this accounting has it), so the
+  // sort below orders the distinct devices, not one entry per flow and link.
   hbm_scratch_.clear();
+  ++hbm_epoch_;
+  const auto visit = [&](int d) {
+    std::uint64_t& seen = hbm_seen_[static_cast<std::size_t>(d)];
+    if (seen != hbm_epoch_) seen = hbm_epoch_, hbm_scratch_.push_back(d);
+  };
   for (const Flow& f : flows_)
     for (auto& [link, c] : f.coef) {
       const Link& l = links_[static_cast<std::size_t>(link)];
@@ -38,12 +46,11 @@ void FlowNetwork::account_hbm() {
       const double each = f.rate * c / static_cast<double>(l.hbm_devices.size());
       for (int d : l.hbm_devices) {
         hbm_next_[static_cast<std::size_t>(d)] += each;
-        hbm_scratch_.push_back(d);
+        visit(d);
       }
     }
-  hbm_scratch_.insert(hbm_scratch_.end(), hbm_touched_.begin(), hbm_touched_.end());
+  for (int d : hbm_touched_) visit(d);
   std::sort(hbm_scratch_.begin(), hbm_scratch_.end());
-  hbm_scratch_.erase(std::unique(hbm_scratch_.begin(), hbm_scratch_.end()), hbm_scratch_.end());
   hbm_changed_.clear();
   hbm_touched_.clear();
   for (int d : hbm_scratch_) {

@@ -77,9 +77,12 @@ class FlowNetwork {
   std::vector<int> local_of_link_;
   std::vector<int> used_links_;
   // HBM traffic by device (indexed by device; grown by add_link), the devices with traffic as
-  // of the last accounting, and account_hbm()'s scratch (all zero between calls).
+  // of the last accounting, and account_hbm()'s scratch (all zero between calls) with each
+  // device's stamp: the accounting that last put it in the scratch.
   std::vector<double> hbm_traffic_, hbm_next_;
   std::vector<int> hbm_touched_, hbm_changed_, hbm_scratch_;
+  std::vector<std::uint64_t> hbm_seen_;
+  std::uint64_t hbm_epoch_ = 0;
 };
 
 }  // namespace nodeemu::detail
