@@ -20,6 +20,7 @@ int FlowNetwork::add_link(std::string name, double bytes_per_s, std::vector<int>
   links_.push_back({std::move(name), bytes_per_s / static_cast<double>(kPicosPerSecond),
                     std::move(hbm_devices)});
   local_of_link_.push_back(-1);
+  link_mark_.push_back(0);
   return static_cast<int>(links_.size()) - 1;
 }
 
@@ -86,7 +87,7 @@ bool FlowNetwork::start(FlowId id, std::vector<LinkLoad> loads, VTime now) {
   for (auto& c : f.coef) c.second /= most;
   f.remaining = most;
   flows_.push_back(std::move(f));
-  reshare(now);
+  reshare(now, flows_.back().coef);
   return true;
 }
 
@@ -99,26 +100,55 @@ bool FlowNetwork::current(FlowId id, std::uint32_t version) const {
 void FlowNetwork::finish(FlowId id, VTime now) {
   auto it = std::find_if(flows_.begin(), flows_.end(), [&](const Flow& f) { return f.id == id; });
   NE_CHECK(it != flows_.end(), "a flow finished that was not flowing");
+  const std::vector<std::pair<int, double>> freed = std::move(it->coef);
   flows_.erase(it);
   completions_.clear();
   if (!flows_.empty())
-    reshare(now);
+    reshare(now, freed);
   else
     account_hbm();
 }
 
-void FlowNetwork::reshare(VTime now) {
-  for (Flow& f : flows_) {
-    f.remaining -= static_cast<double>(now - f.last_update) * f.rate;
-    if (f.remaining < 0) f.remaining = 0;
-    f.last_update = now;
+void FlowNetwork::mark_affected(const std::vector<std::pair<int, double>>& changed) {
+  // The flows linked to the changed links through shared links, transitively: the component of
+  // the sharing graph a start or finish touches. Max-min fairness is decided per component (a
+  // flow's rate depends only on the links it crosses and the flows on them), so the others
+  // keep their rates and completions.
+  ++link_epoch_;
+  for (auto& [link, c] : changed) link_mark_[static_cast<std::size_t>(link)] = link_epoch_;
+  affected_.assign(flows_.size(), 0);
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (std::size_t f = 0; f < flows_.size(); ++f) {
+      if (affected_[f]) continue;
+      const auto& coef = flows_[f].coef;
+      const bool touches = std::any_of(coef.begin(), coef.end(), [&](const auto& lc) {
+        return link_mark_[static_cast<std::size_t>(lc.first)] == link_epoch_;
+      });
+      if (!touches) continue;
+      affected_[f] = 1;
+      grew = true;
+      for (auto& [link, c] : coef) link_mark_[static_cast<std::size_t>(link)] = link_epoch_;
+    }
+  }
+}
+
+void FlowNetwork::reshare(VTime now, const std::vector<std::pair<int, double>>& changed) {
+  mark_affected(changed);
+  sharing_.clear();
+  for (std::size_t f = 0; f < flows_.size(); ++f)
+    if (affected_[f]) sharing_.push_back(&flows_[f]);
+  for (Flow* f : sharing_) {
+    f->remaining -= static_cast<double>(now - f->last_update) * f->rate;
+    if (f->remaining < 0) f->remaining = 0;
+    f->last_update = now;
   }
   // Only the links some flow crosses take part: a link nobody loads never fills and never
   // freezes a flow, so leaving it out changes no rate (and keeps a re-share independent of the
   // fabric's size: thousands of links at 1,024 GPUs).
   used_links_.clear();
-  for (const Flow& f : flows_)
-    for (auto& [link, c] : f.coef)
+  for (const Flow* f : sharing_)
+    for (auto& [link, c] : f->coef)
       if (local_of_link_[static_cast<std::size_t>(link)] < 0) {
         local_of_link_[static_cast<std::size_t>(link)] = static_cast<int>(used_links_.size());
         used_links_.push_back(link);
@@ -128,7 +158,7 @@ void FlowNetwork::reshare(VTime now) {
   };
   // Max-min fairness by progressive filling: raise every unfrozen flow's rate together until a
   // link fills, freeze the flows through it, repeat.
-  const std::size_t n = flows_.size(), m = used_links_.size();
+  const std::size_t n = sharing_.size(), m = used_links_.size();
   std::vector<double> x(n, 0), residual(m), demand(m);
   std::vector<char> frozen(n, 0);
   for (std::size_t l = 0; l < m; ++l)
@@ -137,7 +167,7 @@ void FlowNetwork::reshare(VTime now) {
     std::fill(demand.begin(), demand.end(), 0.0);
     for (std::size_t f = 0; f < n; ++f)
       if (!frozen[f])
-        for (auto& [link, c] : flows_[f].coef) demand[local(link)] += c;
+        for (auto& [link, c] : sharing_[f]->coef) demand[local(link)] += c;
     double delta = INFINITY;
     for (std::size_t l = 0; l < m; ++l)
       if (demand[l] > 0) delta = std::min(delta, residual[l] / demand[l]);
@@ -146,7 +176,7 @@ void FlowNetwork::reshare(VTime now) {
     for (std::size_t f = 0; f < n; ++f) {
       if (frozen[f]) continue;
       x[f] += delta;
-      for (auto& [link, c] : flows_[f].coef) {
+      for (auto& [link, c] : sharing_[f]->coef) {
         const std::size_t g = static_cast<std::size_t>(link);
         if (residual[local(link)] <= 1e-9 * links_[g].bytes_per_ps) {
           frozen[f] = 1;
@@ -159,7 +189,7 @@ void FlowNetwork::reshare(VTime now) {
   for (int link : used_links_) local_of_link_[static_cast<std::size_t>(link)] = -1;
   completions_.clear();
   for (std::size_t f = 0; f < n; ++f) {
-    Flow& flow = flows_[f];
+    Flow& flow = *sharing_[f];
     flow.rate = x[f];
     ++flow.version;
     const double left = std::ceil(flow.remaining / flow.rate);

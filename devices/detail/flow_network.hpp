@@ -2,8 +2,9 @@
 // TCP corrections). A link is one direction of an NVLink port or of a NIC; a flow is the transfer
 // of one multi-party operation, carrying the summed bytes of its parties over the links they
 // load. Flows share every link max-min fairly: a flow alone runs at the pace of its most loaded
-// link, flows crossing one link share its bandwidth. Every start and end re-shares, and the flows
-// whose rate changed are re-timed.
+// link, flows crossing one link share its bandwidth. Every start and end re-shares the flows that
+// share links with it, directly or through other flows, and re-times them; the others keep
+// their rates (max-min fairness is decided per component of the sharing graph).
 #pragma once
 
 #include <cstdint>
@@ -66,7 +67,10 @@ class FlowNetwork {
     VTime last_update = 0;
     std::uint32_t version = 0;
   };
-  void reshare(VTime now);
+  // Re-shares the flows that share links, directly or through others, with `changed` (the
+  // links of the flow that started or finished) and re-times them; the rest keep their rates.
+  void reshare(VTime now, const std::vector<std::pair<int, double>>& changed);
+  void mark_affected(const std::vector<std::pair<int, double>>& changed);
   void account_hbm();
 
   std::vector<Link> links_;
@@ -76,6 +80,12 @@ class FlowNetwork {
   // each link's index among them (-1: none crosses it).
   std::vector<int> local_of_link_;
   std::vector<int> used_links_;
+  // mark_affected()'s scratch: each link's stamp (the re-share that last reached it), which
+  // flows the re-share takes (by index in flows_), and those flows in start order.
+  std::vector<std::uint64_t> link_mark_;
+  std::uint64_t link_epoch_ = 0;
+  std::vector<char> affected_;
+  std::vector<Flow*> sharing_;
   // HBM traffic by device (indexed by device; grown by add_link), the devices with traffic as
   // of the last accounting, and account_hbm()'s scratch (all zero between calls) with each
   // device's stamp: the accounting that last put it in the scratch.
