@@ -53,6 +53,27 @@ TEST(FlowNetwork, FlowsOnOneLinkShareItAndAnEndRetimesTheRest) {
   EXPECT_FALSE(n.current(1, n.completions().front().version));
 }
 
+// A start or an end re-times only the flows that share links with it, directly or through
+// others: flows elsewhere in the fabric (another pipeline stage's all-to-all on other nodes) keep
+// their rates and completions. Here 3 shares b with 2, and 2 shares a with 1, so starting 3
+// re-times all three; 4 on its own link d is left alone, and so is everything when 4 ends.
+TEST(FlowNetwork, AStartOrEndRetimesOnlyTheFlowsLinkedToIt) {
+  FlowNetwork n;
+  const int a = n.add_link("a", 10 * kBytesPerPs), b = n.add_link("b", 10 * kBytesPerPs);
+  const int c = n.add_link("c", 10 * kBytesPerPs), d = n.add_link("d", 10 * kBytesPerPs);
+  ASSERT_TRUE(n.start(4, {{d, 100}}, 0));
+  ASSERT_TRUE(n.start(1, {{a, 100}}, 0));
+  EXPECT_EQ(completions(n), (std::map<FlowNetwork::FlowId, VTime>{{1, 10}}));
+  ASSERT_TRUE(n.start(2, {{a, 100}, {b, 100}}, 0));
+  EXPECT_EQ(completions(n), (std::map<FlowNetwork::FlowId, VTime>{{1, 20}, {2, 20}}));
+  ASSERT_TRUE(n.start(3, {{b, 100}, {c, 50}}, 0));
+  // b: 2 and 3 at 5 B/ps each; a: 1 takes the 5 that 2 leaves.
+  EXPECT_EQ(completions(n), (std::map<FlowNetwork::FlowId, VTime>{{1, 20}, {2, 20}, {3, 20}}));
+  n.finish(4, 10);
+  EXPECT_TRUE(n.completions().empty());
+  EXPECT_EQ(n.flowing(), 3u);
+}
+
 // Max-min fairness (progressive filling): link y (4 B/ps) is shared by B and C, which get 2
 // each; A, alone with B on x (10 B/ps), takes what B leaves there, 8.
 TEST(FlowNetwork, SharesMaxMinFairly) {
