@@ -2,12 +2,13 @@
 // tokens, drawn from the central limit of the token-by-token draw.
 //
 // Why: the exact draws (layers/detail/uniform_subset_draw.hpp, group_limited_draw.hpp) go token
-// by token: ~50 ns a token plain and ~0.6 us group-limited. A full DeepSeek-V3 step routes ~1 G
-// tokens through its MoE layers, and the draw was ~75 % of that step's wall time (bench/README,
-// "Where a DeepSeek-V3 layout's wall time goes"). The timeline reads only each expert's count
-// for the micro-batch: a sum over T iid tokens of each token's 0/1 picks. For many tokens that
-// sum is normal, with T times the per-token mean and covariance, and those follow from the
-// router's symmetries (the experts of a group are exchangeable, and so are the groups):
+// by token: ~15 ns a token plain and ~0.9 us group-limited. A full DeepSeek-V3 step routes ~2 G
+// tokens through its MoE layers: the draw was ~30 % of that step's wall time and ~75 % of a
+// 128-GPU layout's (bench/README, "The central-limit routing draw"). The timeline reads only
+// each expert's count for the micro-batch: a sum over T iid tokens of each token's 0/1 picks.
+// For many tokens that sum is normal, with T times the per-token mean and covariance, and those
+// follow from the router's symmetries (the experts of a group are exchangeable, and so are the
+// groups):
 //   - every expert is picked with p = k / E;
 //   - a group's share S of a token's k picks has E[S] = k / G and E[S^2] (k^2 with no groups;
 //     group_picks_second_moment under a group limit);
