@@ -18,22 +18,13 @@
 #include "layers/detail/splitmix64.hpp"
 #include "layers/detail/uniform_subset_draw.hpp"
 #include "layers/router_config.hpp"
+#include "tests/layers/router_support.hpp"
 
 namespace nodeemu::layers {
 namespace {
 
 using Counts = std::vector<std::int64_t>;
 using Draw = std::function<Counts(std::uint64_t)>;
-
-RouterConfig deepseek_router() {
-  RouterConfig c;
-  c.num_experts = 256;
-  c.topk = 8;
-  c.num_groups = 8;
-  c.group_topk = 4;
-  c.score = ScoreFunction::Sigmoid;
-  return c;
-}
 
 struct Summary {
   double mean = 0, sd = 0, standard_error = 0;
@@ -138,7 +129,7 @@ TEST(CentralLimitCounts, PlainTopKDrawsLikeTheExactDraw) {
 // DeepSeek-V3's group-limited router, blocks of 32 experts: a group, and an EP8 rank's experts.
 // Blocks of 4 (an EP64 rank's) too, where the busiest of 64 is the tail that matters.
 TEST(CentralLimitCounts, GroupLimitedTopKDrawsLikeTheExactDraw) {
-  const RouterConfig c = deepseek_router();
+  const RouterConfig c = testing::deepseek_v3_router();
   const detail::TokenPickMoments m{
       .experts = 256,
       .topk = 8,
@@ -166,7 +157,7 @@ TEST(CentralLimitCounts, GroupLimitedTopKDrawsLikeTheExactDraw) {
 // hypergeometric, whose E[S^2] is known: the moment's estimate finds it within 1 %. And the
 // estimate for DeepSeek-V3's router moves by less than 0.5 % from one stream to another.
 TEST(CentralLimitCounts, TheGroupMomentIsTheRoutersOwn) {
-  RouterConfig open = deepseek_router();
+  RouterConfig open = testing::deepseek_v3_router();
   open.group_topk = open.num_groups;
   const double k = 8, E = 256, n = 32;
   const double variance = k * (n / E) * (1 - n / E) * (E - k) / (E - 1);
@@ -174,7 +165,8 @@ TEST(CentralLimitCounts, TheGroupMomentIsTheRoutersOwn) {
   EXPECT_NEAR(detail::group_picks_second_moment(open, 1 << 16, 3) / exact, 1.0, 0.01);
   std::vector<double> estimates;
   for (std::uint64_t s : {1ULL, 2ULL, 3ULL, 4ULL, 5ULL})
-    estimates.push_back(detail::group_picks_second_moment(deepseek_router(), 1 << 16, s));
+    estimates.push_back(
+        detail::group_picks_second_moment(testing::deepseek_v3_router(), 1 << 16, s));
   const auto [lo, hi] = std::minmax_element(estimates.begin(), estimates.end());
   EXPECT_LT(*hi / *lo - 1, 0.005);
   // The limit concentrates the picks: E[S^2] above the unlimited router's (2.34 against 1.85).

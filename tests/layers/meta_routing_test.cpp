@@ -12,6 +12,7 @@
 
 #include "devices/worker_pool.hpp"
 #include "layers/meta_routing.hpp"
+#include "tests/layers/router_support.hpp"
 
 namespace nodeemu::layers {
 namespace {
@@ -225,13 +226,7 @@ TEST(MetaRouting, ForcedDrawsArePinned) {
 // (GroupLimitedDraw.DrawsAreDistributedAsTheRouterOnDrawnLogits, group_limited_draw_test.cpp);
 // every meta timeline of a group-limited recipe moved with it.
 TEST(MetaRouting, GroupLimitedForcedDrawsArePinned) {
-  RouterConfig c;
-  c.num_experts = 256;
-  c.topk = 8;
-  c.num_groups = 8;
-  c.group_topk = 4;
-  c.score = ScoreFunction::Sigmoid;
-  c.topk_scaling_factor = 2.5;
+  const RouterConfig c = testing::deepseek_v3_router();
   const RoutingKey key{.layer = 3, .iteration = 1, .microbatch = 7, .ep_rank = 2, .tokens = 1024};
   EXPECT_EQ(digest(MetaRouting::forced(c, 1234)->counts(key)),
             std::uint64_t{5266740870249086345ULL});
