@@ -230,6 +230,10 @@ std::shared_ptr<const std::vector<std::int64_t>> MetaRouting::group_counts(Routi
   // As the memo: ranks are at most an iteration apart, so older matrices are nobody's.
   groups_.erase(groups_.begin(), groups_.lower_bound(GroupKey{key.iteration - 1, 0, 0, 0, 0}));
   groups_[gk] = all;
+  // The matrix holds the group's counts now, so the memo's copies go: an iteration's draws are
+  // not all held to its end (~0.5 GB of a full DeepSeek-V3 step). A group asked for again after
+  // its matrix is released is drawn again: the same counts.
+  for (key.ep_rank = 0; key.ep_rank < ep_ranks; ++key.ep_rank) memo_.erase(memo_key(key));
   // A rank plans a micro-batch's layers together, one ask after another, and the next
   // micro-batch only after this one's work: so the same layer's group for the next micro-batch
   // is drawn meanwhile (after an iteration's last micro-batch that is a group nobody asks for).

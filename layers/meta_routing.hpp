@@ -102,8 +102,8 @@ class MetaRouting : public std::enable_shared_from_this<MetaRouting> {
 
  private:
   // Ordered by iteration first, so that finished iterations drop off the front. In 32 bits (a
-  // count is at most the micro-batch's tokens): an iteration's draws stay until the next one,
-  // ~50 k of them for Qwen3's step, and at 64 bits they were 50 MB faulted in.
+  // count is at most the micro-batch's tokens). A group's draws leave once group_counts has
+  // built its matrix; those counts() drew stay until the next iteration.
   using MemoKey =
       std::tuple<int, int, int, int, std::int64_t>;  // iteration, layer, mb, rank, tokens
   using Memo = std::map<MemoKey, std::vector<std::uint32_t>>;
