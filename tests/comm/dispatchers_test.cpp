@@ -38,15 +38,15 @@ float x_of(int rank, int t, int j) {
   return j == 0 ? float(rank) : j == 1 ? float(t) : float(rank * 1000 + t) + 0.001f * float(j);
 }
 
-struct Case {
+struct DispatchCase {
   int ranks;
   bool async;
 };
-std::string case_name(const ::testing::TestParamInfo<Case>& i) {
+std::string dispatch_case_name(const ::testing::TestParamInfo<DispatchCase>& i) {
   return std::to_string(i.param.ranks) + "ranks_" + (i.param.async ? "async" : "sync");
 }
 
-class Dispatchers : public ::testing::TestWithParam<Case> {
+class Dispatchers : public ::testing::TestWithParam<DispatchCase> {
  public:
   int n = GetParam().ranks;
   bool async = GetParam().async;
@@ -231,9 +231,10 @@ TEST_P(Dispatchers, HybridEpWithACapacityBudgetNeedsNoHostSync) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Dispatchers,
-                         ::testing::Values(Case{2, false}, Case{4, true}, Case{8, false},
-                                           Case{8, true}, Case{16, false}, Case{16, true}),
-                         case_name);
+                         ::testing::Values(DispatchCase{2, false}, DispatchCase{4, true},
+                                           DispatchCase{8, false}, DispatchCase{8, true},
+                                           DispatchCase{16, false}, DispatchCase{16, true}),
+                         dispatch_case_name);
 
 TEST(AlltoallSyncPoint, TheHostBlocksOnTheCountsUnlessDropAndPad) {
   for (bool pad : {false, true}) {

@@ -15,17 +15,17 @@ namespace {
 
 using testing::us;
 
-struct Span {
+struct HostSpan {
   VTime start, end;
 };
 
 // The calibration set: the figures below are its tables' rows.
-std::shared_ptr<const NodeTopology> h100() {
+std::shared_ptr<const NodeTopology> calibrated_h100() {
   return testing::calibration_h100();
 }
 
-std::map<std::string, Span> spans(const Node& node) {
-  std::map<std::string, Span> out;
+std::map<std::string, HostSpan> spans(const Node& node) {
+  std::map<std::string, HostSpan> out;
   for (const auto& r : node.trace().ops()) out[r.name] = {r.start, r.end};
   return out;
 }
@@ -41,7 +41,7 @@ const KernelShape kGemm = KernelShape::gemm(GemmLayout::NT, 8192, 8192, 2048);
 const KernelShape kCopy = KernelShape::memory(MemoryOp::Copy);
 
 TEST(HostCosts, AnEagerHostLeavesTheGpuIdleBetweenShortKernels) {
-  auto topo = h100();
+  auto topo = calibrated_h100();
   Node node(testing::options(topo));
   Stream s = node.device(0).default_stream();
   for (int i = 0; i < 10; ++i)
@@ -61,7 +61,7 @@ TEST(HostCosts, AnEagerHostLeavesTheGpuIdleBetweenShortKernels) {
 }
 
 TEST(HostCosts, AGraphReplayClosesTheGaps) {
-  auto topo = h100();
+  auto topo = calibrated_h100();
   Node node(testing::options(topo));
   Stream s = node.device(0).default_stream();
   {
@@ -78,7 +78,7 @@ TEST(HostCosts, AGraphReplayClosesTheGaps) {
 }
 
 TEST(HostCosts, ASmallReadBackCostsWhatWasMeasured) {
-  auto topo = h100();
+  auto topo = calibrated_h100();
   Node node(testing::options(topo));
   Device& dev = node.device(0);
   Buffer counts = dev.allocate(1024);
@@ -98,7 +98,7 @@ TEST(HostCosts, ASmallReadBackCostsWhatWasMeasured) {
 }
 
 TEST(Contention, AMemoryBoundKernelBesideAGemmSlowsBothAsMeasured) {
-  Node node(testing::options(h100()));
+  Node node(testing::options(calibrated_h100()));
   Device& dev = node.device(0);
   Stream a = dev.default_stream(), b = dev.create_stream(Priority::Normal, "b");
   Event go;
@@ -121,7 +121,7 @@ TEST(Contention, AMemoryBoundKernelBesideAGemmSlowsBothAsMeasured) {
 }
 
 TEST(Contention, PcieCopiesCostAGemmTwoPercentAndShareTheDuplexRate) {
-  Node node(testing::options(h100(), 8, 1, Mode::Meta));
+  Node node(testing::options(calibrated_h100(), 8, 1, Mode::Meta));
   Device& dev = node.device(0);
   Stream a = dev.default_stream(), up = dev.create_stream(Priority::Normal, "up"),
          down = dev.create_stream(Priority::Normal, "down");

@@ -97,14 +97,14 @@ TEST(NumaAllocate, MissingNodeIsHostErrorAndSilent) {
   ASSERT_FALSE(node_exists(node));
   for (bool pinned : {false, true}) {
     std::string message;
-    testing::internal::CaptureStderr();
+    ::testing::internal::CaptureStderr();
     try {
       Placement p = pinned ? allocate_pinned_on_node(kPage, node) : allocate_on_node(kPage, node);
       release(p);
     } catch (const HostError& e) {
       message = e.what();
     }
-    const std::string err = testing::internal::GetCapturedStderr();
+    const std::string err = ::testing::internal::GetCapturedStderr();
     EXPECT_EQ(err, "");
     EXPECT_NE(message.find("node " + std::to_string(node) + " does not exist"), std::string::npos)
         << "pinned=" << pinned << ": " << message;
@@ -114,9 +114,9 @@ TEST(NumaAllocate, MissingNodeIsHostErrorAndSilent) {
 TEST(NumaAllocate, LibnumaWarningsAreCapturedNotPrinted) {
   if (!available()) GTEST_SKIP() << "libnuma is not usable here";
   // Straight to libnuma, bypassing the node check: this is the call that complains.
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   void* raw = numa_alloc_onnode(kPage, missing_node());
-  const std::string err = testing::internal::GetCapturedStderr();
+  const std::string err = ::testing::internal::GetCapturedStderr();
   if (raw != nullptr) numa_free(raw, kPage);
   EXPECT_EQ(err, "");
   EXPECT_NE(last_warning().find("mbind"), std::string::npos) << last_warning();

@@ -19,22 +19,23 @@ namespace {
 using testing::recipe_path;
 using testing::tiny;
 
-RunReport run(const std::vector<std::string>& overrides, int iterations = 1) {
+RunReport run_choices(const std::vector<std::string>& overrides, int iterations = 1) {
   return train(tiny(overrides), {.iterations = iterations});
 }
 
 TEST(KernelChoices, EachKeyChangesTheTimelineNotTheNumerics) {
-  const RunReport base = run({});
+  const RunReport base = run_choices({});
   ASSERT_TRUE(base.numerics_hash);
   for (const char* key : {"model.moe_permute_fusion=true", "model.bias_activation_fusion=true",
                           "model.apply_rope_fusion=true", "model.moe_grouped_gemm=false",
                           "model.attention_backend=unfused", "model.moe_router_dtype=fp32"}) {
     SCOPED_TRACE(key);
-    const RunReport r = run({key});
+    const RunReport r = run_choices({key});
     EXPECT_NE(r.timeline_hash, base.timeline_hash);
     EXPECT_EQ(r.numerics_hash, base.numerics_hash);
   }
-  const RunReport local = run({"model.transformer_impl=local", "model.moe_grouped_gemm=false"});
+  const RunReport local =
+      run_choices({"model.transformer_impl=local", "model.moe_grouped_gemm=false"});
   EXPECT_NE(local.timeline_hash, base.timeline_hash);
   EXPECT_EQ(local.numerics_hash, base.numerics_hash);
 }
@@ -43,8 +44,8 @@ TEST(KernelChoices, EachKeyChangesTheTimelineNotTheNumerics) {
 // per iteration: across optimizer steps the grouped path must still give the plain path's bits
 // (a copy kept from the previous iteration would not).
 TEST(KernelChoices, TheKeptExpertWeightCopyFollowsTheOptimizerAcrossIterations) {
-  const RunReport grouped = run({}, 3);
-  const RunReport plain = run({"model.moe_grouped_gemm=false"}, 3);
+  const RunReport grouped = run_choices({}, 3);
+  const RunReport plain = run_choices({"model.moe_grouped_gemm=false"}, 3);
   ASSERT_TRUE(grouped.numerics_hash);
   EXPECT_EQ(grouped.numerics_hash, plain.numerics_hash);
 }
@@ -100,34 +101,35 @@ TEST(KernelChoices, TheOutputLayersFp32GradientTakesABf16Gemm) {
 }
 
 TEST(KernelChoices, FusionsLaunchFewerKernels) {
-  const RunReport unfused = run({});
+  const RunReport unfused = run_choices({});
   const RunReport fused =
-      run({"model.moe_permute_fusion=true", "model.bias_activation_fusion=true",
-           "model.apply_rope_fusion=true", "model.gradient_accumulation_fusion=true"});
+      run_choices({"model.moe_permute_fusion=true", "model.bias_activation_fusion=true",
+                   "model.apply_rope_fusion=true", "model.gradient_accumulation_fusion=true"});
   EXPECT_LT(fused.device_ops, unfused.device_ops);
 }
 
 TEST(KernelChoices, UnfusedAttentionKeepsItsProbabilitiesForBackward) {
-  const RunReport fused = run({}), unfused = run({"model.attention_backend=unfused"});
+  const RunReport fused = run_choices({}),
+                  unfused = run_choices({"model.attention_backend=unfused"});
   // 4 heads x 64 x 64 bf16 per micro-batch and layer, held from forward to backward.
   EXPECT_GT(unfused.devices[0].peak_mem_bytes, fused.devices[0].peak_mem_bytes);
 }
 
 TEST(KernelChoices, GradientAccumulationFusionChangesTheBitsAndSchedulesStillAgree) {
-  const RunReport fused = run({"model.gradient_accumulation_fusion=true"}, 2);
-  const RunReport unfused = run({"model.gradient_accumulation_fusion=false"}, 2);
+  const RunReport fused = run_choices({"model.gradient_accumulation_fusion=true"}, 2);
+  const RunReport unfused = run_choices({"model.gradient_accumulation_fusion=false"}, 2);
   EXPECT_NE(fused.numerics_hash, unfused.numerics_hash);  // bf16 grads, then fp32 accumulation
-  const RunReport overlapped = run({"model.gradient_accumulation_fusion=false",
-                                    "comm_overlap.overlap_moe_expert_parallel_comm=true",
-                                    "comm_overlap.delay_wgrad_compute=true"},
-                                   2);
+  const RunReport overlapped = run_choices({"model.gradient_accumulation_fusion=false",
+                                            "comm_overlap.overlap_moe_expert_parallel_comm=true",
+                                            "comm_overlap.delay_wgrad_compute=true"},
+                                           2);
   EXPECT_EQ(overlapped.numerics_hash, unfused.numerics_hash);
 }
 
 TEST(KernelChoices, CudaGraphsChangeTheRunNotTheNumerics) {
-  const RunReport eager = run({});
-  const RunReport scoped = run({"model.cuda_graph_impl=transformer_engine",
-                                "model.cuda_graph_scope=[attn,moe_router,moe_preprocess]"});
+  const RunReport eager = run_choices({});
+  const RunReport scoped = run_choices({"model.cuda_graph_impl=transformer_engine",
+                                        "model.cuda_graph_scope=[attn,moe_router,moe_preprocess]"});
   EXPECT_LT(scoped.step_time_s, eager.step_time_s);  // the tiny recipe is host-bound
   EXPECT_EQ(scoped.numerics_hash, eager.numerics_hash);
   const std::vector<std::string> padded = {"model.moe_pad_expert_input_to_capacity=true",
@@ -135,7 +137,7 @@ TEST(KernelChoices, CudaGraphsChangeTheRunNotTheNumerics) {
   auto full = padded;
   full.push_back("model.cuda_graph_impl=local");
   full.push_back("model.cuda_graph_scope=[full_iteration]");
-  const RunReport whole = run(full), padded_eager = run(padded);
+  const RunReport whole = run_choices(full), padded_eager = run_choices(padded);
   EXPECT_LT(whole.step_time_s, padded_eager.step_time_s);
   EXPECT_EQ(whole.numerics_hash, padded_eager.numerics_hash);
 }
@@ -160,7 +162,7 @@ TEST(KernelChoices, EveryShippedRecipeIsPricedFromTables) {
               std::string::npos)
         << rep.gpu_profile;
   }
-  const RunReport functional = run({});
+  const RunReport functional = run_choices({});
   EXPECT_TRUE(functional.unpriced_kernels.empty());
 }
 

@@ -15,7 +15,9 @@
 #include "emu/training.hpp"
 #include "tests/emu/emu_test_support.hpp"
 
-namespace nodeemu::emu {
+// A namespace of its own: a unity build puts this file beside overlap_grad_reduce_test.cpp,
+// whose helpers have the same names.
+namespace nodeemu::emu::param_gather {
 namespace {
 
 using testing::tiny;
@@ -153,4 +155,4 @@ TEST(OverlapParamGather, OneHardwareQueueHidesNextToNothing) {
 }
 
 }  // namespace
-}  // namespace nodeemu::emu
+}  // namespace nodeemu::emu::param_gather

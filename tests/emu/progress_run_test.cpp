@@ -39,15 +39,15 @@ TEST(ProgressRun, AScaledDownDeepSeekV3SaysItsEndWithin30Percent) {
       {"nodes=8", "model.pipeline_model_parallel_size=4", "model.expert_model_parallel_size=16",
        "model.num_layers=13", "model.moe_layer_freq=[0,0,0,1,1,1,1,1,1,1,1,1,1]",
        "train.global_batch_size=512"});
-  constexpr double kScale = 150;
+  constexpr double kClockScale = 150;
   std::ostringstream os;
   TrainOptions o;
   o.iterations = 1;
   o.progress = &os;
   const double t0 = cpu_seconds();
-  o.progress_clock = [t0] { return (cpu_seconds() - t0) * kScale; };
+  o.progress_clock = [t0] { return (cpu_seconds() - t0) * kClockScale; };
   train(r, o);
-  const double total = (cpu_seconds() - t0) * kScale;
+  const double total = (cpu_seconds() - t0) * kClockScale;
   const std::string log = os.str();
   SCOPED_TRACE(log + "the run took " + std::to_string(total) + " s on its clock");
 

@@ -11,7 +11,7 @@ using testing::overlap;
 using testing::Rule;
 using testing::Rules;
 
-const Rule kRules[] = {
+const Rule kModelRules[] = {
     // --- multi-latent attention and YaRN ---
     {"mla_keys_need_mla",
      {"model.multi_latent_attention=true", "model.num_query_groups=4", "model.q_lora_rank=24",
@@ -79,7 +79,7 @@ const Rule kRules[] = {
      "modelled)\n"},
 };
 
-INSTANTIATE_TEST_SUITE_P(ValidateModel, Rules, ::testing::ValuesIn(kRules),
+INSTANTIATE_TEST_SUITE_P(ValidateModel, Rules, ::testing::ValuesIn(kModelRules),
                          [](const auto& param_info) { return std::string(param_info.param.name); });
 
 }  // namespace

@@ -24,16 +24,16 @@ using testing::tiny_moe;
 // four layers and their backward. Measured: at most 2e-6 of a tensor's largest entry (the
 // pre-MLP norm's and the router's weights, whose gradients are TP all-reduced sums); 1e-5 is the
 // bound. The loss, summed over 16 tokens of O(log V), is within 1e-5 relative.
-constexpr double kGradTol = 1e-5;
-constexpr double kLossTol = 1e-5;
+constexpr double kTpGradTol = 1e-5;
+constexpr double kTpLossTol = 1e-5;
 
 void expect_close(const StepResult& got, const StepResult& ref) {
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   for (std::size_t r = 0; r < ref.losses.size(); ++r)
-    EXPECT_NEAR(got.losses[r], ref.losses[r], kLossTol * std::abs(ref.losses[r]))
+    EXPECT_NEAR(got.losses[r], ref.losses[r], kTpLossTol * std::abs(ref.losses[r]))
         << "DP rank " << r;
   std::string where;
-  EXPECT_LT(testing::worst_relative(got, ref, &where), kGradTol) << "worst tensor: " << where;
+  EXPECT_LT(testing::worst_relative(got, ref, &where), kTpGradTol) << "worst tensor: " << where;
 }
 
 TEST(TensorParallel, Tp2MatchesTheUnsplitModel) {
