@@ -143,8 +143,9 @@ struct Rendezvous {
   std::vector<OpId> members;
   double alpha_s = 0;           // the largest latency any party asked for
   std::vector<LinkLoad> loads;  // summed over the parties
-  // Its functional plane, from the first party's join (functional mode only).
-  std::optional<FunctionalRendezvous> functional;
+  // Its functional plane, from the first party's join (functional mode only): held by pointer, so
+  // that a meta run's millions of rendezvous do not each keep its room.
+  std::unique_ptr<FunctionalRendezvous> functional;
   // Timing plane: the transfer is a flow of the network (FlowNetwork) while `flowing`.
   bool flowing = false;
   bool complete = false;

@@ -63,7 +63,8 @@ OpId Engine::join_rendezvous(RendezvousId rv, StreamState& s, std::string name, 
 void Engine::join_functional(Rendezvous& r, StreamState& s, OpId id, const EventState* waits,
                              std::vector<std::function<void()>> bodies,
                              std::vector<std::shared_ptr<BufferState>> uses) {
-  if (!r.functional) r.functional.emplace(exec_, r.parties, r.phases, r.label);
+  if (!r.functional)
+    r.functional = std::make_unique<FunctionalRendezvous>(exec_, r.parties, r.phases, r.label);
   Op& op = ops_[id];
   DeviceState& d = devices_[static_cast<size_t>(s.device)];
   op.task = r.functional->join(
@@ -127,6 +128,12 @@ void Engine::finish_rendezvous(RendezvousId rv) {
     schedule_flow_completions();
   }
   for (OpId m : r.members) finish(m);
+  // Nothing reads a complete rendezvous's label, group or members again: reports name only
+  // incomplete ones, and its parties' records went out above. A full DeepSeek-V3 step opens
+  // millions, so their memory goes back now; the slot stays (ids index the deque).
+  std::string().swap(r.label);
+  std::string().swap(r.group);
+  std::vector<OpId>().swap(r.members);
 }
 
 void Engine::set_hang_timeout(double seconds) {
