@@ -42,18 +42,32 @@ VTime overlap(const Intervals& x, const Intervals& y) {
   return t;
 }
 
+// The stored intervals of `sets` that reach into [lo, hi), to be merged.
+template <class... Sets>
+Intervals within(VTime lo, VTime hi, const Sets&... sets) {
+  Intervals out;
+  auto take = [&](const auto& set) {
+    for (const auto& i : set)
+      if (i.first < hi && i.second > lo) out.emplace_back(i.first, i.second);
+  };
+  (take(sets), ...);
+  return out;
+}
+
+VTime picos(double seconds) {
+  return VTime(seconds * double(kPicosPerSecond));
+}
+
 }  // namespace
 
 TimelineStats::TimelineStats(int devices)
-    : work_(static_cast<std::size_t>(devices)),
-      comm_(static_cast<std::size_t>(devices)),
-      kernels_(static_cast<std::size_t>(devices)),
+    : kernels_(static_cast<std::size_t>(devices)),
+      copies_(static_cast<std::size_t>(devices)),
       offload_(static_cast<std::size_t>(devices)),
       recompute_(static_cast<std::size_t>(devices)),
-      comm_by_name_(static_cast<std::size_t>(devices)),
-      comm_by_group_(static_cast<std::size_t>(devices)) {}
+      comm_(static_cast<std::size_t>(devices)) {}
 
-void TimelineStats::add(Intervals& set, VTime start, VTime end) {
+void TimelineStats::add(Kept& set, VTime start, VTime end) {
   // Every measure is of the union of a set (merged() clips and merges), and clipping to a window
   // distributes over a union, so an interval that overlaps or touches the last one kept can
   // become part of it: the figures are exactly those of keeping both. Back-to-back kernels of a
@@ -67,42 +81,60 @@ void TimelineStats::add(Intervals& set, VTime start, VTime end) {
   }
 }
 
+std::uint32_t TimelineStats::id_of(std::unordered_map<std::string, std::uint32_t>& ids,
+                                   std::vector<std::string>& keys, const std::string& key) {
+  auto [it, added] = ids.try_emplace(key, std::uint32_t(keys.size()));
+  if (added) keys.push_back(key);
+  return it->second;
+}
+
 void TimelineStats::on_op(const OpRecord& r) {
-  if (r.end <= r.start || r.device < 0 || r.device >= int(work_.size())) return;
+  if (r.end <= r.start || r.device < 0 || r.device >= int(kernels_.size())) return;
   const std::size_t d = std::size_t(r.device);
   auto starts = [&](const char* prefix) { return r.name && r.name->rfind(prefix, 0) == 0; };
-  if (r.kind == OpKind::Kernel || r.kind == OpKind::Copy) add(work_[d], r.start, r.end);
   // The offload engine names its copies "offload ..." and "reload ...", and selective recompute
   // its kernels "recompute.*".
   if (r.kind == OpKind::Kernel) {
     add(kernels_[d], r.start, r.end);
     if (starts("recompute.")) add(recompute_[d], r.start, r.end);
-  } else if (r.kind == OpKind::Copy && (starts("offload ") || starts("reload "))) {
-    add(offload_[d], r.start, r.end);
+  } else if (r.kind == OpKind::Copy) {
+    add(copies_[d], r.start, r.end);
+    if (starts("offload ") || starts("reload ")) add(offload_[d], r.start, r.end);
   } else if (r.kind == OpKind::Comm) {
-    add(comm_[d], r.start, r.end);
-    if (r.name) add(comm_by_name_[d][*r.name], r.start, r.end);
-    if (r.group) add(comm_by_group_[d][group_kind(*r.group)], r.start, r.end);
+    const std::uint32_t name = r.name ? id_of(name_ids_, names_, *r.name) : kNone;
+    std::uint32_t group = kNone;
+    if (r.group) {
+      // A group's kind is worked out once per group name, not per collective.
+      auto it = group_kind_ids_.find(*r.group);
+      if (it == group_kind_ids_.end())
+        it =
+            group_kind_ids_.emplace(*r.group, id_of(kind_ids_, kinds_, group_kind(*r.group))).first;
+      group = it->second;
+    }
+    comm_[d].push_back({r.start, r.end, name, group});
   }
 }
 
 TimelineStats::Busy TimelineStats::busy(int device, double from_s, double to_s) const {
-  const VTime lo = VTime(from_s * double(kPicosPerSecond)),
-              hi = VTime(to_s * double(kPicosPerSecond));
-  const Intervals w = merged(work_[std::size_t(device)], lo, hi);
-  const Intervals c = merged(comm_[std::size_t(device)], lo, hi);
+  const VTime lo = picos(from_s), hi = picos(to_s);
+  const std::size_t d = std::size_t(device);
+  Intervals comm;
+  for (const CommSpan& c : comm_[d])
+    if (c.start < hi && c.end > lo) comm.emplace_back(c.start, c.end);
+  const Intervals w = merged(within(lo, hi, kernels_[d], copies_[d]), lo, hi);
+  const Intervals c = merged(std::move(comm), lo, hi);
   const double s = 1.0 / double(kPicosPerSecond);
   Busy b;
   b.compute_s = double(measure(w)) * s;
   b.comm_s = double(measure(c)) * s;
-  const Intervals k = merged(kernels_[std::size_t(device)], lo, hi);
+  const Intervals k = merged(within(lo, hi, kernels_[d]), lo, hi);
   // Hidden only behind kernels: a PCIe copy running beside a collective (an offload, say) does
   // not make it any less exposed.
   b.exposed_comm_s = double(measure(c) - overlap(c, k)) * s;
-  const Intervals o = merged(offload_[std::size_t(device)], lo, hi);
+  const Intervals o = merged(within(lo, hi, offload_[d]), lo, hi);
   b.offload_s = double(measure(o)) * s;
   b.exposed_offload_s = double(measure(o) - overlap(o, k)) * s;
-  b.recompute_s = double(measure(merged(recompute_[std::size_t(device)], lo, hi))) * s;
+  b.recompute_s = double(measure(merged(within(lo, hi, recompute_[d]), lo, hi))) * s;
   return b;
 }
 
@@ -114,14 +146,16 @@ void TimelineStats::on_host(const HostRecord& r) {
 
 double TimelineStats::idle_while_host_busy(int device, const std::vector<int>& hosts, double from_s,
                                            double to_s) const {
-  const VTime lo = VTime(from_s * double(kPicosPerSecond)),
-              hi = VTime(to_s * double(kPicosPerSecond));
-  Intervals busy, active = work_[std::size_t(device)];
+  const VTime lo = picos(from_s), hi = picos(to_s);
+  const std::size_t d = std::size_t(device);
+  Intervals busy, active = within(lo, hi, kernels_[d], copies_[d]);
   for (int h : hosts)
-    if (std::size_t(h) < host_busy_.size())
-      busy.insert(busy.end(), host_busy_[std::size_t(h)].begin(), host_busy_[std::size_t(h)].end());
-  const auto& comm = comm_[std::size_t(device)];
-  active.insert(active.end(), comm.begin(), comm.end());
+    if (std::size_t(h) < host_busy_.size()) {
+      const Intervals part = within(lo, hi, host_busy_[std::size_t(h)]);
+      busy.insert(busy.end(), part.begin(), part.end());
+    }
+  for (const CommSpan& c : comm_[d])
+    if (c.start < hi && c.end > lo) active.emplace_back(c.start, c.end);
   const Intervals b = merged(std::move(busy), lo, hi), a = merged(std::move(active), lo, hi);
   return double(measure(b) - overlap(b, a)) / double(kPicosPerSecond);
 }
@@ -136,29 +170,35 @@ std::string group_kind(const std::string& group_name) {
   return end == 0 ? group_name : group_name.substr(0, end);
 }
 
-std::map<std::string, double> TimelineStats::exposed(
-    const std::unordered_map<std::string, Intervals>& sets, int device, double from_s,
-    double to_s) const {
-  const VTime lo = VTime(from_s * double(kPicosPerSecond)),
-              hi = VTime(to_s * double(kPicosPerSecond));
-  const Intervals k = merged(kernels_[std::size_t(device)], lo, hi);
+std::map<std::string, double> TimelineStats::exposed(bool by_name, int device, double from_s,
+                                                     double to_s) const {
+  const VTime lo = picos(from_s), hi = picos(to_s);
+  const std::size_t d = std::size_t(device);
+  const Intervals k = merged(within(lo, hi, kernels_[d]), lo, hi);
+  const std::vector<std::string>& keys = by_name ? names_ : kinds_;
+  std::vector<Intervals> sets(keys.size());
+  for (const CommSpan& c : comm_[d]) {
+    const std::uint32_t id = by_name ? c.name : c.group;
+    if (id != kNone && c.start < hi && c.end > lo) sets[id].emplace_back(c.start, c.end);
+  }
   std::map<std::string, double> out;
-  for (const auto& [key, set] : sets) {
-    const Intervals c = merged(set, lo, hi);
+  for (std::size_t id = 0; id < sets.size(); ++id) {
+    if (sets[id].empty()) continue;
+    const Intervals c = merged(std::move(sets[id]), lo, hi);
     const VTime exposed = measure(c) - overlap(c, k);
-    if (exposed > 0) out[key] += double(exposed) / double(kPicosPerSecond);
+    if (exposed > 0) out[keys[id]] += double(exposed) / double(kPicosPerSecond);
   }
   return out;
 }
 
 std::map<std::string, double> TimelineStats::exposed_comm_by_name(int device, double from_s,
                                                                   double to_s) const {
-  return exposed(comm_by_name_[std::size_t(device)], device, from_s, to_s);
+  return exposed(true, device, from_s, to_s);
 }
 
 std::map<std::string, double> TimelineStats::exposed_comm_by_group(int device, double from_s,
                                                                    double to_s) const {
-  return exposed(comm_by_group_[std::size_t(device)], device, from_s, to_s);
+  return exposed(false, device, from_s, to_s);
 }
 
 }  // namespace nodeemu::emu

@@ -1,6 +1,8 @@
 // Per-device busy figures from the virtual timeline: an observer that keeps every operation's
 // interval by kind, and the measures a run reports over a window of virtual time.
 #pragma once
+#include <cstdint>
+#include <deque>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -48,15 +50,28 @@ class TimelineStats : public TimelineObserver {
   std::map<std::string, double> exposed_comm_by_group(int device, double from_s, double to_s) const;
 
  private:
-  using Intervals = std::vector<std::pair<VTime, VTime>>;
-  static void add(Intervals& set, VTime start, VTime end);
-  std::vector<Intervals> work_, comm_, kernels_, offload_, recompute_;
-  std::vector<Intervals> host_busy_;  // per host actor
-  // Per device, each collective name's intervals (by value: a record's name lives in the
-  // engine's operation slot, which the next operation reuses).
-  std::vector<std::unordered_map<std::string, Intervals>> comm_by_name_, comm_by_group_;
-  std::map<std::string, double> exposed(const std::unordered_map<std::string, Intervals>& sets,
-                                        int device, double from_s, double to_s) const;
+  // Append-only, in blocks: a vector's doubling left a third of a large run's intervals unused.
+  using Kept = std::deque<std::pair<VTime, VTime>>;
+  static constexpr std::uint32_t kNone = ~std::uint32_t(0);
+  // A collective's interval, with the ids of its name and of its group's kind (kNone: none).
+  // Kept once and tagged rather than in a set per name and per kind besides the union: a
+  // collective is its own interval (they seldom touch), so the three sets held it three times.
+  struct CommSpan {
+    VTime start, end;
+    std::uint32_t name, group;
+  };
+  static void add(Kept& set, VTime start, VTime end);
+  static std::uint32_t id_of(std::unordered_map<std::string, std::uint32_t>& ids,
+                             std::vector<std::string>& keys, const std::string& key);
+  // Kernels and copies apart: a device's work is their union, and kernels alone hide collectives.
+  std::vector<Kept> kernels_, copies_, offload_, recompute_;
+  std::vector<std::deque<CommSpan>> comm_;
+  std::vector<Kept> host_busy_;  // per host actor
+  // Collective names (by value: a record's name lives in the engine's operation slot, which the
+  // next operation reuses) and group kinds, by id; a group's name maps to its kind's id.
+  std::vector<std::string> names_, kinds_;
+  std::unordered_map<std::string, std::uint32_t> name_ids_, kind_ids_, group_kind_ids_;
+  std::map<std::string, double> exposed(bool by_name, int device, double from_s, double to_s) const;
 };
 
 }  // namespace nodeemu::emu

@@ -1,10 +1,12 @@
-// TimelineStats folds overlapping and touching intervals as operations arrive; what a run reports
-// must be exactly what keeping every operation's interval gives.
+// TimelineStats folds overlapping and touching intervals as operations arrive, and keeps each
+// collective once with its name and group; what a run reports must be exactly what keeping every
+// operation's interval in a set per figure gives.
 #include "emu/timeline_stats.hpp"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -47,13 +49,28 @@ VTime outside(const Intervals& x, const Intervals& y) {
 
 struct Kept {
   Intervals work, comm, kernels, offload, recompute;
+  std::map<std::string, Intervals> comm_by_name, comm_by_group;
 };
+
+// What exposed_comm_by_name and _by_group must give for `sets`: each set's exposed time, where
+// there is some.
+std::map<std::string, double> exposed_of(const std::map<std::string, Intervals>& sets,
+                                         const Intervals& kernels, VTime lo, VTime hi) {
+  std::map<std::string, double> out;
+  for (const auto& [key, set] : sets) {
+    const VTime t = outside(union_of(set, lo, hi), kernels);
+    if (t > 0) out[key] = double(t) / double(kPicosPerSecond);
+  }
+  return out;
+}
 
 TEST(TimelineStats, FoldingIntervalsAsTheyComeGivesTheFiguresOfKeepingThemAll) {
   std::mt19937_64 rng(19);
   const std::vector<std::string> kernel_names = {"expert_fc1", "recompute.norm", "attn"};
   const std::vector<std::string> copy_names = {"offload act", "reload act", "h2d"};
-  const std::string comm_name = "all_to_all";
+  const std::vector<std::string> comm_names = {"all_to_all", "all_gather"};
+  // Groups by their names; the figures are by their kinds (group_kind): ep, tp, pp.
+  const std::vector<std::string> groups = {"ep0", "ep1", "tp3", "pp_fwd_0_4"};
   constexpr int kDevices = 2;
   TimelineStats stats(kDevices);
   std::vector<Kept> kept(kDevices);
@@ -73,7 +90,8 @@ TEST(TimelineStats, FoldingIntervalsAsTheyComeGivesTheFiguresOfKeepingThemAll) {
       const std::string* name = nullptr;
       if (s == 3) {
         r.kind = OpKind::Comm;
-        name = &comm_name;
+        name = &comm_names[rng() % comm_names.size()];
+        r.group = &groups[rng() % groups.size()];
       } else if (s == 2) {
         r.kind = OpKind::Copy;
         name = &copy_names[rng() % copy_names.size()];
@@ -86,7 +104,11 @@ TEST(TimelineStats, FoldingIntervalsAsTheyComeGivesTheFiguresOfKeepingThemAll) {
       if (end <= start) continue;
       Kept& k = kept[std::size_t(d)];
       if (r.kind != OpKind::Comm) k.work.emplace_back(start, end);
-      if (r.kind == OpKind::Comm) k.comm.emplace_back(start, end);
+      if (r.kind == OpKind::Comm) {
+        k.comm.emplace_back(start, end);
+        k.comm_by_name[*name].emplace_back(start, end);
+        k.comm_by_group[group_kind(*r.group)].emplace_back(start, end);
+      }
       if (r.kind == OpKind::Kernel) k.kernels.emplace_back(start, end);
       if (r.kind == OpKind::Kernel && name->starts_with("recompute."))
         k.recompute.emplace_back(start, end);
@@ -101,7 +123,8 @@ TEST(TimelineStats, FoldingIntervalsAsTheyComeGivesTheFiguresOfKeepingThemAll) {
       VTime lo = VTime(rng() % std::uint64_t(end)), hi = VTime(rng() % std::uint64_t(end));
       if (lo > hi) std::swap(lo, hi);
       if (w == 0) lo = 0, hi = end;  // the whole run
-      const TimelineStats::Busy b = stats.busy(d, double(lo) * s, double(hi) * s);
+      const double from = double(lo) * s, to = double(hi) * s;
+      const TimelineStats::Busy b = stats.busy(d, from, to);
       // The window as busy() reads it back from seconds.
       lo = VTime(double(lo) * s * double(kPicosPerSecond));
       hi = VTime(double(hi) * s * double(kPicosPerSecond));
@@ -114,11 +137,16 @@ TEST(TimelineStats, FoldingIntervalsAsTheyComeGivesTheFiguresOfKeepingThemAll) {
       EXPECT_EQ(b.offload_s, double(length(o)) * s) << d << " " << w;
       EXPECT_EQ(b.exposed_offload_s, double(outside(o, kn)) * s) << d << " " << w;
       EXPECT_EQ(b.recompute_s, double(length(union_of(k.recompute, lo, hi))) * s) << d << " " << w;
+      EXPECT_EQ(stats.exposed_comm_by_name(d, from, to), exposed_of(k.comm_by_name, kn, lo, hi))
+          << d << " " << w;
+      EXPECT_EQ(stats.exposed_comm_by_group(d, from, to), exposed_of(k.comm_by_group, kn, lo, hi))
+          << d << " " << w;
       if (w == 0) {
         EXPECT_GT(b.exposed_comm_s, 0);
         EXPECT_LT(b.exposed_comm_s, b.comm_s);
         EXPECT_GT(b.recompute_s, 0);
         EXPECT_GT(b.offload_s, 0);
+        EXPECT_EQ(stats.exposed_comm_by_group(d, from, to).size(), 3u);
       }
     }
 }
