@@ -334,7 +334,7 @@ void Engine::finish(OpId id) {
       op.kind, &op.name,  op.start,
       op.end,  op.host,   op.waits_for == kNoOp ? -1 : static_cast<std::int64_t>(op.waits_for),
       op.cls,  op.bytes};
-  if (op.rendezvous != kNoRendezvous) rec.group = &rvs_[op.rendezvous].group;
+  if (op.rendezvous != kNoRendezvous) rec.group = &group_names_[rvs_[op.rendezvous].group];
   hasher_.add(rec);
   for (auto* o : observers_) o->on_op(rec);
   for (OpId n : op.on_complete) satisfy(n);

@@ -50,6 +50,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "devices/detail/actors.hpp"
@@ -136,8 +137,11 @@ struct Op {
 struct Rendezvous {
   int parties = 0;
   int phases = 1;
-  std::string label;  // what it is, for reports: "all_to_all_v #3 on group ep (ranks 0-3)"
-  std::string group;  // the group's name, for the records of its parties (OpRecord::group)
+  // What it is, for reports: "all_to_all_v #3 on group ep (ranks 0-3)"; dropped once complete.
+  // By pointer, as is the group's name (an index into Engine::group_names_, for the records of
+  // its parties): a full DeepSeek-V3 step keeps millions of rendezvous slots.
+  std::unique_ptr<std::string> label;
+  std::uint32_t group = 0;
   int joined = 0;
   int arrived = 0;
   std::vector<OpId> members;
@@ -400,6 +404,9 @@ class Engine {
   TimelineLayout layout_;
   FlowNetwork network_;
   std::deque<Rendezvous> rvs_;
+  // The names of the groups rendezvous ran on, each once (Rendezvous::group indexes them).
+  std::deque<std::string> group_names_;
+  std::unordered_map<std::string, std::uint32_t> group_ids_;
   bool deadlocked_ = false;  // a deadlock was reported: stuck operations stay stuck
   HangWatchdog watchdog_;
 };

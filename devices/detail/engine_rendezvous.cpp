@@ -21,9 +21,12 @@ RendezvousId Engine::open_rendezvous(int parties, int phases, std::string label,
   Rendezvous& r = rvs_.emplace_back();
   r.parties = parties;
   r.phases = phases;
-  r.label = std::move(label);
-  r.group = std::move(group);
-  if (watchdog_.on()) watchdog_.open(id, r.label);
+  r.label = std::make_unique<std::string>(std::move(label));
+  auto [named, added] =
+      group_ids_.try_emplace(std::move(group), std::uint32_t(group_names_.size()));
+  if (added) group_names_.push_back(named->first);
+  r.group = named->second;
+  if (watchdog_.on()) watchdog_.open(id, *r.label);
   return id;
 }
 
@@ -64,7 +67,7 @@ void Engine::join_functional(Rendezvous& r, StreamState& s, OpId id, const Event
                              std::vector<std::function<void()>> bodies,
                              std::vector<std::shared_ptr<BufferState>> uses) {
   if (!r.functional)
-    r.functional = std::make_unique<FunctionalRendezvous>(exec_, r.parties, r.phases, r.label);
+    r.functional = std::make_unique<FunctionalRendezvous>(exec_, r.parties, r.phases, *r.label);
   Op& op = ops_[id];
   DeviceState& d = devices_[static_cast<size_t>(s.device)];
   op.task = r.functional->join(
@@ -84,7 +87,7 @@ void Engine::drain_functional(bool final) {
     // different orders): its functional graph can never complete on its own. Abandon it, so
     // that its tasks skip their bodies and everything behind it is poisoned.
     if (!(final || deadlocked_ || r.joined < r.parties)) continue;
-    const std::string why = "'" + r.label + "' never completed (see the deadlock report)";
+    const std::string why = "'" + *r.label + "' never completed (see the deadlock report)";
     r.functional->abandon(why);
   }
   exec_.drain();
@@ -128,11 +131,10 @@ void Engine::finish_rendezvous(RendezvousId rv) {
     schedule_flow_completions();
   }
   for (OpId m : r.members) finish(m);
-  // Nothing reads a complete rendezvous's label, group or members again: reports name only
-  // incomplete ones, and its parties' records went out above. A full DeepSeek-V3 step opens
-  // millions, so their memory goes back now; the slot stays (ids index the deque).
-  std::string().swap(r.label);
-  std::string().swap(r.group);
+  // Nothing reads a complete rendezvous's label or members again: reports name only incomplete
+  // ones, and its parties' records went out above. A full DeepSeek-V3 step opens millions, so
+  // their memory goes back now; the slot stays (ids index the deque).
+  r.label.reset();
   std::vector<OpId>().swap(r.members);
 }
 
@@ -151,7 +153,7 @@ std::string Engine::describe_op(OpId id) const {
     const Rendezvous& r = rvs_[op.rendezvous];
     std::string who;
     for (OpId m : r.members) who += (who.empty() ? "" : ", ") + actors_[ops_[m].host].name;
-    out += " (" + r.label + "; issued by " + who;
+    out += " (" + (r.label ? *r.label : std::string("complete")) + "; issued by " + who;
     if (r.joined < r.parties) {
       out += "; " + std::to_string(r.parties - r.joined) + " of " + std::to_string(r.parties) +
              " parties never issued it";
@@ -192,7 +194,7 @@ void Engine::serve_watchdog() {
     if (r.joined == r.parties) continue;
     std::string who;
     for (OpId m : r.members) who += (who.empty() ? "" : ", ") + actors_[ops_[m].host].name;
-    open[std::uint32_t(id)] = r.label + ": issued by " + (who.empty() ? "none yet" : who) + "; " +
+    open[std::uint32_t(id)] = *r.label + ": issued by " + (who.empty() ? "none yet" : who) + "; " +
                               std::to_string(r.parties - r.joined) + " of " +
                               std::to_string(r.parties) + " never issued it";
   }
