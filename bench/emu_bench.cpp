@@ -128,9 +128,14 @@ void MetaScaleSizes(benchmark::internal::Benchmark* b) {
   b->ArgName("gpus")->UseManualTime()->Unit(benchmark::kSecond)->Iterations(1);
   for (int gpus : {16, 64, 256, 1024}) b->Arg(gpus);
 }
+// The proxy on to 8,192 GPUs (kMaxNodes); Qwen3's 48 layers at 8,192 would need ~17 GiB here.
+void MetaScaleSizesTo8192(benchmark::internal::Benchmark* b) {
+  MetaScaleSizes(b);
+  for (int gpus : {2048, 4096, 8192}) b->Arg(gpus);
+}
 BENCHMARK_CAPTURE(BM_MetaScale, qwen3_30b_a3b, std::string("qwen3_30b_a3b"))->Apply(MetaScaleSizes);
 BENCHMARK_CAPTURE(BM_MetaScale, deepseek_v3_proxy, std::string("deepseek_v3_proxy"))
-    ->Apply(MetaScaleSizes);
+    ->Apply(MetaScaleSizesTo8192);
 
 }  // namespace
 

@@ -141,7 +141,7 @@ ChannelPool::ChannelPool(std::vector<int> real_numa_of_device, std::size_t slot_
     : real_numa_(std::move(real_numa_of_device)),
       slot_bytes_(slot_bytes),
       slots_(slots),
-      rings_(real_numa_.size() * real_numa_.size()) {
+      rows_(real_numa_.size()) {
   NE_CHECK(slot_bytes_ > 0 && slot_bytes_ % 64 == 0, "ring slots are whole cache lines");
   NE_CHECK(slots_ >= 1, "a ring needs at least one slot");
   for (std::size_t d = 0; d < real_numa_.size(); ++d) {
@@ -156,13 +156,31 @@ ChannelPool::ChannelPool(std::vector<int> real_numa_of_device, std::size_t slot_
   }
 }
 
+ChannelPool::Rings& ChannelPool::pair(int src, int dst) {
+  auto& row = rows_[std::size_t(src)];
+  if (!row) row = std::make_unique<std::vector<Rings>>(real_numa_.size());
+  return (*row)[std::size_t(dst)];
+}
+
+const ChannelPool::Rings& ChannelPool::pair(int src, int dst) const {
+  static const Rings none;
+  const auto& row = rows_[std::size_t(src)];
+  return row ? (*row)[std::size_t(dst)] : none;
+}
+
+template <class F>
+void ChannelPool::each_ring(F&& f) const {
+  for (const auto& row : rows_)
+    if (row)
+      for (const Rings& rings : *row)
+        for (const auto& ring : rings) f(*ring);
+}
+
 ChannelPool::~ChannelPool() {
-  for (auto& rings : rings_) {
-    for (auto& ring : rings) {
-      NE_CHECK(!ring->bound, "a Transfer outlived its ChannelPool");
-      numa::release(ring->memory);
-    }
-  }
+  each_ring([](const Ring& ring) {
+    NE_CHECK(!ring.bound, "a Transfer outlived its ChannelPool");
+    numa::release(ring.memory);
+  });
 }
 
 Ring* ChannelPool::acquire(int src, int dst) {
@@ -205,7 +223,7 @@ void ChannelPool::give_back(Ring* ring) {
 std::size_t ChannelPool::rings() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::size_t n = 0;
-  for (const auto& rings : rings_) n += rings.size();
+  each_ring([&](const Ring&) { ++n; });
   return n;
 }
 
@@ -218,8 +236,7 @@ std::size_t ChannelPool::rings(int src, int dst) const {
 std::size_t ChannelPool::ring_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::size_t n = 0;
-  for (const auto& rings : rings_)
-    for (const auto& ring : rings) n += ring->slot_bytes * ring->slots;
+  each_ring([&](const Ring& ring) { n += ring.slot_bytes * ring.slots; });
   return n;
 }
 

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "comm/channel.hpp"
@@ -27,10 +28,16 @@ struct GroupState {
   std::vector<int> ranks;
   std::vector<std::uint64_t> next_seq;                    // per member: its next collective
   std::map<std::pair<int, int>, std::uint64_t> p2p_next;  // (member, peer): next transfer
-  const std::string& label() const { return label_; }     // "'ep0' (ranks 0,1,2,3)"
+  // "'ep0' (ranks 0,1,2,3)"; a group of more than 16 ranks names its first eight, its last and
+  // how many: every collective's rendezvous is named with it.
+  const std::string& label() const { return label_; }
+  // Its shape on the fabric (Fabric::shape), worked out on the first collective that prices
+  // by it: every member's call of a group of n ranks would otherwise walk the n ranks again.
+  const GroupShape& shape(const Fabric& f);
 
  private:
-  std::string label_;  // built once: every collective's rendezvous is named with it
+  std::string label_;  // built once
+  std::optional<GroupShape> shape_;
 };
 
 // An operation's name for its errors, "all_to_all_v on group 'ep0' (ranks 0,1)", rendered only
@@ -65,14 +72,31 @@ struct Call {
   Exchange::Planner planner;
   Exchange::Receiver receiver;
   int p2p_peer = -1;  // member index of the peer for point-to-point calls
+  // Set where every party's sizes follow from its kind and this digest of the sizes it was given
+  // (an all-reduce's count, a reduce-scatter's counts per member): parties agree when their kinds
+  // and digests do. The order checker then compares each party with the first one alone, and
+  // meta mode keeps no party's plan: checked pair by pair, a group of n ranks cost n^2 per call
+  // in time and, with every plan kept until the last party joined, in memory (issue 53: a
+  // data-parallel group of 4,096 ranks took 6 GiB).
+  std::optional<std::uint64_t> sizes_digest;
 };
+
+// A digest of a call's sizes, for Call::sizes_digest.
+std::uint64_t digest_of(const std::vector<std::size_t>& sizes);
 
 struct OpenCall {
   RendezvousId rv;
   std::shared_ptr<Exchange> exchange;
-  std::vector<std::string> kinds;  // per party, "" until it joined
+  std::vector<std::string> kinds;  // per party, "" until it joined (calls checked pair by pair)
   std::vector<Call::Text> texts;   // per party, rendered from exchange->plan(party)
   int joined = 0;
+  // Calls with a sizes digest are checked against the first party that joined, whose kind,
+  // digest and text these keep; `in` says who has joined.
+  std::vector<char> in;
+  int first = -1;
+  std::string first_kind;
+  std::uint64_t first_digest = 0;
+  Call::Text first_text;
 };
 
 // The persistent buffers of one GPU's DeepEP or HybridEP Buffer: Megatron holds one per process
@@ -93,6 +117,9 @@ struct CommState {
   ChannelPool channels;
   int nccl_sms;
   std::vector<std::shared_ptr<GroupState>> groups;
+  // The groups by name, for Communicator::group: every rank asks for each of its groups, and a
+  // scan of all groups per ask grew with the square of the ranks.
+  std::unordered_map<std::string, std::vector<std::shared_ptr<GroupState>>> groups_by_name;
   // Calls some party has issued and some has not: (group, pair low, pair high, sequence).
   std::map<std::tuple<int, int, int, std::uint64_t>, OpenCall> open;
   std::map<std::pair<int, int>, FlexBuffers> flex_buffers;  // (device, backend)

@@ -38,9 +38,35 @@ GroupState::GroupState(int group_id, std::string group_name, std::vector<int> me
       name(std::move(group_name)),
       ranks(std::move(member_ranks)),
       next_seq(ranks.size(), 0) {
+  // A long group's label keeps its first eight ranks and its last: the label is part of every
+  // rendezvous name, and a data-parallel group of thousands of ranks would make each one kilobytes.
+  constexpr std::size_t kListed = 16, kHead = 8;
   std::string r;
-  for (int x : ranks) r += (r.empty() ? "" : ",") + std::to_string(x);
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks.size() > kListed && i == kHead) {
+      r += ",...," + std::to_string(ranks.back()) + "; " + std::to_string(ranks.size()) + " in all";
+      break;
+    }
+    r += (r.empty() ? "" : ",") + std::to_string(ranks[i]);
+  }
   label_ = "'" + name + "' (ranks " + r + ")";
+}
+
+const GroupShape& GroupState::shape(const Fabric& f) {
+  if (!shape_) shape_ = f.shape(ranks);
+  return *shape_;
+}
+
+std::uint64_t digest_of(const std::vector<std::size_t>& sizes) {
+  // Word by word, each mixed by splitmix64's finaliser before it is folded in.
+  std::uint64_t h = sizes.size();
+  for (std::size_t v : sizes) {
+    std::uint64_t z = v + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    h = (h ^ (z ^ (z >> 31))) * 0x100000001b3ull;
+  }
+  return h;
 }
 
 std::vector<std::size_t> offsets_of(const std::vector<std::size_t>& sizes) {
@@ -95,14 +121,41 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
     std::string label =
         c.kind.substr(0, c.kind.find('(')) + " #" + std::to_string(seq) + " on group " + g.label();
     OpenCall oc{e.open(parties, phases, std::move(label), g.name),
-                std::make_shared<Exchange>(parties, phases, devices),
-                std::vector<std::string>(size_t(parties)), std::vector<Call::Text>(size_t(parties)),
-                0};
+                std::make_shared<Exchange>(parties, phases, devices)};
+    if (c.sizes_digest) {
+      oc.in.assign(size_t(parties), 0);
+    } else {
+      oc.kinds.resize(size_t(parties));
+      oc.texts.resize(size_t(parties));
+    }
     it = open.emplace(key, std::move(oc)).first;
   }
   OpenCall& oc = it->second;
-  // The order checker: this call must agree with every peer that has already issued its own.
-  for (int j = 0; j < parties; ++j) {
+  const bool digested = c.sizes_digest.has_value();
+  auto undo_sequence = [&] {
+    --(c.p2p_peer >= 0 ? g.p2p_next[{member, c.p2p_peer}] : g.next_seq[size_t(member)]);
+  };
+  // The order checker: this call must agree with every peer that has already issued its own; a
+  // digested call, with the first (agreement is transitive there). A digested call and one
+  // checked pair by pair are different calls.
+  if (digested != !oc.in.empty()) {
+    int j = oc.first;
+    for (int k = 0; j < 0 && k < parties; ++k)
+      if (!oc.kinds[size_t(k)].empty()) j = k;
+    NE_CHECK(j >= 0, "an open call has a party that joined");
+    const std::string other =
+        digested ? oc.texts[size_t(j)](oc.exchange->plan(j)) : oc.first_text({});
+    undo_sequence();
+    throw CollectiveMismatchError(g.label(), seq, g.ranks[size_t(c.parties[size_t(j)])], other,
+                                  g.ranks[size_t(member)], c.text(c.plan));
+  }
+  if (digested && oc.first >= 0 &&
+      (oc.first_kind != c.kind || oc.first_digest != *c.sizes_digest)) {
+    undo_sequence();
+    throw CollectiveMismatchError(g.label(), seq, g.ranks[size_t(c.parties[size_t(oc.first)])],
+                                  oc.first_text({}), g.ranks[size_t(member)], c.text(c.plan));
+  }
+  for (int j = 0; !digested && j < parties; ++j) {
     if (oc.kinds[size_t(j)].empty() || j == c.party) continue;
     bool ok = oc.kinds[size_t(j)] == c.kind;
     const auto& other = oc.exchange->plan(j);
@@ -113,13 +166,13 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
            b.send_bytes[size_t(c.party)] == a.recv_bytes[size_t(j)];
     }
     if (!ok) {
-      --(c.p2p_peer >= 0 ? g.p2p_next[{member, c.p2p_peer}] : g.next_seq[size_t(member)]);
+      undo_sequence();
       throw CollectiveMismatchError(g.label(), seq, g.ranks[size_t(c.parties[size_t(j)])],
                                     oc.texts[size_t(j)](other), g.ranks[size_t(member)],
                                     c.text(c.plan));
     }
   }
-  if (!oc.kinds[size_t(c.party)].empty())
+  if (digested ? oc.in[size_t(c.party)] != 0 : !oc.kinds[size_t(c.party)].empty())
     throw UsageError(c.text(c.plan) + ": rank " + std::to_string(g.ranks[size_t(member)]) +
                      " joined the same call twice");
   // Timing: this party's share of the link loads and of the latency.
@@ -144,9 +197,26 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
     alpha = hop * c.latency_steps;
   }
 
-  oc.kinds[size_t(c.party)] = c.kind;
-  oc.texts[size_t(c.party)] = std::move(c.text);
-  if (c.planner && e.mode() == Mode::Functional) {
+  // What the trace says this party sends: its blocks for the other members, every phase.
+  double payload = 0;
+  for (const PartyPhase& p : c.plan)
+    for (int d = 0; d < parties && d < int(p.send_bytes.size()); ++d)
+      if (d != c.party) payload += static_cast<double>(p.send_bytes[size_t(d)]);
+  if (digested) {
+    oc.in[size_t(c.party)] = 1;
+    if (oc.first < 0) {
+      oc.first = c.party;
+      oc.first_kind = c.kind;
+      oc.first_digest = *c.sizes_digest;
+      oc.first_text = std::move(c.text);
+    }
+  } else {
+    oc.kinds[size_t(c.party)] = c.kind;
+    oc.texts[size_t(c.party)] = std::move(c.text);
+  }
+  if (digested && e.mode() == Mode::Meta) {
+    // Nothing reads a meta call's plan once checked: no party's is kept.
+  } else if (c.planner && e.mode() == Mode::Functional) {
     oc.exchange->set_deferred(c.party, std::move(c.plan[1]), std::move(c.planner),
                               std::move(c.receiver));
   } else {
@@ -163,11 +233,6 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
   }
   const GpuSpec& spec = s.device().spec();
   const std::string name = o.name.empty() ? c.kind.substr(0, c.kind.find('(')) : o.name;
-  // What the trace says this party sends: its blocks for the other members, every phase.
-  double payload = 0;
-  for (const PartyPhase& p : oc.exchange->plan(c.party))
-    for (int d = 0; d < parties; ++d)
-      if (d != c.party) payload += static_cast<double>(p.send_bytes[size_t(d)]);
   e.join(oc.rv, s,
          {.name = name,
           .sms = o.num_sms > 0 ? o.num_sms : c.sms,
@@ -210,11 +275,13 @@ Group Communicator::group(std::vector<int> ranks, const std::string& name) {
       throw UsageError("group '" + name + "': rank " + std::to_string(sorted[i]) +
                        " is listed twice");
   }
-  for (auto& g : state_->groups)
-    if (g->name == name && g->ranks == ranks) return Group(state_, g);
+  auto& named = state_->groups_by_name[name];
+  for (auto& g : named)
+    if (g->ranks == ranks) return Group(state_, g);
   auto g = std::make_shared<detail::GroupState>(static_cast<int>(state_->groups.size()), name,
                                                 std::move(ranks));
   state_->groups.push_back(g);
+  named.push_back(g);
   return Group(state_, g);
 }
 

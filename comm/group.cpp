@@ -47,15 +47,19 @@ std::byte* ptr(const Buffer& b, std::size_t offset) {
 // A collective's latency, and for a symmetric one its loads on the caller's own links, as NCCL's
 // default algorithm moves `bytes` (nccl-tests' size) under the fastest protocol
 // (comm/collective_plan.hpp). All-to-all(v) and send/recv keep the loads of their messages.
-void price_as_planned(Call& c, const Fabric& f, const std::vector<int>& ranks, int me,
+void price_as_planned(Call& c, const Fabric& f, const GroupShape& shape, int my_rank,
                       Collective kind, std::size_t bytes, bool loads = true) {
-  const CollectivePlan p =
-      plan_collective(kind, f.shape(ranks), static_cast<double>(bytes), f.figures());
+  const CollectivePlan p = plan_collective(kind, shape, static_cast<double>(bytes), f.figures());
   c.alpha_s = p.alpha_s;
   if (!loads) return;
   std::vector<LinkLoad> out;
-  f.add_plan(ranks[size_t(me)], p, out);
+  f.add_plan(my_rank, p, out);
   c.loads = std::move(out);
+}
+// A collective of the whole group, priced by its shape (kept by the group).
+void price_as_planned(Call& c, const Fabric& f, detail::GroupState& g, int me, Collective kind,
+                      std::size_t bytes, bool loads = true) {
+  price_as_planned(c, f, g.shape(f), g.ranks[size_t(me)], kind, bytes, loads);
 }
 
 std::vector<int> all_members(int n) {
@@ -152,7 +156,7 @@ std::optional<Event> Group::all_to_all_v(const Buffer& send,
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
-  price_as_planned(c, comm_->fabric, g_->ranks, me, Collective::AllToAll, sum(send_bytes), false);
+  price_as_planned(c, comm_->fabric, *g_, me, Collective::AllToAll, sum(send_bytes), false);
   PartyPhase p(static_cast<size_t>(n), functional(stream));
   p.send_bytes = send_bytes;
   p.recv_bytes = recv_bytes;
@@ -197,6 +201,7 @@ std::optional<Event> Group::all_gather_v(const Buffer& send, std::size_t send_by
   const bool inplace = in_place(recv, send, ro[size_t(me)], me, op, "receive", "send");
   Call c;
   c.kind = "all_gather_v";
+  c.sizes_digest = detail::digest_of(recv_bytes);  // each sends its own receive size
   c.text = [send_bytes, recv_bytes](const std::vector<PartyPhase>&) {
     return "all_gather_v(send " + std::to_string(send_bytes) + " B, receive " +
            detail::sizes_text(recv_bytes) + " B)";
@@ -204,7 +209,7 @@ std::optional<Event> Group::all_gather_v(const Buffer& send, std::size_t send_by
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
-  price_as_planned(c, comm_->fabric, g_->ranks, me, Collective::AllGather, sum(recv_bytes));
+  price_as_planned(c, comm_->fabric, *g_, me, Collective::AllGather, sum(recv_bytes));
   PartyPhase p(static_cast<size_t>(n), functional(stream));
   p.send_bytes.assign(size_t(n), send_bytes);
   p.recv_bytes = recv_bytes;
@@ -244,13 +249,14 @@ std::optional<Event> Group::reduce_scatter(const Buffer& send, const Buffer& rec
   const bool inplace = in_place(send, recv, so[size_t(me)], me, op, "send", "receive");
   Call c;
   c.kind = std::string("reduce_scatter(") + how.name + ")";
+  c.sizes_digest = detail::digest_of(counts);
   c.text = [name = how.name, counts](const std::vector<PartyPhase>&) {
     return std::string("reduce_scatter(") + name + ", counts " + detail::sizes_text(counts) + ")";
   };
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
-  price_as_planned(c, comm_->fabric, g_->ranks, me, Collective::ReduceScatter, sum(bytes));
+  price_as_planned(c, comm_->fabric, *g_, me, Collective::ReduceScatter, sum(bytes));
   PartyPhase p(static_cast<size_t>(n), functional(stream));
   p.send_bytes = bytes;
   p.recv_bytes.assign(size_t(n), bytes[size_t(me)]);
@@ -306,13 +312,14 @@ std::optional<Event> Group::all_reduce(const Buffer& send, const Buffer& recv, s
   const std::size_t mine = chunk[size_t(me)];
   Call c;
   c.kind = std::string("all_reduce(") + how.name + ", " + std::to_string(count) + ")";
+  c.sizes_digest = 0;  // the kind holds the count
   c.text = [name = how.name, count](const std::vector<PartyPhase>&) {
     return std::string("all_reduce(") + name + ", count " + std::to_string(count) + ")";
   };
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
-  price_as_planned(c, comm_->fabric, g_->ranks, me, Collective::AllReduce, count * how.bytes);
+  price_as_planned(c, comm_->fabric, *g_, me, Collective::AllReduce, count * how.bytes);
   PartyPhase rs(static_cast<size_t>(n), functional(stream)),
       ag(static_cast<size_t>(n), functional(stream));
   rs.send_bytes = chunk;
@@ -362,7 +369,7 @@ std::optional<Event> Group::broadcast(const Buffer& buf, std::size_t bytes, int 
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
-  price_as_planned(c, comm_->fabric, g_->ranks, me, Collective::Broadcast, bytes);
+  price_as_planned(c, comm_->fabric, *g_, me, Collective::Broadcast, bytes);
   PartyPhase p(static_cast<size_t>(n), functional(stream));
   if (me == root) {
     for (int d = 0; d < n; ++d)
@@ -405,8 +412,9 @@ std::optional<Event> Group::send_recv(int peer, const Buffer& send, std::size_t 
   c.p2p_peer = peer;
   // NCCL runs point-to-point with one channel's worth of SMs; copy-engine p2p would take none.
   c.sms = std::max(1, comm_->nccl_sms / 8);
-  price_as_planned(c, comm_->fabric, {g_->ranks[size_t(lo)], g_->ranks[size_t(hi)]}, 0,
-                   Collective::SendRecv, std::max(send_bytes, recv_bytes), false);
+  price_as_planned(
+      c, comm_->fabric, comm_->fabric.shape({g_->ranks[size_t(lo)], g_->ranks[size_t(hi)]}),
+      g_->ranks[size_t(lo)], Collective::SendRecv, std::max(send_bytes, recv_bytes), false);
   PartyPhase p(2, functional(stream));
   p.send_bytes[other] = send_bytes;
   p.recv_bytes[other] = recv_bytes;

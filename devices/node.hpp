@@ -39,9 +39,10 @@ struct NodeImpl;
 struct NodeAccess;
 }  // namespace detail
 
-// The most nodes one run emulates: 2048 GPUs of an 8-GPU node, beyond the largest production
-// layouts the recipes describe (DeepSeek-V3's Bridge recipe takes 128 nodes).
-inline constexpr int kMaxNodes = 256;
+// The most nodes one run emulates: 8,192 GPUs of an 8-GPU node, the largest clusters users sweep
+// (issue 53; DeepSeek-V3's Bridge recipe takes 128 nodes). A meta run's host memory grows with
+// its operations (bench/README.md, "Current figures"), so the largest need a large host.
+inline constexpr int kMaxNodes = 1024;
 
 struct NodeOptions {
   std::string topology_path;  // used when `topology` is not given

@@ -72,6 +72,64 @@ TEST(OrderChecker, SizesThatDoNotPairUpAreAMismatch) {
   EXPECT_THAT(m, HasSubstr("rank 1 issued all_to_all_v(send [100,10] B, receive [10,10] B)"));
 }
 
+// Reduce-scatter, all-gather and all-reduce are checked against the first rank that issued them
+// (their sizes are digested, so that a group of thousands of ranks does not cost the square of
+// them): a rank whose sizes disagree with the first one's is still named, in both modes.
+TEST(OrderChecker, ReduceScatterAndAllGatherSizesThatDisagreeAreAMismatch) {
+  for (Mode mode : {Mode::Functional, Mode::Meta}) {
+    SCOPED_TRACE(mode == Mode::Meta ? "meta" : "functional");
+    // Each case on a node of its own: a run that failed leaves its node behind.
+    auto report_of = [mode](const std::function<void(Group&, Host&, Buffer&, Buffer&)>& body) {
+      Node node(comm_options(4, mode));
+      Communicator comm(node);
+      return message_of([&] {
+        node.run([&](Host& host) {
+          Group g = comm.group({0, 1, 2, 3}, "dp");
+          Buffer b = host.device().allocate(4096), out = host.device().allocate(4096);
+          body(g, host, b, out);
+        });
+      });
+    };
+    std::string m = report_of([](Group& g, Host& host, Buffer& b, Buffer& out) {
+      Stream s = host.device().default_stream();
+      g.all_gather(b, out, 64, s);  // call #0 agrees
+      std::vector<std::size_t> counts = {8, 8, 8, 8};
+      if (host.rank() == 3) counts[1] = 16;  // rank 3 thinks rank 1's part is larger
+      g.reduce_scatter(b, out, counts, s);
+    });
+    EXPECT_THAT(m, HasSubstr("call #1"));
+    EXPECT_THAT(m, HasSubstr("rank 0 issued reduce_scatter(f32 sum, counts [8,8,8,8])"));
+    EXPECT_THAT(m, HasSubstr("rank 3 issued reduce_scatter(f32 sum, counts [8,16,8,8])"));
+    m = report_of([](Group& g, Host& host, Buffer& b, Buffer& out) {
+      Stream s = host.device().default_stream();
+      std::vector<std::size_t> sizes = {64, 64, 64, 64};
+      if (host.rank() == 2) sizes = {64, 64, 64, 32};
+      g.all_gather_v(b, sizes[size_t(host.rank())], out, sizes, s);
+    });
+    EXPECT_THAT(m, HasSubstr("rank 0 issued all_gather_v(send 64 B, receive [64,64,64,64] B)"));
+    EXPECT_THAT(m, HasSubstr("rank 2 issued all_gather_v(send 64 B, receive [64,64,64,32] B)"));
+  }
+}
+
+// A group of thousands of ranks is named by its first eight, its last and how many: its name is
+// part of every rendezvous's and every report's.
+TEST(OrderChecker, ALargeGroupIsNamedByItsFirstRanksAndItsSize) {
+  Node node(comm_options(32, Mode::Meta));
+  Communicator comm(node);
+  std::vector<int> members(24);
+  for (int i = 0; i < 24; ++i) members[size_t(i)] = i;
+  const std::string m = message_of([&] {
+    node.run({30}, [&](Host& host) {
+      Group g = comm.group(members, "dp");
+      Buffer b = host.device().allocate(4096);
+      Stream s = host.device().default_stream();
+      g.all_reduce(b, b, 16, s);
+    });
+  });
+  EXPECT_THAT(m, HasSubstr("rank 30 is not a member of group 'dp' (ranks 0,1,2,3,4,5,6,7,...,23; "
+                           "24 in all)"));
+}
+
 TEST(OrderChecker, ARankThatNeverIssuesTheCollectiveIsReportedWithEveryRanksWait) {
   Node node(comm_options(4));
   Communicator comm(node);
