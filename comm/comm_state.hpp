@@ -79,6 +79,9 @@ struct Call {
   // in time and, with every plan kept until the last party joined, in memory (issue 53: a
   // data-parallel group of 4,096 ranks took 6 GiB).
   std::optional<std::uint64_t> sizes_digest;
+  // What this party sends to the others over every phase, for the trace, where its plan does
+  // not say (a digested call in meta mode builds none); else summed from the plan.
+  std::optional<double> payload_bytes;
 };
 
 // A digest of a call's sizes, for Call::sizes_digest.

@@ -198,10 +198,11 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
   }
 
   // What the trace says this party sends: its blocks for the other members, every phase.
-  double payload = 0;
-  for (const PartyPhase& p : c.plan)
-    for (int d = 0; d < parties && d < int(p.send_bytes.size()); ++d)
-      if (d != c.party) payload += static_cast<double>(p.send_bytes[size_t(d)]);
+  double payload = c.payload_bytes.value_or(0);
+  if (!c.payload_bytes)
+    for (const PartyPhase& p : c.plan)
+      for (int d = 0; d < parties; ++d)
+        if (d != c.party) payload += static_cast<double>(p.send_bytes[size_t(d)]);
   if (digested) {
     oc.in[size_t(c.party)] = 1;
     if (oc.first < 0) {

@@ -210,6 +210,13 @@ std::optional<Event> Group::all_gather_v(const Buffer& send, std::size_t send_by
   c.party = me;
   c.sms = comm_->nccl_sms;
   price_as_planned(c, comm_->fabric, *g_, me, Collective::AllGather, sum(recv_bytes));
+  c.uses = {send, recv};
+  if (!functional(stream)) {
+    // Meta mode: checked by its digest, priced by its shape; no plan of n sizes is read.
+    c.payload_bytes = double(n - 1) * double(send_bytes);
+    c.plan.emplace_back(0, false);
+    return comm_->issue(*g_, std::move(c), stream, o);
+  }
   PartyPhase p(static_cast<size_t>(n), functional(stream));
   p.send_bytes.assign(size_t(n), send_bytes);
   p.recv_bytes = recv_bytes;
@@ -222,7 +229,6 @@ std::optional<Event> Group::all_gather_v(const Buffer& send, std::size_t send_by
     }
   }
   c.plan.push_back(std::move(p));
-  c.uses = {send, recv};
   return comm_->issue(*g_, std::move(c), stream, o);
 }
 
@@ -257,6 +263,15 @@ std::optional<Event> Group::reduce_scatter(const Buffer& send, const Buffer& rec
   c.party = me;
   c.sms = comm_->nccl_sms;
   price_as_planned(c, comm_->fabric, *g_, me, Collective::ReduceScatter, sum(bytes));
+  if (!functional(stream)) {
+    // Meta mode: checked by its digest, priced by its shape. Its two phases (the reduction, and
+    // in place the copy home, which moves nothing between members), with no plan of n sizes.
+    c.payload_bytes = double(sum(bytes) - bytes[size_t(me)]);
+    c.plan.emplace_back(0, false);
+    c.plan.emplace_back(0, false);
+    c.uses = {send, recv};
+    return comm_->issue(*g_, std::move(c), stream, o);
+  }
   PartyPhase p(static_cast<size_t>(n), functional(stream));
   p.send_bytes = bytes;
   p.recv_bytes.assign(size_t(n), bytes[size_t(me)]);
@@ -305,11 +320,10 @@ std::optional<Event> Group::all_reduce(const Buffer& send, const Buffer& recv, s
   // Reduce-scatter into a private chunk, then all-gather the chunks: the ring algorithm's
   // traffic, and every member sums its chunk in member order, so all get the same bits. The
   // chunk goes to scratch memory so that send and recv may be the same buffer.
-  std::vector<std::size_t> chunk(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i)
-    chunk[size_t(i)] = (count / size_t(n) + (size_t(i) < count % size_t(n) ? 1 : 0)) * how.bytes;
-  auto at = detail::offsets_of(chunk);
-  const std::size_t mine = chunk[size_t(me)];
+  auto chunk_of = [&](int i) {
+    return (count / size_t(n) + (size_t(i) < count % size_t(n) ? 1 : 0)) * how.bytes;
+  };
+  const std::size_t mine = chunk_of(me);
   Call c;
   c.kind = std::string("all_reduce(") + how.name + ", " + std::to_string(count) + ")";
   c.sizes_digest = 0;  // the kind holds the count
@@ -320,6 +334,18 @@ std::optional<Event> Group::all_reduce(const Buffer& send, const Buffer& recv, s
   c.party = me;
   c.sms = comm_->nccl_sms;
   price_as_planned(c, comm_->fabric, *g_, me, Collective::AllReduce, count * how.bytes);
+  c.uses = {send, recv};
+  if (!functional(stream)) {
+    // Meta mode: checked by its kind, priced by its shape; no plan of n sizes. It sends every
+    // other member's chunk, then its own to each of them.
+    c.payload_bytes = double(count * how.bytes - mine) + double(n - 1) * double(mine);
+    c.plan.emplace_back(0, false);
+    c.plan.emplace_back(0, false);
+    return comm_->issue(*g_, std::move(c), stream, o);
+  }
+  std::vector<std::size_t> chunk(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) chunk[size_t(i)] = chunk_of(i);
+  auto at = detail::offsets_of(chunk);
   PartyPhase rs(static_cast<size_t>(n), functional(stream)),
       ag(static_cast<size_t>(n), functional(stream));
   rs.send_bytes = chunk;
@@ -329,7 +355,6 @@ std::optional<Event> Group::all_reduce(const Buffer& send, const Buffer& recv, s
   rs.consume[0] = Consume::Copy;
   ag.send_bytes.assign(size_t(n), mine);
   ag.recv_bytes = chunk;
-  c.uses = {send, recv};
   c.plan = {std::move(rs), std::move(ag)};
   if (functional(stream)) {
     for (int d = 0; d < n; ++d)
