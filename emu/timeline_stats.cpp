@@ -118,11 +118,8 @@ void TimelineStats::on_op(const OpRecord& r) {
 TimelineStats::Busy TimelineStats::busy(int device, double from_s, double to_s) const {
   const VTime lo = picos(from_s), hi = picos(to_s);
   const std::size_t d = std::size_t(device);
-  Intervals comm;
-  for (const CommSpan& c : comm_[d])
-    if (c.start < hi && c.end > lo) comm.emplace_back(c.start, c.end);
   const Intervals w = merged(within(lo, hi, kernels_[d], copies_[d]), lo, hi);
-  const Intervals c = merged(std::move(comm), lo, hi);
+  const Intervals c = merged(comm_within(d, lo, hi), lo, hi);
   const double s = 1.0 / double(kPicosPerSecond);
   Busy b;
   b.compute_s = double(measure(w)) * s;
@@ -136,6 +133,14 @@ TimelineStats::Busy TimelineStats::busy(int device, double from_s, double to_s) 
   b.exposed_offload_s = double(measure(o) - overlap(o, k)) * s;
   b.recompute_s = double(measure(merged(within(lo, hi, recompute_[d]), lo, hi))) * s;
   return b;
+}
+
+std::vector<std::pair<VTime, VTime>> TimelineStats::comm_within(std::size_t device, VTime lo,
+                                                                VTime hi) const {
+  Intervals out;
+  for (const CommSpan& c : comm_[device])
+    if (c.start < hi && c.end > lo) out.emplace_back(c.start, c.end);
+  return out;
 }
 
 void TimelineStats::on_host(const HostRecord& r) {
@@ -154,8 +159,8 @@ double TimelineStats::idle_while_host_busy(int device, const std::vector<int>& h
       const Intervals part = within(lo, hi, host_busy_[std::size_t(h)]);
       busy.insert(busy.end(), part.begin(), part.end());
     }
-  for (const CommSpan& c : comm_[d])
-    if (c.start < hi && c.end > lo) active.emplace_back(c.start, c.end);
+  const Intervals comm = comm_within(d, lo, hi);
+  active.insert(active.end(), comm.begin(), comm.end());
   const Intervals b = merged(std::move(busy), lo, hi), a = merged(std::move(active), lo, hi);
   return double(measure(b) - overlap(b, a)) / double(kPicosPerSecond);
 }

@@ -61,6 +61,8 @@ class TimelineStats : public TimelineObserver {
     std::uint32_t name, group;
   };
   static void add(Kept& set, VTime start, VTime end);
+  // The device's collectives that reach into [lo, hi), to be merged.
+  std::vector<std::pair<VTime, VTime>> comm_within(std::size_t device, VTime lo, VTime hi) const;
   static std::uint32_t id_of(std::unordered_map<std::string, std::uint32_t>& ids,
                              std::vector<std::string>& keys, const std::string& key);
   // Kernels and copies apart: a device's work is their union, and kernels alone hide collectives.
