@@ -15,16 +15,16 @@ namespace {
 
 using testing::comm_options;
 
-struct Seen {
+struct SeenComm {
   int device;
   std::string name;
   VTime start, end;
   double bytes;
-  bool operator==(const Seen&) const = default;
+  bool operator==(const SeenComm&) const = default;
 };
 
-struct Collectives : TimelineObserver {
-  std::vector<Seen> seen;
+struct CommRecords : TimelineObserver {
+  std::vector<SeenComm> seen;
   void on_op(const OpRecord& r) override {
     if (r.kind == OpKind::Comm) seen.push_back({r.device, *r.name, r.start, r.end, r.bytes});
   }
@@ -32,10 +32,10 @@ struct Collectives : TimelineObserver {
 
 // Sixteen ranks on two nodes, uneven reduce-scatter counts, an all-gather in place and one out of
 // place, an all-reduce whose count does not divide: each party's records in a mode.
-std::vector<Seen> run_in(Mode mode) {
+std::vector<SeenComm> run_in(Mode mode) {
   constexpr int kRanks = 16;
   Node node(comm_options(kRanks, mode));
-  Collectives records;
+  CommRecords records;
   node.add_observer(&records);
   Communicator comm(node);
   std::vector<int> all(kRanks);
@@ -57,7 +57,7 @@ std::vector<Seen> run_in(Mode mode) {
 }
 
 TEST(MetaCollectives, TakeTheTimeAndReportTheBytesOfFunctionalMode) {
-  const std::vector<Seen> functional = run_in(Mode::Functional), meta = run_in(Mode::Meta);
+  const std::vector<SeenComm> functional = run_in(Mode::Functional), meta = run_in(Mode::Meta);
   ASSERT_EQ(functional.size(), 4u * 16u);
   ASSERT_EQ(meta.size(), functional.size());
   for (std::size_t i = 0; i < meta.size(); ++i) {
