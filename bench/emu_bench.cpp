@@ -110,32 +110,54 @@ void BM_FunctionalMidSize(benchmark::State& state) {
 }
 BENCHMARK(BM_FunctionalMidSize)->UseManualTime()->Unit(benchmark::kSecond)->Iterations(1);
 
-// Issue 19's scale table: one meta step of a recipe widened by data parallelism to `gpus`
-// emulated GPUs (nodes = gpus / 8, one micro-batch per data-parallel rank), one core. ops_per_s
-// should stay flat as the GPUs grow; peak_rss_mib is the whole process's peak during the case.
-void BM_MetaScale(benchmark::State& state, const std::string& recipe) {
+// Issue 19's and 53's scale table: one meta step of a recipe widened by data parallelism to `gpus`
+// emulated GPUs (nodes = gpus / 8), one core, with every rank running (ranks 0) or one
+// data-parallel replica standing for the others (ranks 1, emulator.ranks: representative).
+// ops_per_s is over the operations the running ranks issue; peak_rss_mib is the whole process's
+// peak during the case.
+void BM_MetaScale(benchmark::State& state, const std::string& recipe, int microbatches) {
   const int gpus = static_cast<int>(state.range(0));
-  run_recipe(state, recipe,
-             {"emulator.thread_budget=1", "nodes=" + std::to_string(gpus / 8),
-              "train.global_batch_size=" + std::to_string(gpus)},
-             1);
+  const bool representative = state.range(1) != 0;
+  const auto rep =
+      run_recipe(state, recipe,
+                 {"emulator.thread_budget=1", "nodes=" + std::to_string(gpus / 8),
+                  "train.global_batch_size=" + std::to_string(gpus / 8 * microbatches),
+                  std::string("emulator.ranks=") + (representative ? "representative" : "all")},
+                 1);
   state.counters["gpus"] = gpus;
+  state.counters["ranks_run"] = rep.ranks_run;
 }
-// Qwen3-30B-A3B as shipped (EP16, 48 layers) and the DeepSeek-V3-like proxy (EP16, 4 layers of
-// DeepSeek-V3's MoE with 256 experts and the group-limited router); both with one micro-batch
-// per data-parallel rank, so the step grows with the GPUs and nothing else.
-void MetaScaleSizes(benchmark::internal::Benchmark* b) {
-  b->ArgName("gpus")->UseManualTime()->Unit(benchmark::kSecond)->Iterations(1);
-  for (int gpus : {16, 64, 256, 1024}) b->Arg(gpus);
+// Qwen3-30B-A3B as shipped (EP16, 48 layers; TP1 PP1, so DP is the GPU count) and the
+// DeepSeek-V3-like proxy (EP16, 4 layers of DeepSeek-V3's MoE with 256 experts and the
+// group-limited router), both with one micro-batch per data-parallel rank (8 per node), so the
+// step grows with the GPUs and nothing else. With every rank running: to 1,024 GPUs (Qwen3's 48
+// layers at 8,192 would need ~17 GiB here), the proxy to 8,192 (kMaxNodes).
+void MetaScaleSizes(benchmark::internal::Benchmark* b, int all_to, int representative_to) {
+  b->ArgNames({"gpus", "ranks"})->UseManualTime()->Unit(benchmark::kSecond)->Iterations(1);
+  for (int gpus = 16; gpus <= representative_to; gpus *= 4) {
+    if (gpus <= all_to) b->Args({gpus, 0});
+    b->Args({gpus, 1});
+  }
 }
-// The proxy on to 8,192 GPUs (kMaxNodes); Qwen3's 48 layers at 8,192 would need ~17 GiB here.
-void MetaScaleSizesTo8192(benchmark::internal::Benchmark* b) {
-  MetaScaleSizes(b);
-  for (int gpus : {2048, 4096, 8192}) b->Arg(gpus);
-}
-BENCHMARK_CAPTURE(BM_MetaScale, qwen3_30b_a3b, std::string("qwen3_30b_a3b"))->Apply(MetaScaleSizes);
-BENCHMARK_CAPTURE(BM_MetaScale, deepseek_v3_proxy, std::string("deepseek_v3_proxy"))
-    ->Apply(MetaScaleSizesTo8192);
+BENCHMARK_CAPTURE(BM_MetaScale, qwen3_30b_a3b, std::string("qwen3_30b_a3b"), 8)
+    ->Apply([](benchmark::internal::Benchmark* b) { MetaScaleSizes(b, 1024, 4096); });
+BENCHMARK_CAPTURE(BM_MetaScale, deepseek_v3_proxy, std::string("deepseek_v3_proxy"), 8)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      MetaScaleSizes(b, 4096, 4096);
+      b->Args({8192, 0})->Args({8192, 1});
+    });
+// The full DeepSeek-V3 (61 layers, TP2 PP16 EP64, 128 micro-batches a pipeline as shipped: the
+// global batch grows with the GPUs), from its 1,024 GPUs to 8,192, representative ranks only
+// (every rank of the shipped step takes ~7.5 min here).
+BENCHMARK_CAPTURE(BM_MetaScale, deepseek_v3, std::string("deepseek_v3"), 4 * 8)
+    ->ArgNames({"gpus", "ranks"})
+    ->UseManualTime()
+    ->Unit(benchmark::kSecond)
+    ->Iterations(1)
+    ->Args({1024, 1})
+    ->Args({2048, 1})
+    ->Args({4096, 1})
+    ->Args({8192, 1});
 
 }  // namespace
 

@@ -21,6 +21,8 @@
 
 namespace nodeemu::detail {
 
+struct OpName;
+
 struct GroupState {
   GroupState(int group_id, std::string group_name, std::vector<int> member_ranks);
   int id = 0;
@@ -35,9 +37,22 @@ struct GroupState {
   // by it: every member's call of a group of n ranks would otherwise walk the n ranks again.
   const GroupShape& shape(const Fabric& f);
 
+  // Representative ranks (Communicator::represent): the members that run, and per member the
+  // skipped members it stands for. Null where every member runs.
+  struct Standing {
+    int simulated = 0;
+    std::vector<std::vector<int>> stands_for;  // [member]: member indices
+  };
+  // Worked out on the group's first call from a member that runs; `op` names the call in the
+  // UsageError for a skipped member whose representative is not in the group (its link loads
+  // would then have no one to carry them).
+  const Standing* standing(const std::vector<int>& representative_of, const OpName& op);
+
  private:
   std::string label_;  // built once
   std::optional<GroupShape> shape_;
+  std::optional<Standing> standing_;
+  bool standing_known_ = false;
 };
 
 // An operation's name for its errors, "all_to_all_v on group 'ep0' (ranks 0,1)", rendered only
@@ -82,6 +97,11 @@ struct Call {
   // What this party sends to the others over every phase, for the trace, where its plan does
   // not say (a digested call in meta mode builds none); else summed from the plan.
   std::optional<double> payload_bytes;
+  // Representative ranks: adds the link loads of `member`, a skipped member this caller stands
+  // for, to `out`. Needed where `loads` is set; without `loads`, a skipped member's messages are
+  // the caller's own, turned to its peers (member m sends to m + j what the caller sends to
+  // party + j).
+  std::function<void(int member, std::vector<LinkLoad>& out)> add_loads_of;
 };
 
 // A digest of a call's sizes, for Call::sizes_digest.
@@ -126,6 +146,12 @@ struct CommState {
   // Calls some party has issued and some has not: (group, pair low, pair high, sequence).
   std::map<std::tuple<int, int, int, std::uint64_t>, OpenCall> open;
   std::map<std::pair<int, int>, FlexBuffers> flex_buffers;  // (device, backend)
+  // Communicator::represent: per rank, the rank that runs in its place (itself if it runs);
+  // empty: every rank runs.
+  std::vector<int> representative_of;
+
+  // The skipped members `me` stands for in g (empty when every member runs).
+  const std::vector<int>& stands_for(GroupState& g, int me, const OpName& op);
 
   // The member index of the calling host in g, or UsageError naming `op`.
   int caller_member(const GroupState& g, const Stream& s, const OpName& op) const;

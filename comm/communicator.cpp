@@ -104,6 +104,27 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
   const int parties = static_cast<int>(c.parties.size());
   const int phases = static_cast<int>(c.plan.size());
   const int member = c.parties[size_t(c.party)];
+  // Representative ranks: the call completes when the members that run have joined, and this one
+  // carries the traffic of the skipped members it stands for. A transfer's peer must run.
+  const OpName op{c.kind.c_str(), &g};
+  // A transfer carries its own pair's bytes only: the skipped members' transfers are between
+  // skipped ranks, on links no running rank uses.
+  static const std::vector<int> kNobody;
+  const std::vector<int>& stands_for = c.p2p_peer >= 0 ? kNobody : this->stands_for(g, member, op);
+  int waiting = parties;
+  if (!representative_of.empty()) {
+    if (c.p2p_peer >= 0) {
+      const int peer_rank = g.ranks[size_t(c.p2p_peer)];
+      if (representative_of[size_t(peer_rank)] != peer_rank)
+        throw UsageError(c.text(c.plan) + " on group " + g.label() + ": its peer rank " +
+                         std::to_string(peer_rank) +
+                         " does not run (representative ranks); run every rank "
+                         "(emulator.ranks: all)");
+    } else if (const GroupState::Standing* st = g.standing(representative_of, op)) {
+      NE_CHECK(parties == int(g.ranks.size()), "a group call of some members only");
+      waiting = st->simulated;
+    }
+  }
   // Point-to-point transfers are matched per pair, collectives per group.
   std::tuple<int, int, int, std::uint64_t> key;
   std::uint64_t seq;
@@ -120,7 +141,7 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
     for (int m : c.parties) devices.push_back(g.ranks[size_t(m)]);
     std::string label =
         c.kind.substr(0, c.kind.find('(')) + " #" + std::to_string(seq) + " on group " + g.label();
-    OpenCall oc{e.open(parties, phases, std::move(label), g.name),
+    OpenCall oc{e.open(waiting, phases, std::move(label), g.name),
                 std::make_shared<Exchange>(parties, phases, devices)};
     if (c.sizes_digest) {
       oc.in.assign(size_t(parties), 0);
@@ -177,13 +198,26 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
                      " joined the same call twice");
   // Timing: this party's share of the link loads and of the latency.
   std::vector<LinkLoad> loads;
-  if (c.loads) {
+  const bool priced_by_loads = c.loads.has_value();
+  if (priced_by_loads) {
     loads = std::move(*c.loads);
   } else {
     loads.reserve(c.plan.size() * std::size_t(parties) * 2);  // a path is one or two links
     for (const PartyPhase& p : c.plan)
       for (int d = 0; d < parties; ++d)
         fabric.add_message(g.ranks[size_t(member)], g.ranks[size_t(c.parties[size_t(d)])],
+                           static_cast<double>(p.send_bytes[size_t(d)]), loads);
+  }
+  for (int m : stands_for) {
+    if (c.add_loads_of) {
+      c.add_loads_of(m, loads);
+      continue;
+    }
+    NE_CHECK(!priced_by_loads, "a call priced by its loads without its skipped members' loads");
+    for (const PartyPhase& p : c.plan)
+      for (int d = 0; d < parties; ++d)
+        fabric.add_message(g.ranks[size_t(m)],
+                           g.ranks[size_t((d - member + m + parties) % parties)],
                            static_cast<double>(p.send_bytes[size_t(d)]), loads);
   }
   double alpha = 0;
@@ -223,7 +257,7 @@ std::optional<Event> CommState::issue(GroupState& g, Call c, Stream& s, const Co
   } else {
     oc.exchange->set(c.party, std::move(c.plan));
   }
-  const bool last = ++oc.joined == parties;
+  const bool last = ++oc.joined == waiting;
   if (last && e.mode() == Mode::Functional) oc.exchange->build(channels);
 
   if (o.previous) s.wait(*o.previous);

@@ -55,6 +55,18 @@ class Communicator {
   // Megatron's group of `kind` holding `rank`, named like "ep0" (the group's index).
   Group group_of(const ProcessGroups& pg, GroupKind kind, int rank);
 
+  // Representative ranks (meta mode): `representative_of[r]` is the rank that runs in rank r's
+  // place, r itself if r runs. Only running ranks call collectives; a collective completes when
+  // its running members have joined, and each running member's call also puts on the fabric the
+  // link loads of the skipped members of that group it stands for (from their own sizes where
+  // the caller knows them: the flex dispatcher's routing, a symmetric collective's plan). A group
+  // whose members all are skipped is never called. Call before Node::run. Throws UsageError in
+  // functional mode (the skipped ranks' bytes would not exist), for a list that is not one entry
+  // per device, or for a representative that does not run itself.
+  void represent(std::vector<int> representative_of);
+  // Whether `rank` runs (always, unless represent() skipped it).
+  bool runs(int rank) const;
+
   Node& node() const;
   const Fabric& fabric() const;
   detail::ChannelPool& channels() const;

@@ -6,6 +6,7 @@
 #include "comm/comm_state.hpp"
 #include "comm/detail/flex_routing.hpp"
 #include "comm/flex_kernel_speed.hpp"
+#include "devices/check.hpp"
 #include "devices/errors.hpp"
 #include "devices/node.hpp"
 
@@ -114,14 +115,29 @@ FlexDispatcher::FlexDispatcher(Group ep, int num_experts, int hidden, int topk, 
 }
 
 void FlexDispatcher::cost(Call& c, const FlexRouting& r, std::size_t per_row, bool to_sources) {
+  std::vector<LinkLoad> out;
+  add_loads(r, size_t(c.party), per_row, to_sources, out, &traffic_);
+  c.loads = std::move(out);
+  if (r.stand_ins.empty()) return;
+  // Called inside CommState::issue, while r (the handle's routing) lives.
+  c.add_loads_of = [this, &r, per_row, to_sources](int member, std::vector<LinkLoad>& loads) {
+    const auto it = std::find(r.stand_in_members.begin(), r.stand_in_members.end(), member);
+    NE_CHECK(it != r.stand_in_members.end(), "a flex call without a skipped member's routing");
+    add_loads(r.stand_ins[size_t(it - r.stand_in_members.begin())], size_t(member), per_row,
+              to_sources, loads, nullptr);
+  };
+}
+
+void FlexDispatcher::add_loads(const FlexRouting& r, std::size_t mi, std::size_t per_row,
+                               bool to_sources, std::vector<LinkLoad>& out,
+                               FlexTraffic* traffic) const {
   const Fabric& f = ep_.comm().fabric;
   const auto& ranks = ep_.ranks();
-  const int me = ranks[size_t(c.party)];
-  std::vector<LinkLoad> out;
+  const int me = ranks[mi];
   double kernel_bytes = 0;
   // The relays are the group's members, matched by position among their node's members (the
   // kernels pick forwarders by rank within the group: the same local rank on the far node).
-  const size_t members = ranks.size(), mi = size_t(c.party);
+  const size_t members = ranks.size();
   std::vector<std::vector<size_t>> on_node(size_t(r.nodes()));
   std::vector<size_t> position(members);
   for (size_t d = 0; d < members; ++d) {
@@ -149,7 +165,7 @@ void FlexDispatcher::cost(Call& c, const FlexRouting& r, std::size_t per_row, bo
                                                    : d;
     if (a == b) continue;
     f.add_message(ranks[a], ranks[b], bytes, out);
-    traffic_.nvlink_bytes += std::uint64_t(bytes);
+    if (traffic) traffic->nvlink_bytes += std::uint64_t(bytes);
   }
   // RDMA once per token and far node, between this rank and its relay there: dispatch sends its
   // tokens out; combine's relays send this rank its tokens' reduced rows (counted here, at the
@@ -162,11 +178,10 @@ void FlexDispatcher::cost(Call& c, const FlexRouting& r, std::size_t per_row, bo
       f.add_message(ranks[peer], me, bytes, out);
     else
       f.add_message(me, ranks[peer], bytes, out);
-    traffic_.rdma_bytes += std::uint64_t(bytes);
+    if (traffic) traffic->rdma_bytes += std::uint64_t(bytes);
   }
   if (kernel_bytes > 0)
     out.push_back({f.ep_kernels(me), kernel_bytes / kernel_bytes_per_s_ * 1e12});
-  c.loads = std::move(out);
 }
 
 FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
@@ -230,9 +245,23 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
   if (priced_by_routing) {
     if (!functional) routing->estimate(meta_counts, meta_tokens, me, epr);
     if (capacity == 0) notify(topk_idx, num_tokens, ks, *routing, out.handle);
-    out.handle.num_recv = routing->received;
-    out.handle.recv_per_expert = routing->recv_per_expert;
-    rows_cap = routing->received;
+    // Representative ranks: the skipped members this rank stands for get routings of their own
+    // from the same counts, and this rank's experts are sized for the busiest of them, so that
+    // the combine every member waits for starts when the slowest member's experts are done.
+    const FlexRouting* busiest = routing.get();
+    if (!functional)
+      for (int m : ep_.comm().stands_for(ep_.state(), me, {"flex dispatch", &ep_.state()})) {
+        FlexRouting& r = routing->stand_ins.emplace_back();
+        routing->stand_in_members.push_back(m);
+        r.node_of = routing->node_of;
+        r.estimate(meta_counts, meta_tokens, m, epr);
+        r.to = {};  // meta mode lists no tokens
+      }
+    for (const FlexRouting& r : routing->stand_ins)
+      if (r.received > busiest->received) busiest = &r;
+    out.handle.num_recv = busiest->received;
+    out.handle.recv_per_expert = busiest->recv_per_expert;
+    rows_cap = busiest->received;
   }
   auto receive_buffer = [&](size_t bytes) {
     bytes = std::max<size_t>(1, bytes);

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "comm/group.hpp"
+#include "devices/multi_party.hpp"
 
 namespace nodeemu {
 
@@ -172,7 +173,12 @@ class FlexDispatcher {
                                  Stream& stream, const CollOptions& o, const char* what);
   // The calls' link loads, from the rows this rank sends to each member (`per_row` bytes each)
   // and the distinct tokens it sends to each node; adds them to traffic_.
+  // The skipped members this rank stands for (representative ranks) ride on the call with the
+  // loads of their own routings (r.stand_ins).
   void cost(detail::Call& c, const detail::FlexRouting& r, std::size_t per_row, bool to_sources);
+  // Member `mi`'s loads under routing `r`; its bytes go to `traffic` where given.
+  void add_loads(const detail::FlexRouting& r, std::size_t mi, std::size_t per_row, bool to_sources,
+                 std::vector<LinkLoad>& out, FlexTraffic* traffic) const;
   void notify(const Buffer& topk_idx, int num_tokens, Stream& stream, detail::FlexRouting& r,
               FlexHandle& h);
   // The counts each member sends this one, [member][1 + local experts] int32, into `got`.

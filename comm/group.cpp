@@ -47,19 +47,28 @@ std::byte* ptr(const Buffer& b, std::size_t offset) {
 // A collective's latency, and for a symmetric one its loads on the caller's own links, as NCCL's
 // default algorithm moves `bytes` (nccl-tests' size) under the fastest protocol
 // (comm/collective_plan.hpp). All-to-all(v) and send/recv keep the loads of their messages.
-void price_as_planned(Call& c, const Fabric& f, const GroupShape& shape, int my_rank,
-                      Collective kind, std::size_t bytes, bool loads = true) {
-  const CollectivePlan p = plan_collective(kind, shape, static_cast<double>(bytes), f.figures());
+CollectivePlan price_as_planned(Call& c, const Fabric& f, const GroupShape& shape, int my_rank,
+                                Collective kind, std::size_t bytes, bool loads = true) {
+  CollectivePlan p = plan_collective(kind, shape, static_cast<double>(bytes), f.figures());
   c.alpha_s = p.alpha_s;
-  if (!loads) return;
+  if (!loads) return p;
   std::vector<LinkLoad> out;
   f.add_plan(my_rank, p, out);
   c.loads = std::move(out);
+  return p;
 }
-// A collective of the whole group, priced by its shape (kept by the group).
-void price_as_planned(Call& c, const Fabric& f, detail::GroupState& g, int me, Collective kind,
-                      std::size_t bytes, bool loads = true) {
-  price_as_planned(c, f, g.shape(f), g.ranks[size_t(me)], kind, bytes, loads);
+// A collective of the whole group, priced by its shape (kept by the group). A member that stands
+// for skipped ones (representative ranks) puts the same plan on each of their links: the
+// collective is symmetric.
+void price_as_planned(Call& c, detail::CommState& comm, detail::GroupState& g, int me,
+                      Collective kind, std::size_t bytes, bool loads = true) {
+  const Fabric& f = comm.fabric;
+  const CollectivePlan p =
+      price_as_planned(c, f, g.shape(f), g.ranks[size_t(me)], kind, bytes, loads);
+  if (!loads || comm.stands_for(g, me, {c.kind.c_str(), &g}).empty()) return;
+  c.add_loads_of = [&f, &g, p](int member, std::vector<LinkLoad>& out) {
+    f.add_plan(g.ranks[size_t(member)], p, out);
+  };
 }
 
 std::vector<int> all_members(int n) {
@@ -156,7 +165,7 @@ std::optional<Event> Group::all_to_all_v(const Buffer& send,
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
-  price_as_planned(c, comm_->fabric, *g_, me, Collective::AllToAll, sum(send_bytes), false);
+  price_as_planned(c, *comm_, *g_, me, Collective::AllToAll, sum(send_bytes), false);
   PartyPhase p(static_cast<size_t>(n), functional(stream));
   p.send_bytes = send_bytes;
   p.recv_bytes = recv_bytes;
@@ -209,7 +218,7 @@ std::optional<Event> Group::all_gather_v(const Buffer& send, std::size_t send_by
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
-  price_as_planned(c, comm_->fabric, *g_, me, Collective::AllGather, sum(recv_bytes));
+  price_as_planned(c, *comm_, *g_, me, Collective::AllGather, sum(recv_bytes));
   c.uses = {send, recv};
   if (!functional(stream)) {
     // Meta mode: checked by its digest, priced by its shape; no plan of n sizes is read.
@@ -262,7 +271,7 @@ std::optional<Event> Group::reduce_scatter(const Buffer& send, const Buffer& rec
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
-  price_as_planned(c, comm_->fabric, *g_, me, Collective::ReduceScatter, sum(bytes));
+  price_as_planned(c, *comm_, *g_, me, Collective::ReduceScatter, sum(bytes));
   if (!functional(stream)) {
     // Meta mode: checked by its digest, priced by its shape. Its two phases (the reduction, and
     // in place the copy home, which moves nothing between members), with no plan of n sizes.
@@ -333,7 +342,7 @@ std::optional<Event> Group::all_reduce(const Buffer& send, const Buffer& recv, s
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
-  price_as_planned(c, comm_->fabric, *g_, me, Collective::AllReduce, count * how.bytes);
+  price_as_planned(c, *comm_, *g_, me, Collective::AllReduce, count * how.bytes);
   c.uses = {send, recv};
   if (!functional(stream)) {
     // Meta mode: checked by its kind, priced by its shape; no plan of n sizes. It sends every
@@ -394,7 +403,7 @@ std::optional<Event> Group::broadcast(const Buffer& buf, std::size_t bytes, int 
   c.parties = all_members(n);
   c.party = me;
   c.sms = comm_->nccl_sms;
-  price_as_planned(c, comm_->fabric, *g_, me, Collective::Broadcast, bytes);
+  price_as_planned(c, *comm_, *g_, me, Collective::Broadcast, bytes);
   PartyPhase p(static_cast<size_t>(n), functional(stream));
   if (me == root) {
     for (int d = 0; d < n; ++d)

@@ -179,5 +179,6 @@ inline constexpr const char* emulator_gpus_per_node = "emulator.gpus_per_node";
 inline constexpr const char* emulator_workers_per_device = "emulator.workers_per_device";
 inline constexpr const char* emulator_thread_budget = "emulator.thread_budget";
 inline constexpr const char* emulator_collective_timeout_s = "emulator.collective_timeout_s";
+inline constexpr const char* emulator_ranks = "emulator.ranks";
 
 }  // namespace nodeemu::emu::key

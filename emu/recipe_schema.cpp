@@ -478,6 +478,12 @@ std::vector<KeySpec> build() {
        {},
        "wall seconds before a stuck collective is reported (0: never; else at least 1); time the "
        "process is stopped or paused does not count"},
+      {key::emulator_ranks,
+       T::String,
+       "auto",
+       {"auto", "all", "representative"},
+       "meta mode: run every rank, or one data-parallel replica standing for the others "
+       "(representative); auto: representative above 64 GPUs"},
   };
   return s;
 }

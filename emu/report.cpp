@@ -201,7 +201,12 @@ std::string why_faster(const Case& base, const Case& c) {
 
 void print_summary(const RunReport& r, std::ostream& os) {
   os << "recipe " << r.recipe << " (" << r.mode << "), " << r.world << " GPUs of " << r.topology
-     << ", schedule " << r.schedule << ", GEMMs " << r.gemm_kernel << "\n\n";
+     << ", schedule " << r.schedule << ", GEMMs " << r.gemm_kernel << "\n";
+  if (r.ranks_run < r.world)
+    os << "representative ranks: " << r.ranks_run << " of the " << r.world
+       << " ranks ran (one data-parallel replica); the other GPUs report their figures "
+          "(emulator.ranks: all runs every one)\n";
+  os << "\n";
   // The MTP loss gets a column only in runs that report it.
   const bool mtp = !r.iterations.empty() && r.iterations[0].mtp_loss.has_value();
   os << "  iter      loss" << (mtp ? "  mtp loss" : "") << "   step (virtual ms)\n";

@@ -14,6 +14,7 @@ RunPlan::RunPlan(const Recipe& r, const TrainOptions& options)
       cfg(model_config(r, node.topology->gpu)),
       graphs(cuda_graphs(r)),
       pg(parallel_layout(r, world)),
+      ranks(select_ranks(r, pg, node)),
       ddp(ddp_config(r, pg.layout().dp())),
       optimizer(optimizer_config(r)),
       pp(pipeline_size(r)),

@@ -13,6 +13,7 @@
 #include "emu/optimizer.hpp"
 #include "emu/recipe.hpp"
 #include "emu/recipe_views.hpp"
+#include "emu/representative_ranks.hpp"
 #include "emu/schedule.hpp"
 #include "emu/training.hpp"
 #include "layers/distributed_data_parallel.hpp"
@@ -32,6 +33,7 @@ struct RunPlan {
   layers::ModelConfig cfg;
   CudaGraphs graphs;
   ProcessGroups pg;
+  RankSelection ranks;  // which ranks run (emulator.ranks)
   layers::DdpConfig ddp;
   OptimizerConfig optimizer;
   int pp, vpp;

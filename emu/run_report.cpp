@@ -27,6 +27,7 @@ void describe_run(const RunFacts& run, Node& node, RunReport& rep) {
                        "differ from other hosts' and between layouts NodeEmu keeps bit-equal)";
   rep.topology = node.topology().name;
   rep.world = node.device_count();
+  rep.ranks_run = int(run.plan.ranks.running.size());
   rep.device_ops = node.engine_ops();
   rep.functional_kernel_flops = node.functional_kernel_flops();
   const GpuSpec& gpu = node.topology().gpu;
@@ -77,10 +78,11 @@ void add_iterations(const RunFacts& run, const std::vector<RankResult>& results,
   }
 }
 
-// One GPU's figures per steady step, from the timeline between `from` and `to`.
-DeviceReport device_report(int dev, const RankResult& res, const TimelineStats& stats, Node& node,
-                           double from, double to, int steady, int warmup_iterations) {
-  const TimelineStats::Busy b = stats.busy(dev, from, to);
+// One GPU's figures per steady step, from the timeline between `from` and `to` of the GPU that
+// ran its program (`ran`: itself, or with representative ranks the GPU that stood for it).
+DeviceReport device_report(int dev, int ran, const RankResult& res, const TimelineStats& stats,
+                           Node& node, double from, double to, int steady, int warmup_iterations) {
+  const TimelineStats::Busy b = stats.busy(ran, from, to);
   DeviceReport dr;
   dr.id = dev;
   dr.peak_mem_bytes = res.peak_mem;
@@ -92,8 +94,8 @@ DeviceReport device_report(int dev, const RankResult& res, const TimelineStats& 
   // The host actors that drive this GPU (its rank's program and any side threads).
   std::vector<int> hosts;
   for (int h = 0; h < stats.hosts_seen(); ++h)
-    if (node.host_device(h) == dev) hosts.push_back(h);
-  dr.host_bound_s = stats.idle_while_host_busy(dev, hosts, from, to) / steady;
+    if (node.host_device(h) == ran) hosts.push_back(h);
+  dr.host_bound_s = stats.idle_while_host_busy(ran, hosts, from, to) / steady;
   dr.offload_busy_s = b.offload_s / steady;
   dr.exposed_offload_s = b.exposed_offload_s / steady;
   dr.recompute_s = b.recompute_s / steady;
@@ -131,9 +133,11 @@ void add_steady_state(const RunFacts& run, const std::vector<RankResult>& result
   const double from = rep.warmup_iterations ? ends[std::size_t(rep.warmup_iterations - 1)] : 0;
   const double to = ends.back();
   rep.step_time_s = (to - from) / steady;
+  const std::vector<int>& representative_of = run.plan.ranks.representative_of;
   for (int dev = 0; dev < world; ++dev) {
-    const DeviceReport dr = device_report(dev, results[std::size_t(dev)], stats, node, from, to,
-                                          steady, rep.warmup_iterations);
+    const int ran = representative_of.empty() ? dev : representative_of[std::size_t(dev)];
+    const DeviceReport dr = device_report(dev, ran, results[std::size_t(dev)], stats, node, from,
+                                          to, steady, rep.warmup_iterations);
     rep.exposed_offload_s += dr.exposed_offload_s / world;
     rep.total_offload_s += dr.offload_busy_s / world;
     rep.recompute_s += dr.recompute_s / world;
@@ -141,9 +145,9 @@ void add_steady_state(const RunFacts& run, const std::vector<RankResult>& result
     rep.host_bound_s += dr.host_bound_s / world;
     rep.total_comm_s += dr.comm_busy_s / world;
     rep.compute_utilisation += dr.compute_busy_s / rep.step_time_s / world;
-    for (const auto& [name, s] : stats.exposed_comm_by_name(dev, from, to))
+    for (const auto& [name, s] : stats.exposed_comm_by_name(ran, from, to))
       rep.exposed_comm_by_name[name] += s / steady / world;
-    for (const auto& [group, s] : stats.exposed_comm_by_group(dev, from, to))
+    for (const auto& [group, s] : stats.exposed_comm_by_group(ran, from, to))
       rep.exposed_comm_by_group[group] += s / steady / world;
     rep.devices.push_back(dr);
   }

@@ -57,6 +57,8 @@ void write_summary_json(const RunReport& r, const Recipe& recipe, std::ostream& 
   j["schedule"] = r.schedule;
   j["topology"] = r.topology;
   j["world"] = r.world;
+  j["ranks"] = r.ranks_run < r.world ? "representative" : "all";
+  j["ranks_run"] = r.ranks_run;
   j["iterations"] = Json::array();
   for (const auto& it : r.iterations) j["iterations"].push_back(iteration_json(it));
   j["warmup_iterations"] = r.warmup_iterations;

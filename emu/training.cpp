@@ -389,23 +389,29 @@ RunReport train(const Recipe& recipe, const TrainOptions& options) {
     }
   } stop_drawing_ahead{routing, &pool};
   Communicator comm(node);
+  const RankSelection& ranks = setup.ranks;
+  if (ranks.representative) comm.represent(ranks.representative_of);
   std::vector<RankResult> results(static_cast<std::size_t>(setup.world));
-  RunShared shared{
-      node,
-      comm,
-      options,
-      results,
-      {},
-      std::vector<int>(static_cast<std::size_t>(setup.world)),
-      std::vector<int>(2 * static_cast<std::size_t>(setup.world), 0),
-      Progress(options.progress, options.progress_terminal, setup.iterations,
-               2 * long(setup.microbatches) * setup.vpp * setup.world, options.progress_clock)};
+  RunShared shared{node,
+                   comm,
+                   options,
+                   results,
+                   {},
+                   std::vector<int>(static_cast<std::size_t>(setup.world)),
+                   std::vector<int>(2 * static_cast<std::size_t>(setup.world), 0),
+                   Progress(options.progress, options.progress_terminal, setup.iterations,
+                            2 * long(setup.microbatches) * setup.vpp * long(ranks.running.size()),
+                            options.progress_clock)};
   std::iota(shared.all_ranks.begin(), shared.all_ranks.end(), 0);
-  node.run([&](Host& host) {
+  node.run(ranks.running, [&](Host& host) {
     RankRun rank(setup, shared, host);
     for (int it = 0; it < setup.iterations; ++it) rank.iteration(it);
     rank.finish();
   });
+  // A skipped rank's results are its representative's (the same program on equal work).
+  for (std::size_t r = 0; r < ranks.representative_of.size(); ++r)
+    if (ranks.representative_of[r] != int(r))
+      results[r] = results[std::size_t(ranks.representative_of[r])];
   RunReport rep = detail::assemble_report({setup, shared.schedule_name}, results, stats, node);
   rep.timeline_hash = node.timeline_hash();
   if (!options.trace_path.empty()) node.write_chrome_trace(options.trace_path);

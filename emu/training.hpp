@@ -75,6 +75,9 @@ struct DeviceReport {
 struct RunReport {
   std::string recipe, mode, schedule, gemm_kernel, topology;
   int world = 0;
+  // The ranks whose programs ran: the world, or with representative ranks (emulator.ranks) one
+  // data-parallel replica, whose figures the other replicas' GPUs report.
+  int ranks_run = 0;
   std::vector<IterationReport> iterations;
   int warmup_iterations = 0;
   double step_time_s = 0;                             // steady mean

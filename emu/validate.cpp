@@ -9,6 +9,7 @@
 #include "emu/flex_backend_support.hpp"
 #include "emu/recipe_keys.hpp"
 #include "emu/recipe_views.hpp"
+#include "emu/representative_ranks.hpp"
 #include "emu/schedule.hpp"
 
 namespace nodeemu::emu {
@@ -210,6 +211,8 @@ void Rules::emulator() {
           "must be 0 (no watchdog) or at least " +
               std::to_string(int(NodeOptions::kMinCollectiveTimeoutS)) +
               " s: a shorter wait for a slow peer on a loaded host is not a hang");
+  if (r_.text(key::emulator_ranks) == "representative" && r_.text(key::emulator_mode) != "meta")
+    error(key::emulator_ranks, kRepresentativeNeedsMeta);
   const int c = i(key::emulator_cuda_device_max_connections);
   if (c < 1 || c > 32)
     error(key::emulator_cuda_device_max_connections, "must be between 1 and 32 (CUDA's range)");

@@ -21,6 +21,10 @@ struct FlexRouting {
   std::vector<int> offset;                  // [member]: first received row from there
   int received = 0;
   std::vector<std::int64_t> recv_per_expert;  // [local expert]: pairs received
+  // Representative ranks (meta mode): the routings of the skipped members this rank stands for
+  // (by member index), estimated from the same counts: their traffic rides on this rank's calls.
+  std::vector<int> stand_in_members;
+  std::vector<FlexRouting> stand_ins;
 
   // Nodes of the members, from their nodes' indices on the emulated machine.
   void set_nodes(const std::vector<int>& machine_node_of_member);

@@ -57,6 +57,12 @@ const std::map<std::string, Flip>& chosen_flips() {
                                                  "model.moe_router_force_load_balancing=true"};
   static const std::map<std::string, Flip> m = {
       {"topology", {"topologies/dgx_h200.yaml"}},
+      // One of the tiny recipe's four data-parallel ranks runs for all (meta mode only).
+      {"emulator.ranks",
+       {"representative",
+        {"emulator.mode=meta", "model.moe_router_force_load_balancing=true"},
+        {},
+        true}},
       {"model.hidden_size", {"128"}},
       {"model.num_attention_heads", {"8", {"model.kv_channels=16"}}},
       {"model.ffn_hidden_size", {"64", {"model.moe_layer_freq=[0,1,1,1]"}}},
