@@ -34,8 +34,7 @@ std::vector<std::string> scaled_deepseek(const std::string& ranks, const std::st
                        "model.moe_flex_dispatcher_backend=hybridep"});
   // Zipf expert popularities: a rank whose experts are popular receives more than it sends.
   if (dispatcher == "hybridep, skewed")
-    o.insert(o.end(),
-             {"model.moe_router_force_load_balancing=false", "emulator.routing_skew=1.5"});
+    o.insert(o.end(), {"model.moe_router_force_load_balancing=false", "emulator.routing_skew=1.5"});
   return o;
 }
 
