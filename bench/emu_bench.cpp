@@ -34,7 +34,9 @@ double bare_engine_ops_per_s(int ranks, std::uint64_t ops) {
   o.mode = nodeemu::Mode::Meta;
   o.thread_budget = 1;
   nodeemu::Node node(o);
-  const std::uint64_t per_rank = ops / std::uint64_t(node.device_count()) / 3;
+  // At least one of each per rank: a representative case issues fewer operations than GPUs.
+  const std::uint64_t per_rank =
+      std::max<std::uint64_t>(1, ops / std::uint64_t(node.device_count()) / 3);
   const auto t0 = std::chrono::steady_clock::now();
   node.run([&](nodeemu::Host& host) {
     nodeemu::Stream a = host.device().default_stream();

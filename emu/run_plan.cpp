@@ -41,6 +41,12 @@ RunPlan::RunPlan(const Recipe& r, const TrainOptions& options)
       throw ConfigError(r.name(), "--trace-gpus",
                         "GPU " + std::to_string(g) + " does not exist; the recipe lays out " +
                             std::to_string(world) + " GPUs (0-" + std::to_string(world - 1) + ")");
+  for (int g : options.trace_gpus)
+    if (ranks.representative && ranks.representative_of[std::size_t(g)] != g)
+      throw ConfigError(r.name(), "--trace-gpus",
+                        "GPU " + std::to_string(g) + " does not run (representative ranks: GPU " +
+                            std::to_string(ranks.representative_of[std::size_t(g)]) +
+                            " runs in its place); trace that GPU, or set emulator.ranks=all");
   node.trace_devices = options.trace_gpus;
   cfg.meta_routing = meta_routing(r, cfg, microbatches);
   cfg.validate();

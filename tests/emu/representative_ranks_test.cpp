@@ -106,6 +106,21 @@ TEST(RepresentativeRanks, StayWithin3PercentUnderSkewedRouting) {
       "hybridep, skewed", {.step = 0.03, .comm_floor = 0.8, .pipeline = 0.1, .memory = 0.06});
 }
 
+TEST(RepresentativeRanks, TracingASkippedGpuIsRefusedNamingTheOneThatRuns) {
+  TrainOptions o;
+  o.iterations = 1;
+  o.trace_path = ::testing::TempDir() + "/representative_trace.json";
+  o.trace_gpus = {2};
+  try {
+    (void)train(Recipe::load(testing::recipe_path("deepseek_v3_proxy"),
+                             scaled_deepseek("representative", "alltoall")),
+                o);
+    FAIL() << "a skipped GPU's trace was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("GPU 0 runs in its place"), std::string::npos) << e.what();
+  }
+}
+
 TEST(RepresentativeRanks, AutoRunsEveryRankUpTo64GpusAndInFunctionalMode) {
   const Recipe small =
       Recipe::load(testing::recipe_path("deepseek_v3_proxy"), scaled_deepseek("auto", "alltoall"));
