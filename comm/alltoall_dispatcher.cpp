@@ -92,7 +92,19 @@ AlltoallSplits AlltoallDispatcher::host_splits(const Buffer& host, const Stream&
         "alltoall dispatcher: meta mode has no routing to read; pass the counts "
         "(" +
         std::to_string(ep_.size() * num_experts_) + " values: [ep][num_experts])");
-  return splits_from(meta_counts.data(), me);
+  AlltoallSplits s = splits_from(meta_counts.data(), me);
+  if (!ep_.stands_for(me).empty())
+    s.counts = std::make_shared<const std::vector<std::int64_t>>(meta_counts);
+  return s;
+}
+
+Group::SendSizesOf AlltoallDispatcher::stand_in_sizes(const AlltoallSplits& splits,
+                                                      bool dispatch) const {
+  if (!splits.counts) return {};
+  return [this, counts = splits.counts, dispatch](int member) {
+    const AlltoallSplits s = splits_from(counts->data(), member);
+    return bytes(dispatch ? s.send_rows : s.recv_rows);
+  };
 }
 
 AlltoallSplits AlltoallDispatcher::exchange_counts(const Buffer& tokens_per_expert, Stream& stream,
@@ -131,7 +143,7 @@ std::optional<Event> AlltoallDispatcher::dispatch(const Buffer& permuted, const 
   CollOptions named = o;
   if (named.name.empty()) named.name = "dispatch a2a";
   return ep_.all_to_all_v(permuted, bytes(splits.send_rows), recv, bytes(splits.recv_rows), stream,
-                          named);
+                          named, stand_in_sizes(splits, true));
 }
 
 std::optional<Event> AlltoallDispatcher::combine(const Buffer& expert_out, const Buffer& back,
@@ -140,7 +152,7 @@ std::optional<Event> AlltoallDispatcher::combine(const Buffer& expert_out, const
   CollOptions named = o;
   if (named.name.empty()) named.name = "combine a2a";
   return ep_.all_to_all_v(expert_out, bytes(splits.recv_rows), back, bytes(splits.send_rows),
-                          stream, named);
+                          stream, named, stand_in_sizes(splits, false));
 }
 
 }  // namespace nodeemu

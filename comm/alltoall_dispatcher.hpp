@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -24,6 +25,9 @@ struct AlltoallSplits {
   // of its allocations.
   std::vector<std::int64_t> recv_rows_per_expert;
   int local_experts = 0;
+  // Meta mode with representative ranks: the EP group's [members][experts] counts these came
+  // from, so that the skipped members this rank stands for send their own sizes; else null.
+  std::shared_ptr<const std::vector<std::int64_t>> counts;
   std::int64_t received(std::size_t member, int local_expert) const {
     return recv_rows_per_expert[member * std::size_t(local_experts) + std::size_t(local_expert)];
   }
@@ -84,6 +88,8 @@ class AlltoallDispatcher {
   AlltoallSplits host_splits(const Buffer& host, const Stream& stream, int me,
                              const std::vector<std::int64_t>& meta_counts) const;
   std::vector<std::size_t> bytes(const std::vector<std::size_t>& rows) const;
+  // What a skipped member stood for sends: its rows out (dispatch) or back (combine).
+  Group::SendSizesOf stand_in_sizes(const AlltoallSplits& splits, bool dispatch) const;
 
   Group ep_;
   int num_experts_;

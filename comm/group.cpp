@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "comm/comm_state.hpp"
+#include "devices/check.hpp"
 #include "devices/errors.hpp"
 #include "devices/node.hpp"
 
@@ -120,6 +121,10 @@ int Group::index_of(int device) const {
   return it == g_->ranks.end() ? -1 : static_cast<int>(it - g_->ranks.begin());
 }
 
+const std::vector<int>& Group::stands_for(int member) const {
+  return comm_->stands_for(*g_, member, op_name("stands_for"));
+}
+
 namespace {
 
 // A reduction's element size, channel operation and name in traces and mismatch reports.
@@ -147,7 +152,7 @@ std::optional<Event> Group::all_to_all_v(const Buffer& send,
                                          const std::vector<std::size_t>& send_bytes,
                                          const Buffer& recv,
                                          const std::vector<std::size_t>& recv_bytes, Stream& stream,
-                                         const CollOptions& o) {
+                                         const CollOptions& o, const SendSizesOf& send_bytes_of) {
   const OpName op = op_name("all_to_all_v");
   const int me = comm_->caller_member(*g_, stream, op);
   const int n = size();
@@ -166,6 +171,13 @@ std::optional<Event> Group::all_to_all_v(const Buffer& send,
   c.party = me;
   c.sms = comm_->nccl_sms;
   price_as_planned(c, *comm_, *g_, me, Collective::AllToAll, sum(send_bytes), false);
+  if (send_bytes_of && !stands_for(me).empty())
+    c.add_loads_of = [this, &send_bytes_of](int member, std::vector<LinkLoad>& out) {
+      const std::vector<std::size_t> sizes = send_bytes_of(member);
+      NE_CHECK(sizes.size() == g_->ranks.size(), "a skipped member's sizes, not one per member");
+      for (std::size_t d = 0; d < sizes.size(); ++d)
+        comm_->fabric.add_message(g_->ranks[size_t(member)], g_->ranks[d], double(sizes[d]), out);
+    };
   PartyPhase p(static_cast<size_t>(n), functional(stream));
   p.send_bytes = send_bytes;
   p.recv_bytes = recv_bytes;

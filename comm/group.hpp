@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,11 +55,19 @@ class Group {
   int size() const;
   // The position of global rank `device` in the group, or -1.
   int index_of(int device) const;
+  // Representative ranks (Communicator::represent): the members that do not run and whose place
+  // `member` takes in this group's calls; empty when every member runs.
+  const std::vector<int>& stands_for(int member) const;
 
   // --- collectives: called by the host of a member, on a stream of that member's device ---
+  // Representative ranks: `send_bytes_of(m)` gives what a skipped member m this caller stands
+  // for sends each member; unset, m sends the caller's sizes turned to its peers (m + j gets what
+  // the caller sends its member + j).
+  using SendSizesOf = std::function<std::vector<std::size_t>(int member)>;
   std::optional<Event> all_to_all_v(const Buffer& send, const std::vector<std::size_t>& send_bytes,
                                     const Buffer& recv, const std::vector<std::size_t>& recv_bytes,
-                                    Stream& stream, const CollOptions& o = {});
+                                    Stream& stream, const CollOptions& o = {},
+                                    const SendSizesOf& send_bytes_of = {});
   std::optional<Event> all_to_all(const Buffer& send, const Buffer& recv,
                                   std::size_t bytes_per_peer, Stream& stream,
                                   const CollOptions& o = {});

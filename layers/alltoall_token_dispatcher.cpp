@@ -59,6 +59,8 @@ class AlltoallPlan final : public DispatchPlan {
   void send_counts(ops::At at);
   // The host's sync point: waits for the counts, then sizes the all-to-all and the sort.
   void size_all_to_all(ops::At at);
+  // Meta mode, representative ranks: the experts' rows of the busiest member stood for.
+  void size_for_the_busiest(ops::At at);
   const AlltoallTokenDispatcher& d_;
   std::int64_t tokens_;
   std::int64_t capacity_ = 0;                       // per expert, with pad-to-capacity
@@ -234,6 +236,7 @@ void AlltoallPlan::size_all_to_all(ops::At at) {
     etp_counts_ = Tensor();
   } else if (rows_) {
     splits_ = rows_->finish_counts(counts_, at.stream, values_of(meta_counts_));
+    if (d_.mode() == Mode::Meta) size_for_the_busiest(at);
   } else {
     if (values_of(meta_counts_).size() != std::size_t(d_.ep_size()) * std::size_t(E))
       throw UsageError("alltoall dispatcher: dispatch before preprocess on this plan");
@@ -242,8 +245,13 @@ void AlltoallPlan::size_all_to_all(ops::At at) {
   }
   sized_ = true;
   counts_ = {};
+  // The rows the experts take (more than arrive where a busier member is stood for).
   received_ = 0;
-  for (auto n : splits_.recv_rows) received_ += std::int64_t(n);
+  for (auto n : splits_.recv_rows_per_expert) received_ += n;
+  if (split()) {
+    received_ = 0;
+    for (auto n : splits_.recv_rows) received_ += std::int64_t(n);
+  }
   // Received rows arrive by (source, local expert); the experts want (local expert, source).
   const std::size_t members = splits_.members();
   // [member][local expert], flat: one allocation per micro-batch rather than one per member.
@@ -265,6 +273,32 @@ void AlltoallPlan::size_all_to_all(ops::At at) {
       dst += n;
       io.rows_per_expert.host[size_t(e)] += n;
     }
+}
+
+void AlltoallPlan::size_for_the_busiest(ops::At at) {
+  // Representative ranks: the combine every EP member waits for starts when the slowest one's
+  // experts are done, so the experts here take the rows of the busiest member this rank stands
+  // for. The all-to-all keeps this rank's own sizes (its running peers check them); its receive
+  // buffer, sized for the experts' rows, holds them.
+  const Group& ep = *d_.ep();
+  const int me = ep.index_of(at.stream.device().id());
+  const std::vector<int>& others = ep.stands_for(me);
+  if (others.empty()) return;
+  // Each member's received pairs: its experts' column sums over the sources.
+  const int E = d_.cfg().num_moe_experts, L = d_.local_experts(), n = ep.size();
+  auto received_by = [&](int m) {
+    std::int64_t total = 0;
+    for (int s = 0; s < n; ++s)
+      for (int e = 0; e < L; ++e) total += (*meta_counts_)[std::size_t(s * E + m * L + e)];
+    return total;
+  };
+  int busiest = me;
+  std::int64_t most = received_by(me);
+  for (int m : others)
+    if (const std::int64_t r = received_by(m); r > most) most = r, busiest = m;
+  if (busiest != me)
+    splits_.recv_rows_per_expert =
+        AlltoallDispatcher::splits(meta_counts_->data(), n, E, busiest).recv_rows_per_expert;
 }
 
 void AlltoallPlan::dispatch(ops::At at) {

@@ -89,7 +89,7 @@ void expect_representative_matches_all(const std::string& dispatcher, const RepT
 }
 
 TEST(RepresentativeRanks, MatchEveryRankOnTheAlltoallDispatcher) {
-  expect_representative_matches_all("alltoall", {.step = 0.02});
+  expect_representative_matches_all("alltoall", {.step = 0.002});
 }
 
 TEST(RepresentativeRanks, MatchEveryRankOnTheHybridEpDispatcher) {
