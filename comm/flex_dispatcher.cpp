@@ -250,7 +250,7 @@ FlexDispatched FlexDispatcher::dispatch(const Buffer& x, const Buffer& topk_idx,
     // the combine every member waits for starts when the slowest member's experts are done.
     const FlexRouting* busiest = routing.get();
     if (!functional)
-      for (int m : ep_.comm().stands_for(ep_.state(), me, {"flex dispatch", &ep_.state()})) {
+      for (int m : ep_.stands_for(me)) {
         FlexRouting& r = routing->stand_ins.emplace_back();
         routing->stand_in_members.push_back(m);
         r.node_of = routing->node_of;

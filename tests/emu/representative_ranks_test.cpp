@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -118,6 +119,44 @@ TEST(RepresentativeRanks, TracingASkippedGpuIsRefusedNamingTheOneThatRuns) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("GPU 0 runs in its place"), std::string::npos) << e.what();
   }
+}
+
+// A NIC that serves a running GPU and a skipped one would miss the skipped one's own traffic:
+// asked for, representative ranks are refused there; `auto` runs every rank.
+TEST(RepresentativeRanks, ANicSharedAcrossReplicasIsRefusedAndAutoRunsEveryRank) {
+  const std::string topology = ::testing::TempDir() + "/four_nics_a_node.yaml";
+  {
+    std::ifstream in(std::string(NODEEMU_SOURCE_DIR) + "/configs/topologies/dgx_h200.yaml");
+    std::ofstream out(topology);
+    for (std::string line; std::getline(in, line);)
+      out << (line.rfind("  per_node: 8", 0) == 0 ? std::string("  per_node: 4") : line) << "\n";
+  }
+  // TP 1: data-parallel rank 0 is one GPU of each node, and its NIC serves a skipped GPU too.
+  auto tp1 = [&](const std::string& ranks) {
+    std::vector<std::string> o = scaled_deepseek(ranks, "alltoall");
+    std::erase_if(o, [](const std::string& v) {
+      return v.rfind("model.tensor_model_parallel_size=", 0) == 0 ||
+             v.rfind("model.sequence_parallel=", 0) == 0;
+    });
+    o.push_back("topology=" + topology);
+    return o;
+  };
+  try {
+    (void)train(Recipe::load(testing::recipe_path("deepseek_v3_proxy"), tp1("representative")),
+                {.iterations = 1});
+    FAIL() << "representative ranks on shared NICs were accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("NIC"), std::string::npos) << e.what();
+  }
+  std::vector<std::string> wide = tp1("auto");
+  std::erase_if(wide, [](const std::string& o) {
+    return o.rfind("nodes=", 0) == 0 || o.rfind("train.global_batch_size=", 0) == 0;
+  });
+  // 128 GPUs, above auto's threshold: DP 32, one micro-batch a pipeline.
+  wide.insert(wide.end(), {"nodes=16", "train.global_batch_size=32"});
+  EXPECT_EQ(train(Recipe::load(testing::recipe_path("deepseek_v3_proxy"), wide), {.iterations = 1})
+                .ranks_run,
+            128);
 }
 
 TEST(RepresentativeRanks, AutoRunsEveryRankUpTo64GpusAndInFunctionalMode) {
