@@ -59,7 +59,7 @@ class Communicator {
   // place, r itself if r runs. Only running ranks call collectives; a collective completes when
   // its running members have joined, and each running member's call also puts on the fabric the
   // link loads of the skipped members of that group it stands for (from their own sizes where
-  // the caller knows them: the flex dispatcher's routing, a symmetric collective's plan). A group
+  // the caller knows them: the dispatchers' routing, a symmetric collective's plan). A group
   // whose members all are skipped is never called. Call before Node::run. Throws UsageError in
   // functional mode (the skipped ranks' bytes would not exist), for a list that is not one entry
   // per device, or for a representative that does not run itself.

@@ -245,13 +245,14 @@ void AlltoallPlan::size_all_to_all(ops::At at) {
   }
   sized_ = true;
   counts_ = {};
-  // The rows the experts take (more than arrive where a busier member is stood for).
+  // The rows this rank's experts take: what arrives, or with representative ranks the busiest
+  // stood-for member's pairs. Under expert TP the pairs per expert are every ETP peer's, so the
+  // rows that arrive here are counted instead.
   received_ = 0;
-  for (auto n : splits_.recv_rows_per_expert) received_ += n;
-  if (split()) {
-    received_ = 0;
+  if (split())
     for (auto n : splits_.recv_rows) received_ += std::int64_t(n);
-  }
+  else
+    for (auto n : splits_.recv_rows_per_expert) received_ += n;
   // Received rows arrive by (source, local expert); the experts want (local expert, source).
   const std::size_t members = splits_.members();
   // [member][local expert], flat: one allocation per micro-batch rather than one per member.
