@@ -23,6 +23,15 @@
 // micro-batch in flight, a little above any single member's. The bounds below are what holds
 // today, so that a change that widens either gap is seen.
 //
+// The other model was tried (2026-12-07, sixth session) and dropped: the running rank computes
+// its own rows and the combine and the dispatch's backward start as much later as the busiest
+// stood-for member's experts take longer (their solo price scaled by the rows). Exposed
+// communication then came within 1.7 % and the peak within 0.3 % (below), but the step fell
+// short: -1.5 % on qwen3_30b_a3b_tp2_pp2_vpp4_ep4 and -0.8 / -1.1 % on the 32-GPU proxy of
+// representative_ranks_test (exact before). The slowest member's extra work is on the critical
+// path in ways a delay does not carry: stretched by the communication kernels it shares SMs
+// with, and left as a backlog on its compute stream under EP overlap.
+//
 // Not here: deepseek_v3.yaml itself (TP2 PP16 EP64 needs 1,024 GPUs; with EP fitted to 64 GPUs
 // it does not fit in HBM), compared at 1,024 GPUs in bench/README (step equal to 1e-6); its
 // structure is deepseek_v3_proxy's. megatron_launch.yaml holds no model (a node for a pasted
