@@ -10,6 +10,7 @@
 
 #include "devices/errors.hpp"
 #include "emu/detail/commands.hpp"
+#include "schema/nearest_key.hpp"
 
 namespace nodeemu::emu {
 
@@ -89,7 +90,7 @@ void print_usage(std::ostream& os) {
     os << head << std::string(head.size() < 8 ? 8 - head.size() : 0, ' ') << c.synopsis << "\n"
        << "        " << c.what << "\n";
   }
-  os << "  help  this text\n" << kUsageTail;
+  os << "  help  this text   (nodeemu --version: the version)\n" << kUsageTail;
 }
 
 // A subcommand's --help: our synopsis and what it does first, CLI11's list of the options it
@@ -138,11 +139,23 @@ int main(const std::vector<std::string>& args, std::ostream& out, std::ostream& 
     print_usage(args.empty() ? err : out);
     return args.empty() ? 2 : 0;
   }
+  if (args[0] == "--version" || args[0] == "-V") {
+    out << "nodeemu " << NODEEMU_VERSION << "\n";
+    return 0;
+  }
   const auto& all = commands();
   const auto c =
       std::find_if(all.begin(), all.end(), [&](const CommandHelp& h) { return args[0] == h.name; });
   if (c == all.end()) {
-    err << "nodeemu: error: unknown command '" << args[0] << "'; the commands are";
+    err << "nodeemu: error: unknown command '" << args[0] << "'";
+    // The nearest command within about a third of the word's length, as the loaders suggest keys.
+    const CommandHelp* near = nullptr;
+    std::size_t best = args[0].size() / 3 + 1;
+    for (const auto& h : all)
+      if (const std::size_t d = schema::edit_distance(args[0], h.name); d < best)
+        best = d, near = &h;
+    if (near) err << "; did you mean '" << near->name << "'?";
+    err << " The commands are";
     for (const auto& h : all) err << " " << h.name << ",";
     err << " and help\n";
     return 2;

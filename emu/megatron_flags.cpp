@@ -19,6 +19,12 @@ MegatronFlag io(const std::string& name, int values) {
   return {name, K::Io, values, "", ""};
 }
 
+// megatron/training/arguments.py, _add_learning_rate_args; the schedule itself is
+// OptimizerParamScheduler (megatron/core/optimizer_param_scheduler.py), a host computation.
+MegatronFlag lr_schedule(const std::string& name, int values) {
+  return {name, K::LrSchedule, values, "", ""};
+}
+
 // What the flags state, from megatron/training/arguments.py (names and defaults) and the model
 // NodeEmu builds (layers/): RMSNorm, SwiGLU experts and MLPs, RoPE, grouped-query attention,
 // no biases, no dropout, an output layer of its own, a constant learning rate, no clipping.
@@ -45,8 +51,20 @@ const std::vector<MegatronFlag>& table() {
       {"distributed-backend", K::Model, 1, "nccl", "NCCL collectives"},
       {"clip-grad", K::Model, 1, "0",
        "no gradient clipping (Megatron-LM clips at 1.0 unless told)"},
-      {"lr-decay-style", K::Model, 1, "constant", "a constant learning rate"},
-      {"lr-warmup-iters", K::Model, 1, "0", "a constant learning rate, without warm-up"},
+      // --- the learning-rate schedule: no effect on timing ---
+      lr_schedule("lr-decay-style", 1),
+      lr_schedule("lr-decay-iters", 1),
+      lr_schedule("lr-decay-samples", 1),
+      lr_schedule("lr-warmup-iters", 1),
+      lr_schedule("lr-warmup-samples", 1),
+      lr_schedule("lr-warmup-fraction", 1),
+      lr_schedule("lr-warmup-init", 1),
+      lr_schedule("min-lr", 1),
+      lr_schedule("lr-wsd-decay-style", 1),
+      lr_schedule("lr-wsd-decay-iters", 1),
+      lr_schedule("lr-wsd-decay-samples", 1),
+      lr_schedule("override-opt_param-scheduler", 0),
+      lr_schedule("use-checkpoint-opt_param-scheduler", 0),
       // --- data, tokenizer, checkpoints, logging, evaluation: not the training step ---
       io("data-path", -1),
       io("train-data-path", -1),
@@ -87,12 +105,6 @@ const std::vector<MegatronFlag>& table() {
       io("exit-duration-in-mins", 1),
       io("distributed-timeout-minutes", 1),
       // --- settings NodeEmu does not model ---
-      {"min-lr", K::Refused, 1, "",
-       "the learning-rate schedule is not modelled: NodeEmu's rate is constant "
-       "(--lr-decay-style constant); remove it"},
-      {"lr-decay-iters", K::Refused, 1, "",
-       "the learning-rate schedule is not modelled: NodeEmu's rate is constant "
-       "(--lr-decay-style constant); remove it"},
       {"fp8-format", K::Refused, 1, "", "FP8 training is not modelled; remove it"},
       {"fp8-recipe", K::Refused, 1, "", "FP8 training is not modelled; remove it"},
   };

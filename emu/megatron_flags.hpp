@@ -7,6 +7,10 @@
 //    refused with what NodeEmu models otherwise. Some also set a key.
 //  - Io: data, tokenizer, checkpoint, logging and evaluation flags. Accepted; the run summary
 //    names them as without effect on the emulated training steps.
+//  - LrSchedule: the learning-rate schedule (warm-up, decay, its floor): host arithmetic between
+//    steps, no effect on timing. Accepted in meta mode and named in the summary like Io;
+//    refused in functional mode, whose rate is the constant optimizer.lr (its losses would not
+//    be Megatron's).
 //  - Refused: a setting NodeEmu does not model, with what to do instead.
 #pragma once
 #include <string>
@@ -15,7 +19,7 @@
 namespace nodeemu::emu {
 
 struct MegatronFlag {
-  enum class Kind { Model, Io, Refused };
+  enum class Kind { Model, Io, LrSchedule, Refused };
   std::string name;  // without the leading "--"
   Kind kind;
   int values;  // words it takes: 0 or 1; -1 = every word up to the next flag

@@ -189,7 +189,7 @@ Recipe::Recipe() {
 }
 
 Recipe Recipe::parse(const std::string& yaml_text, const std::string& name,
-                     const std::vector<std::string>& overrides) {
+                     const std::vector<std::string>& overrides, BadOverrides bad) {
   Recipe r;
   r.name_ = name;
   // The shared walker finds syntax errors, unknown and repeated keys and misplaced maps, with
@@ -203,12 +203,25 @@ Recipe Recipe::parse(const std::string& yaml_text, const std::string& name,
                          const std::string& at) {
                        r.values_[key] = convert(*find_key(key), n, name, "recipe", at);
                      });
+  auto is_flag = [&](std::size_t i) { return overrides[i].rfind("--", 0) == 0; };
   for (std::size_t i = 0; i < overrides.size();) {
-    if (overrides[i].rfind("--", 0) == 0) {
-      i += r.set_flag(overrides, i);
-    } else {
-      r.set(overrides[i]);
+    const bool flag = is_flag(i);
+    try {
+      if (flag) {
+        i += r.set_flag(overrides, i);
+      } else {
+        r.set(overrides[i]);
+        ++i;
+      }
+    } catch (const ConfigError& e) {
+      if (bad == BadOverrides::Throw) throw;
+      r.override_errors_.push_back(e);
+      // A flag that failed leaves its values behind: the words up to the next flag or
+      // assignment.
       ++i;
+      while (flag && i < overrides.size() && !is_flag(i) &&
+             overrides[i].find('=') == std::string::npos)
+        ++i;
     }
   }
   r.apply_megatron_defaults();
@@ -227,15 +240,25 @@ void Recipe::apply_megatron_defaults() {
                               "turned off at tensor_model_parallel_size 1, as "
                               "Megatron-LM does (nothing to shard the sequence over)"});
   }
+  // The schedule changes no kernel, but the functional plane's losses would not be Megatron's:
+  // it steps at the constant optimizer.lr.
+  if (text(key::emulator_mode) == "functional")
+    for (const std::string& f : lr_schedule_flags_)
+      refused_flags_.push_back(
+          {f.substr(0, f.find(' ')),
+           "the functional plane steps at the constant optimizer.lr, so its losses would not "
+           "follow this schedule; remove it, or run in meta mode (emulator.mode=meta), where the "
+           "schedule has no effect on timing"});
 }
 
-Recipe Recipe::load(const std::string& path, const std::vector<std::string>& overrides) {
+Recipe Recipe::load(const std::string& path, const std::vector<std::string>& overrides,
+                    BadOverrides bad) {
   std::ifstream in(path);
   if (!in) throw ConfigError(path, "", "cannot read the recipe file; check the path");
   std::stringstream ss;
   ss << in.rdbuf();
   // Errors name the file; the recipe is then known by its stem.
-  Recipe r = parse(ss.str(), path, overrides);
+  Recipe r = parse(ss.str(), path, overrides, bad);
   r.name_ = std::filesystem::path(path).stem().string();
   r.path_ = path;
   r.dir_ = std::filesystem::path(path).parent_path().string();
@@ -259,7 +282,13 @@ void Recipe::set(const std::string& key, const std::string& yaml_value, const st
   } catch (const YAML::Exception&) {
     throw ConfigError("override", key, "cannot read the value '" + yaml_value + "'");
   }
-  values_[key] = convert(*spec, n, "override", origin);
+  try {
+    values_[key] = convert(*spec, n, "override", origin);
+  } catch (const ConfigError& e) {
+    // A launch flag's value: name the flag the user wrote, and the key it sets.
+    if (origin.rfind("--", 0) != 0) throw;
+    throw ConfigError("command line", origin + " (" + key + ")", e.detail());
+  }
 }
 
 std::size_t Recipe::set_flag(const std::vector<std::string>& args, std::size_t i) {
@@ -342,6 +371,10 @@ std::size_t Recipe::take_megatron_flag(const MegatronFlag& m, const std::vector<
   switch (m.kind) {
     case MegatronFlag::Kind::Io:
       flags_without_effect_.push_back(said);
+      break;
+    case MegatronFlag::Kind::LrSchedule:
+      flags_without_effect_.push_back(said);
+      lr_schedule_flags_.push_back(said);
       break;
     case MegatronFlag::Kind::Refused:
       refused_flags_.push_back({flag, m.why});

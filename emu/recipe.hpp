@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "schema/errors.hpp"
+
 namespace nodeemu::schema {
 struct Field;
 }
@@ -74,12 +76,22 @@ struct Value {
 
 class Recipe {
  public:
+  // What becomes of an override or launch flag that cannot be applied (an unknown flag or key, a
+  // value of the wrong type, a flag without its value): Throw, the first one's ConfigError; or
+  // Collect, each kept in override_errors() and the rest applied, so that the command line
+  // reports every problem of a pasted launch script in one run (validate adds them).
+  enum class BadOverrides { Throw, Collect };
   // Reads a YAML file and applies `overrides` in order: "section.key=value" (a YAML scalar or a
   // flow list, "[a,b]") or Megatron launch flags ("--delay-wgrad-compute",
-  // "--pipeline-model-parallel-size 2", "--no-bf16"). Throws ConfigError naming the file or key.
-  static Recipe load(const std::string& path, const std::vector<std::string>& overrides = {});
+  // "--pipeline-model-parallel-size 2", "--no-bf16"). Throws ConfigError naming the file or key
+  // (the file's own problems always; the overrides' as `bad` says).
+  static Recipe load(const std::string& path, const std::vector<std::string>& overrides = {},
+                     BadOverrides bad = BadOverrides::Throw);
   static Recipe parse(const std::string& yaml_text, const std::string& name,
-                      const std::vector<std::string>& overrides = {});
+                      const std::vector<std::string>& overrides = {},
+                      BadOverrides bad = BadOverrides::Throw);
+  // The overrides and flags that could not be applied, in the order given (BadOverrides::Collect).
+  const std::vector<ConfigError>& override_errors() const { return override_errors_; }
 
   // "section.key=value".
   void set(const std::string& assignment);
@@ -127,7 +139,9 @@ class Recipe {
   std::string name_, path_, dir_;
   std::map<std::string, Value> values_;
   std::vector<std::string> flags_without_effect_;
+  std::vector<std::string> lr_schedule_flags_;  // as given, for the functional-mode refusal
   std::vector<FlagNote> refused_flags_, flag_warnings_;
+  std::vector<ConfigError> override_errors_;
 };
 
 // The YAML text of a value ("null", "true", "4", "[a, b]").

@@ -123,7 +123,7 @@ std::optional<Recipe> prepared(const std::string& path, const std::vector<std::s
                                bool apply_flex) {
   std::vector<std::string> all = overrides;
   if (!mode.empty()) all.push_back(std::string(key::emulator_mode) + "=" + mode);
-  Recipe r = Recipe::load(path, all);
+  Recipe r = Recipe::load(path, all, Recipe::BadOverrides::Collect);
   const auto topo = load_topology(r);
   std::vector<Finding> findings;
   if (apply_flex) findings = apply_flex_dispatcher_backend(r, topo->gpu);

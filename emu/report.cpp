@@ -264,8 +264,8 @@ void print_summary(const RunReport& r, std::ostream& os) {
        << " has no table in the GPU profile; priced by the roofline over its best measured "
           "rates\n";
   if (!r.keys_without_effect.empty()) {
-    os << "no effect on the emulated run (text, data and logging, or how NodeEmu uses this "
-          "machine):";
+    os << "no effect on the emulated run (text, data, logging, the learning-rate schedule, or how "
+          "NodeEmu uses this machine):";
     for (const auto& k : r.keys_without_effect) os << " " << k;
     os << "\n";
   }

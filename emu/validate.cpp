@@ -377,6 +377,8 @@ bool version_at_least(const std::string& version, const std::string& minimum) {
 
 std::vector<Finding> validate(const Recipe& recipe, const GpuSpec& gpu, int gpus_per_node) {
   std::vector<Finding> out;
+  for (const ConfigError& e : recipe.override_errors())
+    out.push_back({Finding::Level::Error, e.file() + ": " + e.key(), e.detail()});
   for (const auto& w : recipe.flag_warnings())
     out.push_back({Finding::Level::Warning, w.flag, w.message});
   for (const auto& f : recipe.refused_flags())

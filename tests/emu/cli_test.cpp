@@ -263,12 +263,26 @@ TEST(Cli, RunRefusesABadRecipeAndStartsNothing) {
   EXPECT_FALSE(std::ifstream(summary).good());
 }
 
+// issue 54, item 6: the version, and the nearest command for a mistyped one.
+TEST(Cli, VersionAndAMistypedCommand) {
+  Result v = run("--version");
+  EXPECT_EQ(v.code, 0);
+  EXPECT_EQ(v.out.rfind("nodeemu 0.", 0), 0u) << v.out;
+  Result typo = run("valdate " + kTiny);
+  EXPECT_EQ(typo.code, 2);
+  EXPECT_NE(typo.err.find("unknown command 'valdate'; did you mean 'validate'?"), std::string::npos)
+      << typo.err;
+  Result far = run("frobnicate");
+  EXPECT_EQ(far.code, 2);
+  EXPECT_EQ(far.err.find("did you mean"), std::string::npos) << far.err;
+}
+
 TEST(Cli, UnknownRecipeKeyIsOneLineWithASuggestion) {
   Result r = run("run " + kTiny + " model.moe_router_top_k=4");
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.err,
-            "nodeemu: error: override: model.moe_router_top_k: unknown key; did you mean "
-            "'model.moe_router_topk'?\n");
+            "error: override: model.moe_router_top_k: unknown key; did you mean "
+            "'model.moe_router_topk'?\nnodeemu run: refused; nothing was started\n");
 }
 
 TEST(Cli, RunWritesItsSummaryTraceAndTable) {

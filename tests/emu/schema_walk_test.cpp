@@ -265,8 +265,8 @@ TEST(SchemaWalkSummary, KeysWithoutEffectAreNamedInTheSummary) {
   EXPECT_TRUE(plain.keys_without_effect.empty());  // its description is not a setting
   std::ostringstream os;
   print_summary(hosted, os);
-  EXPECT_NE(os.str().find("no effect on the emulated run (text, data and logging, or how NodeEmu "
-                          "uses this machine): emulator.thread_budget=1 "
+  EXPECT_NE(os.str().find("no effect on the emulated run (text, data, logging, the learning-rate "
+                          "schedule, or how NodeEmu uses this machine): emulator.thread_budget=1 "
                           "emulator.collective_timeout_s=60"),
             std::string::npos)
       << os.str();
