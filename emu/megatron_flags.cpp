@@ -49,8 +49,6 @@ const std::vector<MegatronFlag>& table() {
        "attention priced by model.attention_backend (Megatron's masked-softmax kernel serves "
        "only its local unfused attention)"},
       {"distributed-backend", K::Model, 1, "nccl", "NCCL collectives"},
-      {"clip-grad", K::Model, 1, "0",
-       "no gradient clipping (Megatron-LM clips at 1.0 unless told)"},
       // --- the learning-rate schedule: no effect on timing ---
       lr_schedule("lr-decay-style", 1),
       lr_schedule("lr-decay-iters", 1),

@@ -71,14 +71,16 @@ using layers::F32Scope;
 using layers::Tensor;
 
 Optimizer::Optimizer(const OptimizerConfig& c, std::vector<layers::OptimizerTarget> targets,
-                     bool distributed, Device& device, Stream& s)
+                     bool distributed, Device& device, Stream& s, std::optional<GradNorm> norm)
     : adam_(c.adam),
       lr_(c.lr),
       weight_decay_(c.weight_decay),
       beta1_(c.beta1),
       beta2_(c.beta2),
       eps_(c.eps),
-      multi_tensor_copy_(!distributed) {
+      multi_tensor_copy_(!distributed),
+      clip_grad_(c.clip_grad),
+      norm_(std::move(norm)) {
   for (auto& t : targets) {
     const layers::Shape shape{t.value.numel()};
     State st{t, Tensor::empty(device, shape, DType::F32), {}, {}};
@@ -99,7 +101,9 @@ Optimizer::Optimizer(const OptimizerConfig& c, std::vector<layers::OptimizerTarg
         },
         {t.value, st.master}, nullptr);
     if (t.tensors.empty()) held_.push_back({state_.size(), 0, t.value.numel()});
-    for (const auto& r : t.tensors) held_.push_back({state_.size(), r.offset, r.numel});
+    for (const auto& r : t.tensors)
+      held_.push_back(
+          {state_.size(), r.offset, r.numel, !norm_ || !r.param || norm_->counts(*r.param)});
     state_.push_back(std::move(st));
   }
   std::vector<std::int64_t> numels;
@@ -107,6 +111,21 @@ Optimizer::Optimizer(const OptimizerConfig& c, std::vector<layers::OptimizerTarg
   // FusedAdam's lists: gradients, fp32 parameters, m, v (transformer_engine/pytorch/optimizers/
   // fused_adam.py, FusedAdam.step); NodeEmu's SGD keeps no momentum: gradients and parameters.
   step_launches_ = multi_tensor_launches(numels, adam_ ? 4 : 2);
+  if (norm_) {
+    std::vector<std::int64_t> counted;
+    for (std::size_t i = 0; i < held_.size(); ++i)
+      if (held_[i].in_norm) {
+        norm_held_.push_back(i);
+        counted.push_back(held_[i].numel);
+      }
+    // l2norm reads one list; the scale reads and writes the gradients: [grads, grads].
+    norm_launches_ = multi_tensor_launches(counted, 1);
+    scale_launches_ = multi_tensor_launches(numels, 2);
+    const std::int64_t parts = std::max<std::int64_t>(1, std::int64_t(norm_launches_.size()));
+    partials_ = Tensor::empty(device, {parts}, DType::F32);
+    norm_value_ = Tensor::empty(device, {1}, DType::F32);
+    coefficient_ = Tensor::empty(device, {1}, DType::F32);
+  }
   if (multi_tensor_copy_)
     copy_launches_ = multi_tensor_launches(numels, 2);
   else
@@ -120,7 +139,120 @@ std::uint64_t Optimizer::state_bytes() const {
   return n;
 }
 
+float Optimizer::last_grad_norm() const {
+  if (!norm_value_ || !layers::view(norm_value_).data) return 0.0f;
+  return layers::view(norm_value_).as<const float>()[0];
+}
+
+void Optimizer::grad_norm_and_clip(Stream& s) {
+  auto scalar_work = [](double bytes) {
+    return Work{.bytes = bytes,
+                .precision = Precision::FP32,
+                .shape = KernelShape::memory(MemoryOp::Elementwise)};
+  };
+  // A launch's gradient pieces (`list`: indices into held_ by segment.tensor) and what it
+  // touches.
+  auto gradients = [&](const MultiTensorLaunch& l, const std::vector<std::size_t>* list,
+                       std::vector<Tensor>& touched, double& n) {
+    std::vector<View> out;
+    std::size_t last_state = state_.size();
+    for (const MultiTensorSegment& seg : l) {
+      const Held& h = held_[list ? (*list)[seg.tensor] : seg.tensor];
+      const State& st = state_[h.state];
+      out.push_back(part(layers::view(st.target.grad), h.offset + seg.begin, seg.end - seg.begin));
+      n += double(seg.end - seg.begin);
+      if (h.state != last_state) touched.push_back(st.target.grad);
+      last_state = h.state;
+    }
+    return out;
+  };
+  // multi_tensor_applier's overflow flag, a new torch.zeros(1) on the device each call.
+  layers::launch(
+      s, "optimizer.grad_norm.overflow_buf_fill", scalar_work(4), [] {}, {}, nullptr);
+  const View partials = layers::view(partials_), norm = layers::view(norm_value_),
+             coefficient = layers::view(coefficient_);
+  for (std::size_t li = 0; li < norm_launches_.size(); ++li) {
+    std::vector<Tensor> touched{partials_};
+    double n = 0;
+    std::vector<View> grads = gradients(norm_launches_[li], &norm_held_, touched, n);
+    // Each launch's sum of squares, in double and in element order: the same bits whatever the
+    // threads (a GPU's block-wise fp32 tree differs in its last bits, not in what it means).
+    layers::launch(
+        s, "optimizer.grad_norm.multi_tensor_l2norm",
+        Work{.flops = 2 * n,
+             .bytes = 4 * n,
+             .precision = Precision::FP32,
+             .shape = KernelShape::memory(MemoryOp::Elementwise)},
+        [grads = std::move(grads), partials, li] {
+          double sum = 0;
+          for (const View& g : grads) {
+            const float* x = g.as<const float>();
+            for (std::int64_t i = 0; i < g.numel; ++i) sum += double(x[i]) * double(x[i]);
+          }
+          partials.as<float>()[li] = float(sum);
+        },
+        std::move(touched), nullptr);
+  }
+  const auto parts = std::int64_t(norm_launches_.size());
+  layers::launch(
+      s, "optimizer.grad_norm.multi_tensor_l2norm_cleanup", scalar_work(4.0 * double(parts + 1)),
+      [partials, norm, parts] {
+        double sum = 0;
+        for (std::int64_t k = 0; k < parts; ++k) sum += double(partials.as<const float>()[k]);
+        norm.as<float>()[0] = float(std::sqrt(sum));
+      },
+      {partials_, norm_value_}, nullptr);
+  // get_grad_norm_fp32: total_norm = grad_norm ** 2, summed over the group, then its root.
+  layers::launch(
+      s, "optimizer.grad_norm.pow", scalar_work(8),
+      [norm] { norm.as<float>()[0] = norm.as<float>()[0] * norm.as<float>()[0]; }, {norm_value_},
+      nullptr);
+  norm_->group.all_reduce(norm_value_.buffer(), norm_value_.buffer(), 1, s,
+                          {.name = "get_grad_norm_fp32_allreduce"}, Reduction::SumF32);
+  layers::launch(
+      s, "optimizer.grad_norm.root", scalar_work(8),
+      [norm] { norm.as<float>()[0] = std::sqrt(norm.as<float>()[0]); }, {norm_value_}, nullptr);
+  if (clip_grad_ <= 0) return;
+  // clip_grad_by_total_norm_fp32: max_norm / (total_norm + 1e-6), clamped to 1, then every
+  // gradient scaled by it on the device (the coefficient stays a tensor: no host sync).
+  const float clip = float(clip_grad_);
+  layers::launch(
+      s, "optimizer.clip.add_eps", scalar_work(8),
+      [norm, coefficient] { coefficient.as<float>()[0] = norm.as<const float>()[0] + 1.0e-6f; },
+      {norm_value_, coefficient_}, nullptr);
+  layers::launch(
+      s, "optimizer.clip.div", scalar_work(8),
+      [coefficient, clip] { coefficient.as<float>()[0] = clip / coefficient.as<float>()[0]; },
+      {coefficient_}, nullptr);
+  layers::launch(
+      s, "optimizer.clip.clamp_max", scalar_work(8),
+      [coefficient] { coefficient.as<float>()[0] = std::min(coefficient.as<float>()[0], 1.0f); },
+      {coefficient_}, nullptr);
+  layers::launch(
+      s, "optimizer.clip.overflow_buf_fill", scalar_work(4), [] {}, {}, nullptr);
+  for (const MultiTensorLaunch& l : scale_launches_) {
+    std::vector<Tensor> touched{coefficient_};
+    double n = 0;
+    std::vector<View> grads = gradients(l, nullptr, touched, n);
+    layers::launch(
+        s, "optimizer.clip.multi_tensor_scale",
+        Work{.flops = n,
+             .bytes = 8 * n,
+             .precision = Precision::FP32,
+             .shape = KernelShape::memory(MemoryOp::Elementwise)},
+        [grads = std::move(grads), coefficient] {
+          const float k = coefficient.as<const float>()[0];
+          for (const View& g : grads) {
+            float* x = g.as<float>();
+            for (std::int64_t i = 0; i < g.numel; ++i) x[i] *= k;
+          }
+        },
+        std::move(touched), nullptr);
+  }
+}
+
 void Optimizer::step(Stream& s) {
+  if (norm_) grad_norm_and_clip(s);
   ++steps_;
   const double c1 = 1 - std::pow(beta1_, steps_), c2 = 1 - std::pow(beta2_, steps_);
   const AdamConstants k{float(beta1_), float(beta2_),        float(c1), float(c2),

@@ -162,6 +162,7 @@ inline constexpr const char* optimizer_weight_decay = "optimizer.weight_decay";
 inline constexpr const char* optimizer_adam_beta1 = "optimizer.adam_beta1";
 inline constexpr const char* optimizer_adam_beta2 = "optimizer.adam_beta2";
 inline constexpr const char* optimizer_adam_eps = "optimizer.adam_eps";
+inline constexpr const char* optimizer_clip_grad = "optimizer.clip_grad";
 
 // emulator.*
 inline constexpr const char* emulator_mode = "emulator.mode";

@@ -412,6 +412,12 @@ std::vector<KeySpec> build() {
       {key::optimizer_adam_beta1, T::Float, "0.9", {}, "Adam beta1"},
       {key::optimizer_adam_beta2, T::Float, "0.999", {}, "Adam beta2"},
       {key::optimizer_adam_eps, T::Float, "1e-8", {}, "Adam epsilon"},
+      {key::optimizer_clip_grad,
+       T::Float,
+       "0.0",
+       {},
+       "clip the gradients to this global L2 norm (Megatron's --clip-grad, 1.0 by its default; "
+       "0: off). With the distributed optimizer the norm is worked out every step either way"},
       // --- emulator (NodeEmu) ---
       {key::emulator_mode,
        T::String,

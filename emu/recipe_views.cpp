@@ -348,6 +348,7 @@ OptimizerConfig optimizer_config(const Recipe& r) {
   c.beta1 = r.real(key::optimizer_adam_beta1);
   c.beta2 = r.real(key::optimizer_adam_beta2);
   c.eps = r.real(key::optimizer_adam_eps);
+  c.clip_grad = r.real(key::optimizer_clip_grad);
   return c;
 }
 

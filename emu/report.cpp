@@ -209,7 +209,9 @@ void print_summary(const RunReport& r, std::ostream& os) {
   os << "\n";
   // The MTP loss gets a column only in runs that report it.
   const bool mtp = !r.iterations.empty() && r.iterations[0].mtp_loss.has_value();
-  os << "  iter      loss" << (mtp ? "  mtp loss" : "") << "   step (virtual ms)\n";
+  const bool norm = !r.iterations.empty() && r.iterations[0].grad_norm.has_value();
+  os << "  iter      loss" << (mtp ? "  mtp loss" : "") << (norm ? " grad norm" : "")
+     << "   step (virtual ms)\n";
   auto fixed6 = [](const std::optional<double>& v) {
     std::ostringstream o;
     if (v)
@@ -221,6 +223,7 @@ void print_summary(const RunReport& r, std::ostream& os) {
   for (const auto& it : r.iterations) {
     os << "  " << std::setw(4) << it.iter << std::setw(10) << fixed6(it.loss);
     if (mtp) os << std::setw(10) << fixed6(it.mtp_loss);
+    if (norm) os << std::setw(10) << fixed6(it.grad_norm);
     os << std::setw(20) << ms(it.step_time_s)
        << (it.iter <= r.warmup_iterations ? "   (warm-up)" : "") << "\n";
   }

@@ -73,6 +73,9 @@ void add_iterations(const RunFacts& run, const std::vector<RankResult>& results,
       };
       ir.loss = over_last_stage(&RankResult::loss);
       if (run.plan.cfg.mtp_num_layers > 0) ir.mtp_loss = over_last_stage(&RankResult::mtp_loss);
+      // Every rank holds the same all-reduced norm.
+      if (run.plan.ddp.use_distributed_optimizer)
+        ir.grad_norm = results.front().grad_norm[std::size_t(it)];
     }
     rep.iterations.push_back(ir);
   }

@@ -22,6 +22,7 @@ Json iteration_json(const IterationReport& it) {
   j["iter"] = it.iter;
   j["loss"] = or_null(it.loss);
   if (it.mtp_loss) j["mtp_loss"] = *it.mtp_loss;
+  if (it.grad_norm) j["grad_norm"] = *it.grad_norm;
   j["step_time_s"] = it.step_time_s;
   return j;
 }

@@ -219,8 +219,21 @@ void RankRun::build_data_parallel() {
     ctx_.parameters_needed = [this](const std::vector<layers::Parameter*>& params, Stream& st) {
       for (auto& wrapped : ddp_) wrapped->parameters_needed(params, st);
     };
+  // The distributed optimizer's gradient norm: over every rank (Megatron's intra-distributed-
+  // optimizer group, the world with one optimizer instance), counting a TP-duplicated weight on
+  // TP rank 0 only and the last stage's shared copy of the word embedding not at all
+  // (MegatronOptimizer._filter_grads_for_norm).
+  std::optional<GradNorm> norm;
+  if (s_.ddp.use_distributed_optimizer) {
+    if (!sync_free_) world_group_ = comm.group(sh_.all_ranks, "world");
+    const layers::Parameter* shared_copy =
+        embedding_group_ && p_ == s_.pp - 1 ? chunks_.back()->word_embedding() : nullptr;
+    norm = GradNorm{world_group_, [tp_rank = tp_.rank, shared_copy](const layers::Parameter& p) {
+                      return !(p.sequence_parallel && tp_rank != 0) && &p != shared_copy;
+                    }};
+  }
   optimizer_.emplace(s_.optimizer, std::move(targets), s_.ddp.use_distributed_optimizer, dev_,
-                     ctx_.compute);
+                     ctx_.compute, std::move(norm));
   out_.optimizer_state = optimizer_->state_bytes();
   for (auto& c : chunks_)
     for (const auto* prm : c->parameters()) out_.parameters += std::uint64_t(prm->value.numel());
@@ -321,6 +334,7 @@ void RankRun::iteration(int it) {
     out_.offload_bytes.push_back(offloader_->iterations().back().bytes_offloaded);
   }
   out_.end_s.push_back(host_.now_s());
+  if (s_.functional) out_.grad_norm.push_back(optimizer_->last_grad_norm());
   record_losses(it, *impl);
 }
 

@@ -38,6 +38,9 @@ struct IterationReport {
   // With MTP (functional): the MTP layer's token-mean cross-entropy over its unmasked positions,
   // reported apart from the LM loss as Megatron logs it ("mtp_1 loss").
   std::optional<double> mtp_loss;
+  // Functional, with the distributed optimizer: the gradients' global L2 norm before clipping,
+  // as Megatron logs it ("grad norm").
+  std::optional<double> grad_norm;
   double step_time_s = 0;  // virtual
 };
 

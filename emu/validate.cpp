@@ -1,5 +1,6 @@
 #include "emu/validate.hpp"
 
+#include <cmath>
 #include <ostream>
 #include <sstream>
 
@@ -254,6 +255,15 @@ void Rules::not_modelled() {
   auto refuse = [&](const std::string& key, const std::string& what) {
     error(key, what + " is not modelled by NodeEmu yet");
   };
+  const double clip = r_.real(key::optimizer_clip_grad);
+  if (!(clip >= 0) || !std::isfinite(clip))
+    error(key::optimizer_clip_grad, "must be a finite norm of 0 or more (0: no clipping)");
+  else if (clip > 0 && !b(key::ddp_use_distributed_optimizer))
+    // Without it Megatron computes the dense and the expert weights' norms over different
+    // groups and sums them on the host (ChainedOptimizer.get_grad_norm): not built.
+    refuse(key::optimizer_clip_grad,
+           "gradient clipping without the distributed optimizer (set "
+           "ddp.use_distributed_optimizer: true, or optimizer.clip_grad: 0)");
   const std::string& cp_comm = r_.text(key::model_cp_comm_type);
   if (cp_comm == "a2a" || cp_comm == "a2a+p2p")
     refuse(key::model_cp_comm_type, "cp_comm_type " + cp_comm + " (use p2p or all_gather)");

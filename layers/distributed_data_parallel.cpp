@@ -170,7 +170,7 @@ void add_tensors(const Parameter& prm, std::int64_t lo, std::int64_t hi, std::in
       prm.expert && shape.size() == 3 ? prm.value.numel() / shape[0] : prm.value.numel();
   for (std::int64_t first = lo; first < hi;) {
     const std::int64_t last = std::min(hi, (first / per + 1) * per);
-    out.push_back({at + first - lo, last - first});
+    out.push_back({at + first - lo, last - first, &prm});
     first = last;
   }
 }

@@ -52,6 +52,7 @@ struct OptimizerTarget {
   // in none. Empty: the whole target is one tensor. They decide the optimizer's launches.
   struct Range {
     std::int64_t offset = 0, numel = 0;
+    const Parameter* param = nullptr;  // whose elements these are (the gradient norm's filter)
   };
   std::vector<Range> tensors;
 };

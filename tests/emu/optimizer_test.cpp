@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <map>
 
 #include "devices/node.hpp"
@@ -147,6 +149,92 @@ TEST(Optimizer, LaunchesWhatMegatronsStepLaunches) {
     }
   }
   EXPECT_EQ(updated[false], updated[true]);
+}
+
+// The distributed optimizer's gradient norm (issue 54: --clip-grad, Megatron's default 1.0).
+// Split over TP2 the same gradients give the same world norm: a TP-duplicated weight (the norms,
+// the router) counts on TP rank 0 only, as MegatronOptimizer._filter_grads_for_norm has it.
+const std::vector<std::string> kNormRuns = {"ddp.use_distributed_optimizer=true",
+                                            "train.train_iters=2"};
+
+std::vector<std::string> joined(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST(Optimizer, TheGradientNormIsTheSameOverATensorParallelSplit) {
+  const RunReport unsplit = train(testing::tiny(kNormRuns));
+  const RunReport tp2 = train(testing::tiny(
+      joined(kNormRuns, {"emulator.gpus_per_node=8", "model.tensor_model_parallel_size=2",
+                         "model.sequence_parallel=true", "model.expert_tensor_parallel_size=1"})));
+  ASSERT_TRUE(unsplit.iterations[0].grad_norm);
+  ASSERT_TRUE(tp2.iterations[0].grad_norm);
+  const double a = *unsplit.iterations[0].grad_norm, b = *tp2.iterations[0].grad_norm;
+  EXPECT_GT(a, 0);
+  // bf16 activations split differently: the loss agrees to 1e-3 (TensorParallelRun), the norm
+  // to a few parts in 1,000; counting the duplicated weights twice would add their share again.
+  EXPECT_NEAR(b / a, 1.0, 5e-3) << "TP1 " << a << ", TP2 " << b;
+  // Without the distributed optimizer NodeEmu reduces no norm (and reports none).
+  EXPECT_FALSE(train(testing::tiny({"train.train_iters=1"})).iterations[0].grad_norm);
+}
+
+// Clipping scales every gradient by clip / (norm + 1e-6): SGD then steps as the unclipped one
+// at the rate scaled by the same factor, up to the bf16 weights' rounding of masters a last bit
+// apart (a dense model: the MoE router's top-k would turn those bits into other routes).
+// Measured: the clip moves the second loss by 2.8e-3, the scaled rate lands 1.8e-5 from it.
+TEST(Optimizer, ClippedSgdStepsAsUnclippedSgdAtTheScaledRate) {
+  const std::vector<std::string> sgd = joined(
+      kNormRuns,
+      {"optimizer.optimizer=sgd", "model.num_moe_experts=", "model.expert_model_parallel_size=1"});
+  const RunReport free = train(testing::tiny(joined(sgd, {"optimizer.lr=0.5"})));
+  const double norm = *free.iterations[0].grad_norm;
+  const double clip = norm / 4;
+  const RunReport clipped = train(testing::tiny(
+      joined(sgd, {"optimizer.lr=0.5", "optimizer.clip_grad=" + std::to_string(clip)})));
+  EXPECT_EQ(*clipped.iterations[0].grad_norm, norm);  // the norm is before clipping
+  const double k = float(clip) / (float(norm) + 1e-6f);
+  const RunReport scaled =
+      train(testing::tiny(joined(sgd, {"optimizer.lr=" + std::to_string(0.5 * k)})));
+  const double effect = std::abs(*clipped.iterations[1].loss - *free.iterations[1].loss);
+  EXPECT_GT(effect, 1e-3);
+  EXPECT_LT(std::abs(*clipped.iterations[1].loss - *scaled.iterations[1].loss), 0.05 * effect);
+  // A clip above the norm leaves the step as it was.
+  const RunReport loose = train(testing::tiny(
+      joined(sgd, {"optimizer.lr=0.5", "optimizer.clip_grad=" + std::to_string(norm * 4)})));
+  EXPECT_EQ(loose.numerics_hash, free.numerics_hash);
+}
+
+// What a step launches for the norm (meta mode, two GPUs): the l2norm over the shard, its
+// cleanup, the square, the all-reduce over every rank and the root; with clipping the
+// coefficient's three kernels, the flag's fill and the scale over every gradient.
+TEST(Optimizer, TheNormAndTheClipLaunchWhatMegatronLaunches) {
+  auto launched = [](const std::vector<std::string>& extra) {
+    const std::vector<std::string> o =
+        joined({"emulator.mode=meta", "model.moe_router_force_load_balancing=true",
+                "ddp.use_distributed_optimizer=true"},
+               extra);
+    const std::string trace = testing::trace_path("grad_norm", o);
+    (void)train(testing::tiny(o), {.iterations = 1, .trace_path = trace});
+    std::ifstream in(trace);
+    const auto events = nlohmann::json::parse(in)["traceEvents"];
+    std::remove(trace.c_str());
+    std::map<std::string, int> seen;
+    for (const auto& e : events)  // the device's operations, not the host's launches
+      if (e.value("pid", -1) == 0 && e.value("cat", "") != "host") ++seen[e.value("name", "")];
+    return seen;
+  };
+  std::map<std::string, int> norm = launched({});
+  EXPECT_GE(norm["optimizer.grad_norm.multi_tensor_l2norm"], 1);
+  for (const char* k :
+       {"optimizer.grad_norm.multi_tensor_l2norm_cleanup", "optimizer.grad_norm.pow",
+        "get_grad_norm_fp32_allreduce", "optimizer.grad_norm.root"})
+    EXPECT_EQ(norm[k], 1) << k;
+  EXPECT_EQ(norm["optimizer.clip.multi_tensor_scale"], 0);
+  std::map<std::string, int> clip = launched({"optimizer.clip_grad=1.0"});
+  for (const char* k : {"optimizer.clip.add_eps", "optimizer.clip.div", "optimizer.clip.clamp_max",
+                        "optimizer.clip.overflow_buf_fill"})
+    EXPECT_EQ(clip[k], 1) << k;
+  EXPECT_GE(clip["optimizer.clip.multi_tensor_scale"], 1);
 }
 
 }  // namespace
