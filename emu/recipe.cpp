@@ -283,7 +283,17 @@ void Recipe::set(const std::string& key, const std::string& yaml_value, const st
     throw ConfigError("override", key, "cannot read the value '" + yaml_value + "'");
   }
   try {
-    values_[key] = convert(*spec, n, "override", origin);
+    Value v = convert(*spec, n, "override", origin);
+    // A key the user sets twice (an override, then a flag of a --megatron-args file): the later
+    // one wins, as Megatron's argparse takes the last, and the user hears of it.
+    auto by_user = [](const std::string& o) {
+      return o.rfind("--", 0) == 0 || o.find('=') != std::string::npos;
+    };
+    const std::string& before = values_[key].origin;
+    if (by_user(before) && by_user(origin) && before != origin)
+      flag_warnings_.push_back(
+          {origin, "sets " + key + " again, after " + before + "; the later one wins"});
+    values_[key] = std::move(v);
   } catch (const ConfigError& e) {
     // A launch flag's value: name the flag the user wrote, and the key it sets.
     if (origin.rfind("--", 0) != 0) throw;

@@ -1,6 +1,7 @@
 #include "emu/validate.hpp"
 
 #include <cmath>
+#include <limits>
 #include <ostream>
 #include <sstream>
 
@@ -251,14 +252,30 @@ void Rules::emulator() {
 }
 
 // What NodeEmu does not emulate yet: refused rather than silently ignored.
+// The optimizer's numbers: a NaN or a negative rate trains nothing a user meant.
+void Rules::optimizer() {
+  // [lo, hi], with either end left out where said.
+  auto in = [&](const char* key, double lo, double hi, bool lo_open, bool hi_open,
+                const std::string& what) {
+    const double v = r_.real(key);
+    if (!std::isfinite(v) || v < lo || (lo_open && v == lo) || v > hi || (hi_open && v == hi))
+      error(key, "must be " + what);
+  };
+  constexpr double kAny = std::numeric_limits<double>::max();
+  in(key::optimizer_lr, 0, kAny, false, false, "a finite rate of 0 or more");
+  in(key::optimizer_weight_decay, 0, kAny, false, false, "finite and 0 or more");
+  in(key::optimizer_adam_beta1, 0, 1, false, true, "in [0, 1)");
+  in(key::optimizer_adam_beta2, 0, 1, false, true, "in [0, 1)");
+  in(key::optimizer_adam_eps, 0, kAny, true, false, "finite and above 0");
+  in(key::optimizer_clip_grad, 0, kAny, false, false,
+     "a finite norm of 0 or more (0: no clipping)");
+}
+
 void Rules::not_modelled() {
   auto refuse = [&](const std::string& key, const std::string& what) {
     error(key, what + " is not modelled by NodeEmu yet");
   };
-  const double clip = r_.real(key::optimizer_clip_grad);
-  if (!(clip >= 0) || !std::isfinite(clip))
-    error(key::optimizer_clip_grad, "must be a finite norm of 0 or more (0: no clipping)");
-  else if (clip > 0 && !b(key::ddp_use_distributed_optimizer))
+  if (r_.real(key::optimizer_clip_grad) > 0 && !b(key::ddp_use_distributed_optimizer))
     // Without it Megatron computes the dense and the expert weights' norms over different
     // groups and sums them on the host (ChainedOptimizer.get_grad_norm): not built.
     refuse(key::optimizer_clip_grad,

@@ -32,6 +32,7 @@ class Rules {
     offload();
     recompute();
     emulator();
+    optimizer();
     not_modelled();
     if (!has_errors(out_)) model();
     return out_;
@@ -77,6 +78,7 @@ class Rules {
   void emulator();
   void routing();
   void attention_keys();
+  void optimizer();
   void not_modelled();
   // The model's own checks (layers::ModelConfig::validate), so that a run never fails on what
   // validate passed; run last, when nothing else is wrong, to say each problem once.

@@ -227,5 +227,29 @@ TEST(MegatronArgs, EveryProblemOfAFileIsReportedInOneRun) {
   EXPECT_LT(first, second);
 }
 
+// issue 54, item 5: a key set twice warns naming both places (the later wins, as Megatron's
+// argparse has it), and the optimizer's numbers are checked.
+TEST(MegatronArgs, AKeySetTwiceWarnsAndBadOptimizerNumbersAreRefused) {
+  const std::string tiny = std::string(NODEEMU_SOURCE_DIR) + "/configs/recipes/tiny_moe.yaml";
+  const std::string file = write_temp_file("iters.sh", "--train-iters 500000\n");
+  const CliResult twice =
+      run_cli("validate " + tiny + " train.train_iters=3 --megatron-args " + file);
+  EXPECT_EQ(twice.code, 0) << twice.err;
+  EXPECT_NE(twice.err.find("warning: --train-iters: sets train.train_iters again, after "
+                           "train.train_iters=3; the later one wins"),
+            std::string::npos)
+      << twice.err;
+  const CliResult bad = run_cli("validate " + tiny +
+                                " optimizer.lr=-1 optimizer.adam_beta2=1 optimizer.adam_eps=0 "
+                                "optimizer.clip_grad=.nan optimizer.weight_decay=.inf");
+  EXPECT_EQ(bad.code, 2);
+  for (const char* line : {"error: optimizer.lr: must be a finite rate of 0 or more",
+                           "error: optimizer.adam_beta2: must be in [0, 1)",
+                           "error: optimizer.adam_eps: must be finite and above 0",
+                           "error: optimizer.clip_grad: must be a finite norm of 0 or more",
+                           "error: optimizer.weight_decay: must be finite and 0 or more"})
+    EXPECT_NE(bad.err.find(line), std::string::npos) << line << "\n" << bad.err;
+}
+
 }  // namespace
 }  // namespace nodeemu::testing
