@@ -228,7 +228,23 @@ Recipe Recipe::parse(const std::string& yaml_text, const std::string& name,
   return r;
 }
 
+// Megatron-LM's command-line defaults where they differ from the schema's
+// (megatron/training/arguments.py: --no-gradient-accumulation-fusion, --no-bias-swiglu-fusion
+// and --no-rope-fusion are store_false, so each fusion is on unless the script says otherwise;
+// --clip-grad defaults to 1.0). Only keys that nothing set take them.
+void Recipe::apply_megatron_lm_argument_defaults() {
+  static const std::pair<const char*, const char*> kDefaults[] = {
+      {key::model_gradient_accumulation_fusion, "true"},
+      {key::model_bias_activation_fusion, "true"},
+      {key::model_apply_rope_fusion, "true"},
+      {key::optimizer_clip_grad, "1.0"},
+  };
+  for (const auto& [k, v] : kDefaults)
+    if (values_[k].origin == "default") set(k, v, kMegatronLmDefault);
+}
+
 void Recipe::apply_megatron_defaults() {
+  if (text(key::emulator_argument_defaults) == "megatron_lm") apply_megatron_lm_argument_defaults();
   // Megatron-LM's validate_args turns --sequence-parallel off at TP 1 with a warning, so a
   // pasted launch script runs there; set as a recipe key it stays an error, as Megatron-Bridge
   // has it.

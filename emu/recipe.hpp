@@ -74,6 +74,9 @@ struct Value {
   std::string origin;             // "recipe", "default", or the override that set it
 };
 
+// The origin of a value that Megatron-LM's command line defaults (emulator.argument_defaults).
+inline constexpr const char* kMegatronLmDefault = "Megatron-LM's default";
+
 class Recipe {
  public:
   // What becomes of an override or launch flag that cannot be applied (an unknown flag or key, a
@@ -135,6 +138,7 @@ class Recipe {
   std::size_t take_megatron_flag(const MegatronFlag& m, const std::vector<std::string>& args,
                                  std::size_t i, const std::string* inline_value);
   void apply_megatron_defaults();
+  void apply_megatron_lm_argument_defaults();
 
   std::string name_, path_, dir_;
   std::map<std::string, Value> values_;

@@ -65,6 +65,8 @@ void RecipeArgs::split_tail(const std::string& command) {
     };
     if (key == "megatron-args") {
       take_value("needs a file");
+      // The flags are Megatron-LM's: so are the defaults of what they leave out.
+      group().push_back(std::string(key::emulator_argument_defaults) + "=megatron_lm");
       for (auto& w : read_megatron_args(value)) group().push_back(std::move(w));
     } else if (key == "case") {
       if (command != "compare")

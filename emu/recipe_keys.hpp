@@ -181,5 +181,6 @@ inline constexpr const char* emulator_workers_per_device = "emulator.workers_per
 inline constexpr const char* emulator_thread_budget = "emulator.thread_budget";
 inline constexpr const char* emulator_collective_timeout_s = "emulator.collective_timeout_s";
 inline constexpr const char* emulator_ranks = "emulator.ranks";
+inline constexpr const char* emulator_argument_defaults = "emulator.argument_defaults";
 
 }  // namespace nodeemu::emu::key

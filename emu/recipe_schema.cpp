@@ -490,6 +490,12 @@ std::vector<KeySpec> build() {
        {"auto", "all", "representative"},
        "meta mode: run every rank, or one data-parallel replica standing for the others "
        "(representative); auto: representative above 64 GPUs"},
+      {key::emulator_argument_defaults,
+       T::String,
+       "nodeemu",
+       {"nodeemu", "megatron_lm"},
+       "what the keys nothing sets default to: the schema's, or where they differ Megatron-LM's "
+       "command line's (the fusions on, --clip-grad 1.0); --megatron-args sets megatron_lm"},
   };
   return s;
 }

@@ -414,6 +414,8 @@ std::vector<Finding> validate(const Recipe& recipe, const GpuSpec& gpu, int gpus
     // A key set by a launch flag: name the flag the user wrote too.
     if (find_key(f.key) && recipe.value(f.key).origin.rfind("--", 0) == 0)
       f.message += " (set by " + recipe.value(f.key).origin + ")";
+    else if (find_key(f.key) && recipe.value(f.key).origin == kMegatronLmDefault)
+      f.message += " (Megatron-LM's default, as the launch flags are Megatron-LM's)";
     out.push_back(std::move(f));
   }
   return out;

@@ -4,6 +4,10 @@
 // accepted and named in the summary as without effect; the rest is refused with what to do.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
 #include "tests/emu/cli_runner.hpp"
 
 namespace nodeemu::testing {
@@ -231,7 +235,7 @@ TEST(MegatronArgs, EveryProblemOfAFileIsReportedInOneRun) {
 // argparse has it), and the optimizer's numbers are checked.
 TEST(MegatronArgs, AKeySetTwiceWarnsAndBadOptimizerNumbersAreRefused) {
   const std::string tiny = std::string(NODEEMU_SOURCE_DIR) + "/configs/recipes/tiny_moe.yaml";
-  const std::string file = write_temp_file("iters.sh", "--train-iters 500000\n");
+  const std::string file = write_temp_file("iters.sh", "--train-iters 500000\n--clip-grad 0\n");
   const CliResult twice =
       run_cli("validate " + tiny + " train.train_iters=3 --megatron-args " + file);
   EXPECT_EQ(twice.code, 0) << twice.err;
@@ -249,6 +253,49 @@ TEST(MegatronArgs, AKeySetTwiceWarnsAndBadOptimizerNumbersAreRefused) {
                            "error: optimizer.clip_grad: must be a finite norm of 0 or more",
                            "error: optimizer.weight_decay: must be finite and 0 or more"})
     EXPECT_NE(bad.err.find(line), std::string::npos) << line << "\n" << bad.err;
+}
+
+// issue 54, item 3: a pasted script gets Megatron-LM's command-line defaults for what it leaves
+// out (the fusions on, --clip-grad 1.0), named as such where a rule refuses one; what it says
+// wins; a recipe without a script keeps the schema's.
+TEST(MegatronArgs, APastedScriptGetsMegatronLmsDefaults) {
+  const std::string script = write_temp_file("plain.sh",
+                                             "--num-layers 2\n--hidden-size 256\n"
+                                             "--num-attention-heads 8\n--seq-length 256\n"
+                                             "--micro-batch-size 1\n--global-batch-size 8\n");
+  const std::string vocab = " model.vocab_size=32000";
+  const CliResult plain = run_cli("validate " + kBase + " --megatron-args " + script + vocab);
+  EXPECT_EQ(plain.code, 2);
+  EXPECT_NE(plain.err.find("error: optimizer.clip_grad: gradient clipping without the distributed "
+                           "optimizer"),
+            std::string::npos)
+      << plain.err;
+  EXPECT_NE(plain.err.find("(Megatron-LM's default, as the launch flags are Megatron-LM's)"),
+            std::string::npos)
+      << plain.err;
+  auto config = [&](const std::string& extra) {
+    const std::string summary = ::testing::TempDir() + "/megatron_defaults.json";
+    const CliResult r =
+        run_cli("run " + kBase + extra + vocab + " --iterations 1 --summary " + summary);
+    EXPECT_EQ(r.code, 0) << r.err;
+    const auto json = nlohmann::json::parse(read_file(summary))["config"];
+    std::remove(summary.c_str());
+    return json;
+  };
+  const auto pasted = config(" --megatron-args " + script + " --use-distributed-optimizer");
+  for (const char* k : {"model.gradient_accumulation_fusion", "model.bias_activation_fusion",
+                        "model.apply_rope_fusion"})
+    EXPECT_EQ(pasted[k], "true") << k;
+  EXPECT_EQ(pasted["optimizer.clip_grad"], "1");
+  const auto said = config(" --megatron-args " + script +
+                           " --use-distributed-optimizer --no-rope-fusion --clip-grad 0");
+  EXPECT_EQ(said["model.apply_rope_fusion"], "false");
+  EXPECT_EQ(said["optimizer.clip_grad"], "0");
+  const auto own = config(
+      " model.num_layers=2 model.hidden_size=256 model.num_attention_heads=8 "
+      "train.seq_length=256 train.global_batch_size=8");
+  EXPECT_EQ(own["model.gradient_accumulation_fusion"], "false");
+  EXPECT_EQ(own["optimizer.clip_grad"], "0");
 }
 
 }  // namespace

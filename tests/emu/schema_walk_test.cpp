@@ -63,6 +63,9 @@ const std::map<std::string, Flip>& chosen_flips() {
         {"emulator.mode=meta", "model.moe_router_force_load_balancing=true"},
         {},
         true}},
+      // Megatron-LM's defaults (the fusions, --clip-grad 1.0) need the distributed optimizer to
+      // clip.
+      {"emulator.argument_defaults", {"megatron_lm", {"ddp.use_distributed_optimizer=true"}}},
       {"model.hidden_size", {"128"}},
       {"model.num_attention_heads", {"8", {"model.kv_channels=16"}}},
       {"model.ffn_hidden_size", {"64", {"model.moe_layer_freq=[0,1,1,1]"}}},
