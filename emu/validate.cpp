@@ -4,6 +4,7 @@
 #include <limits>
 #include <ostream>
 #include <sstream>
+#include <string_view>
 
 #include "devices/errors.hpp"
 #include "devices/node.hpp"
@@ -71,10 +72,11 @@ void Rules::cuda_graphs() {
     return scoped && r_.list_has(key::model_cuda_graph_scope, x);
   };
   if (impl == "none") {
+    // Megatron ignores the scope then (TransformerConfig reads it only with an implementation).
     if (scoped)
-      error(key::model_cuda_graph_scope,
-            "has no effect with cuda_graph_impl=none; set cuda_graph_impl=transformer_engine "
-            "(or local with full_iteration), or unset the scope");
+      warning(key::model_cuda_graph_scope,
+              "has no effect with cuda_graph_impl=none, as in Megatron; set "
+              "cuda_graph_impl=transformer_engine (or local with full_iteration) to capture it");
     return;
   }
   if (has("mamba")) error(key::model_cuda_graph_scope, "mamba: this model has no Mamba layers");
@@ -132,6 +134,9 @@ void Rules::cuda_graphs() {
 
 void Rules::offload() {
   const bool fine = b(key::model_fine_grained_activation_offloading);
+  const auto is_list = [](std::string_view k) {
+    return k == key::model_offload_modules || k == key::model_offload_tensors;
+  };
   // TransformerConfig.__post_init__ asserts a non-empty offload_modules; LoongForge's
   // offload_tensors names what to offload instead.
   const auto listed = [&](const char* k) { return set(k) && !r_.list(k).empty(); };
@@ -166,7 +171,8 @@ void Rules::offload() {
          {key::model_offload_modules, key::model_offload_tensors,
           key::model_min_offloaded_tensor_size, key::model_activation_offload_fraction,
           key::model_max_inflight_offloads, key::model_delta_offload_bytes_across_pp_ranks})
-      if (changed(k))
+      // An empty list offloads nothing either way (Bridge recipes write offload_modules: []).
+      if (changed(k) && !(is_list(k) && r_.list(k).empty()))
         error(k,
               "has no effect without model.fine_grained_activation_offloading: true; set "
               "that or unset this");
@@ -282,7 +288,7 @@ void Rules::not_modelled() {
            "gradient clipping without the distributed optimizer (set "
            "ddp.use_distributed_optimizer: true, or optimizer.clip_grad: 0)");
   const std::string& cp_comm = r_.text(key::model_cp_comm_type);
-  if (cp_comm == "a2a" || cp_comm == "a2a+p2p")
+  if ((cp_comm == "a2a" || cp_comm == "a2a+p2p") && i(key::model_context_parallel_size) > 1)
     refuse(key::model_cp_comm_type, "cp_comm_type " + cp_comm + " (use p2p or all_gather)");
   if (b(key::comm_overlap_tp_comm_overlap)) {
     // Megatron-Bridge CommOverlapConfig._get_model_comm_overlap_cfgs: TP overlap needs TP >= 2,
@@ -346,9 +352,9 @@ void Rules::attention_keys() {
       if (set(k)) error(k, "needs multi_latent_attention: true (or unset it)");
   } else {
     if (set(key::model_kv_channels))
-      error(key::model_kv_channels,
-            "has no effect with multi_latent_attention (qk_head_dim, qk_pos_emb_head_dim and "
-            "v_head_dim set MLA's heads); unset it");
+      warning(key::model_kv_channels,
+              "has no effect with multi_latent_attention, as in Megatron (qk_head_dim, "
+              "qk_pos_emb_head_dim and v_head_dim set MLA's heads)");
     if (set(key::model_num_query_groups) &&
         i(key::model_num_query_groups) != i(key::model_num_attention_heads))
       error(key::model_num_query_groups,

@@ -92,6 +92,12 @@ void Rules::dispatcher() {
 
 // Where meta mode's routing comes from (layers/meta_routing.hpp).
 void Rules::routing() {
+  // Megatron's router applies the pre-softmax only to the softmax score (TopKRouter.routing).
+  if (b(key::model_moe_router_pre_softmax) &&
+      r_.text(key::model_moe_router_score_function) != "softmax")
+    warning(key::model_moe_router_pre_softmax, "has no effect with moe_router_score_function " +
+                                                   r_.text(key::model_moe_router_score_function) +
+                                                   ", as in Megatron");
   const char* trace = key::emulator_routing_trace;
   const char* skew = key::emulator_routing_skew;
   const bool meta = r_.text(key::emulator_mode) == "meta";

@@ -90,8 +90,10 @@ void Rules::layout() {
     error(key::train_seq_length, "must split over tensor_model_parallel_size = " +
                                      std::to_string(l.tp) + " (sequence parallelism)");
   }
+  // Megatron reads cp_comm_type only with context parallelism.
   if (l.cp == 1 && set(key::model_cp_comm_type))
-    error(key::model_cp_comm_type, "has no effect without context_parallel_size > 1; unset it");
+    warning(key::model_cp_comm_type,
+            "has no effect without context_parallel_size > 1, as in Megatron");
 }
 
 // Context parallelism (layers/context_parallel.hpp), as Megatron and Transformer Engine allow it.

@@ -25,8 +25,6 @@ void RouterConfig::validate() const {
     if (topk > group_topk * (num_experts / num_groups))
       fail("moe_router_topk", "exceeds the experts in moe_router_group_topk groups");
   }
-  if (pre_softmax && score != ScoreFunction::Softmax)
-    fail("moe_router_pre_softmax", "applies to moe_router_score_function: softmax only");
   if (capacity_factor && !(*capacity_factor > 0))  // NaN too
     fail("moe_expert_capacity_factor", "must be positive, or unset for dropless");
   // Above num_moe_experts a capacity exceeds tokens x topk, more rows than a micro-batch can

@@ -19,7 +19,7 @@ const Rule kKernelRules[] = {
     {"graph_scope_needs_impl",
      {},
      {"model.cuda_graph_scope=[attn]"},
-     "error: model.cuda_graph_scope: has no effect with cuda_graph_impl=none"},
+     "warning: model.cuda_graph_scope: has no effect with cuda_graph_impl=none, as in Megatron"},
     {"graph_scope_no_mamba",
      {"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]"},
      {"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[mamba]"},

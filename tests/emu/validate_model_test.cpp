@@ -34,7 +34,7 @@ const Rule kModelRules[] = {
      {"model.multi_latent_attention=true", "model.num_query_groups=4", "model.q_lora_rank=24",
       "model.kv_lora_rank=16", "model.qk_head_dim=8", "model.qk_pos_emb_head_dim=4",
       "model.v_head_dim=8", "model.kv_channels=16"},
-     "error: model.kv_channels: has no effect with multi_latent_attention"},
+     "warning: model.kv_channels: has no effect with multi_latent_attention, as in Megatron"},
     {"yarn_keys_need_yarn",
      {"model.multi_latent_attention=true", "model.num_query_groups=4", "model.q_lora_rank=24",
       "model.kv_lora_rank=16", "model.qk_head_dim=8", "model.qk_pos_emb_head_dim=4",

@@ -19,6 +19,19 @@ using testing::Rule;
 using testing::Rules;
 using testing::tiny;
 
+// Values Megatron ignores are not refused (issue 54): an empty offload list without offloading
+// is silent; a2a at CP 1 and the pre-softmax of a sigmoid router only warn.
+TEST(Validate, ValuesMegatronIgnoresAreNotErrors) {
+  EXPECT_EQ(check({"model.offload_modules=[]"}), "");
+  for (const auto& o : std::vector<std::vector<std::string>>{
+           {"model.cp_comm_type=a2a"},
+           {"model.moe_router_score_function=sigmoid", "model.moe_router_pre_softmax=true"}}) {
+    const std::string out = check(o);
+    EXPECT_EQ(out.find("error:"), std::string::npos) << out;
+    EXPECT_NE(out.find("warning:"), std::string::npos) << out;
+  }
+}
+
 TEST_P(Rules, PassesWhenKeptAndNamesTheKeyWhenBroken) {
   const Rule& rule = GetParam();
   EXPECT_EQ(check(rule.good), "") << rule.name;
@@ -371,7 +384,18 @@ const Rule kRules[] = {
     {"cp_comm_type_needs_cp",
      {},
      {"model.cp_comm_type=p2p"},
-     "error: model.cp_comm_type: has no effect without context_parallel_size > 1; unset it\n"},
+     "warning: model.cp_comm_type: has no effect without context_parallel_size > 1, as in "
+     "Megatron\n"},
+    // Megatron ignores these (issue 54): a warning, not a refusal.
+    {"cp_comm_type_a2a_at_cp_1_is_only_a_warning",
+     {},
+     {"model.cp_comm_type=a2a"},
+     "warning: model.cp_comm_type: has no effect without context_parallel_size > 1"},
+    {"pre_softmax_without_softmax_is_only_a_warning",
+     {"model.moe_router_score_function=sigmoid"},
+     {"model.moe_router_score_function=sigmoid", "model.moe_router_pre_softmax=true"},
+     "warning: model.moe_router_pre_softmax: has no effect with moe_router_score_function "
+     "sigmoid, as in Megatron"},
     {"cp_and_sp_split_each_ranks_positions",
      cp2({"model.tensor_model_parallel_size=4", "model.sequence_parallel=true",
           "model.num_query_groups=4", "model.expert_tensor_parallel_size=1",
