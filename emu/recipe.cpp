@@ -23,37 +23,62 @@ namespace {
 // Megatron's --moe-layer-freq expression (its arguments.py evaluates it as Python): a sum of
 // list literals, each optionally repeated, in optional parentheses: "([0]*3+[1]*58)". Returns
 // the integers, or nothing when the text is not of that form.
-std::optional<std::vector<std::string>> expand_pattern(std::string text) {
-  std::erase_if(text, [](unsigned char c) { return std::isspace(c); });
-  if (text.size() >= 2 && text.front() == '(' && text.back() == ')')
-    text = text.substr(1, text.size() - 2);
-  std::vector<std::string> out;
-  std::size_t at = 0;
-  auto number = [&](std::int64_t& v) {
-    const std::size_t from = at;
-    while (at < text.size() && std::isdigit(static_cast<unsigned char>(text[at]))) ++at;
-    if (at == from || at - from > 9) return false;
-    v = std::stoll(text.substr(from, at - from));
-    return true;
-  };
-  while (at < text.size()) {
-    if (text[at++] != '[') return std::nullopt;
-    std::vector<std::string> items;
-    for (std::int64_t v = 0; at < text.size() && text[at] != ']';) {
-      if (!number(v)) return std::nullopt;
-      items.push_back(std::to_string(v));
-      if (at < text.size() && text[at] == ',') ++at;
-    }
-    if (at >= text.size()) return std::nullopt;
-    ++at;  // ']'
-    std::int64_t times = 1;
-    if (at < text.size() && text[at] == '*' && (++at, !number(times))) return std::nullopt;
-    if (times > 100000) return std::nullopt;
-    for (std::int64_t r = 0; r < times; ++r) out.insert(out.end(), items.begin(), items.end());
-    if (at < text.size() && text[at++] != '+') return std::nullopt;
+// Megatron's Python list expression for a per-layer pattern (--moe-layer-freq, its docstring's
+// "([1]*3+[0]*1)*2"): sums of lists, each list or parenthesised sum repeated by "*N".
+//   expr := term ('+' term)*     term := atom ('*' N)?     atom := '[' N (',' N)* ']' | '(' expr
+//   ')'
+class PatternParser {
+ public:
+  explicit PatternParser(std::string text) : text_(std::move(text)) {
+    std::erase_if(text_, [](unsigned char c) { return std::isspace(c); });
   }
-  if (out.empty()) return std::nullopt;
-  return out;
+  std::optional<std::vector<std::string>> parse() {
+    std::vector<std::string> out;
+    if (!expr(out, 0) || at_ != text_.size() || out.empty()) return std::nullopt;
+    return out;
+  }
+
+ private:
+  static constexpr std::size_t kMostLayers = 100000, kDeepest = 16;
+  bool eat(char c) { return at_ < text_.size() && text_[at_] == c && (++at_, true); }
+  bool number(std::int64_t& v) {
+    const std::size_t from = at_;
+    while (at_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[at_]))) ++at_;
+    if (at_ == from || at_ - from > 9) return false;
+    v = std::stoll(text_.substr(from, at_ - from));
+    return true;
+  }
+  bool expr(std::vector<std::string>& out, std::size_t depth) {
+    do {
+      if (!term(out, depth)) return false;
+    } while (eat('+'));
+    return true;
+  }
+  bool term(std::vector<std::string>& out, std::size_t depth) {
+    std::vector<std::string> items;
+    if (!atom(items, depth)) return false;
+    std::int64_t times = 1;
+    if (eat('*') && !number(times)) return false;
+    if (items.size() * std::size_t(times) + out.size() > kMostLayers) return false;
+    for (std::int64_t r = 0; r < times; ++r) out.insert(out.end(), items.begin(), items.end());
+    return true;
+  }
+  bool atom(std::vector<std::string>& out, std::size_t depth) {
+    if (eat('(')) return depth < kDeepest && expr(out, depth + 1) && eat(')');
+    if (!eat('[')) return false;
+    for (std::int64_t v = 0; !eat(']');) {
+      if (!number(v)) return false;
+      out.push_back(std::to_string(v));
+      if (!eat(',') && (at_ >= text_.size() || text_[at_] != ']')) return false;
+    }
+    return true;
+  }
+  std::string text_;
+  std::size_t at_ = 0;
+};
+
+std::optional<std::vector<std::string>> expand_pattern(const std::string& text) {
+  return PatternParser(text).parse();
 }
 
 [[noreturn]] void unknown_key(const std::string& where, const std::string& key) {
@@ -294,7 +319,11 @@ void Recipe::set(const std::string& key, const std::string& yaml_value, const st
   if (!spec) unknown_key("override", key);
   YAML::Node n;
   try {
-    n = YAML::Load(yaml_value.empty() ? "null" : yaml_value);
+    // A per-layer pattern in Megatron's expression form ("[1]*3+[0]*1") is not YAML: its text.
+    if (spec->type == ValueType::LayerPattern && yaml_value.find('*') != std::string::npos)
+      n = YAML::Node(yaml_value);
+    else
+      n = YAML::Load(yaml_value.empty() ? "null" : yaml_value);
   } catch (const YAML::Exception&) {
     throw ConfigError("override", key, "cannot read the value '" + yaml_value + "'");
   }

@@ -37,6 +37,11 @@ TEST(LayerPattern, MoeLayerFreqTakesAnIntegerAListOrMegatronsExpression) {
   EXPECT_EQ(moe_layers({"model.moe_layer_freq=2"}), (V{true, false, true, false}));
   EXPECT_EQ(moe_layers({"model.moe_layer_freq=[0,0,1,1]"}), (V{false, false, true, true}));
   EXPECT_EQ(moe_layers({"model.moe_layer_freq=([0]*3+[1]*1)"}), (V{false, false, false, true}));
+  // Without the parentheses, as a flag, and Megatron's docstring form with a repeated group.
+  EXPECT_EQ(moe_layers({"model.moe_layer_freq=[0]*3+[1]*1"}), (V{false, false, false, true}));
+  EXPECT_EQ(moe_layers({"--moe-layer-freq", "[0]*1+[1]*3"}), (V{false, true, true, true}));
+  EXPECT_EQ(moe_layers({"model.moe_layer_freq=([0]*1+[1]*1)*2"}), (V{false, true, false, true}));
+  EXPECT_EQ(moe_layers({"model.moe_layer_freq=[0]+([1]*1)*3"}), (V{false, true, true, true}));
   EXPECT_EQ(moe_layers({"--moe-layer-freq", "([0]*1+[1]*3)"}), (V{false, true, true, true}));
 }
 
