@@ -281,6 +281,16 @@ void Recipe::apply_megatron_defaults() {
                               "turned off at tensor_model_parallel_size 1, as "
                               "Megatron-LM does (nothing to shard the sequence over)"});
   }
+  // Megatron-LM's command line reads --num-query-groups only with --group-query-attention;
+  // without it attention has a key/value head per query head (argument_utils.py,
+  // core_transformer_config_from_args).
+  if (values_[key::model_num_query_groups].origin == "--num-query-groups" &&
+      !group_query_attention_flag_) {
+    set(key::model_num_query_groups, "null", kMegatronLmDefault);
+    flag_warnings_.push_back({"--num-query-groups",
+                              "ignored without --group-query-attention, as Megatron-LM does: "
+                              "multi-head attention; add --group-query-attention for GQA"});
+  }
   // The schedule changes no kernel, but the functional plane's losses would not be Megatron's:
   // it steps at the constant optimizer.lr.
   if (text(key::emulator_mode) == "functional")
@@ -435,6 +445,7 @@ std::size_t Recipe::take_megatron_flag(const MegatronFlag& m, const std::vector<
       refused_flags_.push_back({flag, m.why});
       break;
     case MegatronFlag::Kind::Model: {
+      if (m.name == "group-query-attention") group_query_attention_flag_ = true;
       const std::string given = values.empty() ? "" : values.front();
       auto same = [](const std::string& a, const std::string& b) {
         char* end_a = nullptr;

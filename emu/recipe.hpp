@@ -144,6 +144,7 @@ class Recipe {
   std::map<std::string, Value> values_;
   std::vector<std::string> flags_without_effect_;
   std::vector<std::string> lr_schedule_flags_;  // as given, for the functional-mode refusal
+  bool group_query_attention_flag_ = false;     // --group-query-attention was given
   std::vector<FlagNote> refused_flags_, flag_warnings_;
   std::vector<ConfigError> override_errors_;
 };

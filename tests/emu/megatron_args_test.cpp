@@ -291,6 +291,20 @@ TEST(MegatronArgs, APastedScriptGetsMegatronLmsDefaults) {
                            " --use-distributed-optimizer --no-rope-fusion --clip-grad 0");
   EXPECT_EQ(said["model.apply_rope_fusion"], "false");
   EXPECT_EQ(said["optimizer.clip_grad"], "0");
+  // --num-query-groups alone is multi-head attention in Megatron-LM.
+  const CliResult mha = run_cli("validate " + kBase + " --megatron-args " + script +
+                                " --use-distributed-optimizer --num-query-groups 2" + vocab);
+  EXPECT_EQ(mha.code, 0) << mha.err;
+  EXPECT_NE(mha.err.find("warning: --num-query-groups: ignored without --group-query-attention"),
+            std::string::npos)
+      << mha.err;
+  EXPECT_EQ(config(" --megatron-args " + script +
+                   " --use-distributed-optimizer --num-query-groups 2")["model.num_query_groups"],
+            "null");
+  EXPECT_EQ(config(" --megatron-args " + script +
+                   " --use-distributed-optimizer --group-query-attention --num-query-groups 2")
+                ["model.num_query_groups"],
+            "2");
   const auto own = config(
       " model.num_layers=2 model.hidden_size=256 model.num_attention_heads=8 "
       "train.seq_length=256 train.global_batch_size=8");
