@@ -23,12 +23,21 @@ std::string section_of(const std::string& key) {
 }
 
 int keys(const std::string& section, std::ostream& out) {
+  // One key ("model.moe_router_topk"): its line alone, or the nearest key's name.
+  const bool one_key = section.find('.') != std::string::npos;
+  if (one_key && !find_key(section)) {
+    const std::string near = nearest_key(section);
+    throw ConfigError("nodeemu keys", section,
+                      "unknown key" + (near.empty() ? std::string("; `nodeemu keys` lists them")
+                                                    : "; did you mean '" + near + "'?"));
+  }
   std::vector<std::string> sections;
   for (const auto& k : recipe_schema())
     if (const std::string s = section_of(k.key);
         !s.empty() && std::find(sections.begin(), sections.end(), s) == sections.end())
       sections.push_back(s);
-  if (!section.empty() && std::find(sections.begin(), sections.end(), section) == sections.end()) {
+  if (!one_key && !section.empty() &&
+      std::find(sections.begin(), sections.end(), section) == sections.end()) {
     const std::string near = schema::nearest_key(sections, "", section).key;
     std::string all;
     for (const auto& s : sections) all += (all.empty() ? "" : ", ") + s;
@@ -47,7 +56,7 @@ int keys(const std::string& section, std::ostream& out) {
     return s.size() < w ? s + std::string(w - s.size(), ' ') : s;
   };
   for (const auto& k : recipe_schema()) {
-    if (!section.empty() && section_of(k.key) != section) continue;
+    if (one_key ? k.key != section : !section.empty() && section_of(k.key) != section) continue;
     const std::string line = pad(k.key, width + 2) + pad(names_of(k.type).column, 10) +
                              pad(k.default_yaml.empty() ? "unset" : k.default_yaml, default_width);
     out << line << "  " << k.help;
@@ -65,8 +74,10 @@ int keys(const std::string& section, std::ostream& out) {
 
 detail::CommandBody detail::add_keys(CLI::App& app, Streams io) {
   auto section = std::make_shared<std::string>();
-  app.add_option("section", *section, "only this section's keys (model, train, comm_overlap, ...)")
-      ->type_name("SECTION");
+  app.add_option("section", *section,
+                 "only this section's keys (model, train, comm_overlap, ...), or one key "
+                 "(model.moe_router_topk)")
+      ->type_name("SECTION|KEY");
   return [section, &out = io.out] { return keys(*section, out); };
 }
 

@@ -189,6 +189,14 @@ TEST(Cli, KeysListsTheSchemaBySection) {
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("modle: no such section; did you mean 'model'?"), std::string::npos)
       << bad.err;
+  // One key (issue 54, item 6), and a mistyped one.
+  Result key = run("keys model.moe_router_topk");
+  ASSERT_EQ(key.code, 0) << key.err;
+  EXPECT_EQ(key.out.rfind("model.moe_router_topk ", 0), 0u) << key.out;
+  EXPECT_EQ(std::count(key.out.begin(), key.out.end(), '\n'), 1) << key.out;
+  Result typo = run("keys model.moe_router_top_k");
+  EXPECT_EQ(typo.code, 2);
+  EXPECT_NE(typo.err.find("did you mean 'model.moe_router_topk'?"), std::string::npos) << typo.err;
 }
 
 TEST(Cli, UnknownOptionAndCommandAreErrors) {
