@@ -20,13 +20,12 @@ namespace nodeemu::emu {
 
 namespace {
 
-// Megatron's --moe-layer-freq expression (its arguments.py evaluates it as Python): a sum of
-// list literals, each optionally repeated, in optional parentheses: "([0]*3+[1]*58)". Returns
-// the integers, or nothing when the text is not of that form.
-// Megatron's Python list expression for a per-layer pattern (--moe-layer-freq, its docstring's
-// "([1]*3+[0]*1)*2"): sums of lists, each list or parenthesised sum repeated by "*N".
-//   expr := term ('+' term)*     term := atom ('*' N)?     atom := '[' N (',' N)* ']' | '(' expr
-//   ')'
+// Megatron's --moe-layer-freq expression (its arguments.py evaluates it as Python): sums of list
+// literals, each list or parenthesised sum optionally repeated, as in its docstring's
+// "([1]*3+[0]*1)*2". The grammar:
+//   expr := term ('+' term)*
+//   term := atom ('*' N)?
+//   atom := '[' N (',' N)* ']' | '(' expr ')'
 class PatternParser {
  public:
   explicit PatternParser(std::string text) : text_(std::move(text)) {
@@ -77,6 +76,7 @@ class PatternParser {
   std::size_t at_ = 0;
 };
 
+// The integers, or nothing when the text is not of that form.
 std::optional<std::vector<std::string>> expand_pattern(const std::string& text) {
   return PatternParser(text).parse();
 }

@@ -188,7 +188,9 @@ void RankRun::build_data_parallel() {
   shard_ = pg.rank_in(GroupKind::EP, r_) * etp_.size + etp_.rank;
   // moe_expert_rank_capacity_factor: Megatron's PagedStashRunner checks every step.
   sync_free_ = s_.cfg.moe_expert_rank_capacity_factor > 0;
-  if (sync_free_) world_group_ = comm.group(sh_.all_ranks, "world");
+  // Every rank: the sync-free over-budget check's, and the distributed optimizer's norm's.
+  if (sync_free_ || s_.ddp.use_distributed_optimizer)
+    world_group_ = comm.group(sh_.all_ranks, "world");
   // With MTP on a pipeline, the last stage's copy of the word embedding and the first stage's
   // sum their gradients (Megatron's embedding group: the first and last PP ranks).
   if (s_.cfg.mtp_num_layers > 0 && s_.pp > 1 && (p_ == 0 || p_ == s_.pp - 1)) {
@@ -225,7 +227,6 @@ void RankRun::build_data_parallel() {
   // (MegatronOptimizer._filter_grads_for_norm).
   std::optional<GradNorm> norm;
   if (s_.ddp.use_distributed_optimizer) {
-    if (!sync_free_) world_group_ = comm.group(sh_.all_ranks, "world");
     const layers::Parameter* shared_copy =
         embedding_group_ && p_ == s_.pp - 1 ? chunks_.back()->word_embedding() : nullptr;
     norm = GradNorm{world_group_, [tp_rank = tp_.rank, shared_copy](const layers::Parameter& p) {

@@ -1,9 +1,9 @@
 // No silent key (issue 18): every key of the recipe schema, flipped, either changes the run (its
-// timeline hash, numerics hash, peak memory or steady step) or is refused by `validate` naming
-// the key. A key that matters only beside another (the EP overlap's, the offload engine's) is
-// flipped in that context; alone, validate refuses it. The exceptions are the keys that describe
-// the recipe or how NodeEmu uses this machine, which by the determinism contract never change
-// the emulated run.
+// timeline hash, numerics hash, peak memory or steady step), or is refused by `validate` naming
+// the key, or (a value Megatron ignores, issue 54) is accepted with a warning naming it. A key that
+// matters only beside another (the EP overlap's, the offload engine's) is flipped in that context;
+// alone, validate refuses it. The exceptions are the keys that describe the recipe or how NodeEmu
+// uses this machine, which by the determinism contract never change the emulated run.
 #include <gtest/gtest.h>
 
 #include <algorithm>
