@@ -40,7 +40,7 @@ const std::vector<CommandHelp>& commands() {
        "        run, compare and layer)",
        "nodeemu validate configs/recipes/qwen3_30b_a3b.yaml model.num_layers=8",
        detail::add_validate},
-      {"run", "RECIPE [key=value ...] [--megatron-flag ...] [options]",
+      {"run", "RECIPE [key=value ...] [--megatron-flag ...] [--megatron-args FILE] [options]",
        "train the recipe on the emulated node; prints the summary table (with offload\n"
        "        or recompute on, a baseline run without them gives the peak memory they save)",
        "nodeemu run configs/recipes/tiny_moe.yaml --iterations 2 --summary out.json",
@@ -50,14 +50,14 @@ const std::vector<CommandHelp>& commands() {
        "nodeemu compare configs/recipes/tiny_moe.yaml --case base --case overlap\n"
        "        --overlap-moe-expert-parallel-comm --delay-wgrad-compute",
        detail::add_compare},
-      {"layer", "RECIPE [key=value ...] [--megatron-flag ...] [options]",
+      {"layer", "RECIPE [key=value ...] [--megatron-flag ...] [--megatron-args FILE] [options]",
        "one micro-batch through one MoE (and one dense) layer on rank 0 (with its TP\n"
        "        group under TP), EP communication left out: forward and forward+backward time,\n"
        "        busy time by kernel class, host issue",
        "nodeemu layer configs/recipes/qwen3_30b_a3b.yaml --json layer.json", detail::add_layer},
-      {"keys", "[SECTION]",
+      {"keys", "[SECTION | KEY]",
        "every recipe key with its type, default, allowed values and meaning (SECTION: one\n"
-       "        section: model, train, comm_overlap, ddp, optimizer, emulator)",
+       "        section: model, train, comm_overlap, ddp, optimizer, emulator; KEY: one key)",
        "nodeemu keys comm_overlap", detail::add_keys},
       {"cost", "--gpu PROFILE TABLE.csv [options]",
        "predict each row of a table in a GPU profile's format (times and rates filled in);\n"
