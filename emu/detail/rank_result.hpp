@@ -37,9 +37,9 @@ struct GradDigest {
 };
 
 struct RankResult {
-  std::vector<double> end_s;     // virtual time at the end of each iteration
-  std::vector<double> loss;      // this rank's share of each iteration's loss (last stage only)
-  std::vector<double> mtp_loss;  // the same for the MTP loss
+  std::vector<double> end_s;      // virtual time at the end of each iteration
+  std::vector<double> loss;       // this rank's share of each iteration's loss (last stage only)
+  std::vector<double> mtp_loss;   // the same for the MTP loss
   std::vector<double> grad_norm;  // each iteration's global gradient norm (functional only)
   std::vector<GradDigest> digests;
   std::uint64_t peak_mem = 0, parameters = 0, optimizer_state = 0;
