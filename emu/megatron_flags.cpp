@@ -27,7 +27,8 @@ MegatronFlag lr_schedule(const std::string& name, int values) {
 
 // What the flags state, from megatron/training/arguments.py (names and defaults) and the model
 // NodeEmu builds (layers/): RMSNorm, SwiGLU experts and MLPs, RoPE, grouped-query attention,
-// no biases, no dropout, an output layer of its own, a constant learning rate, no clipping.
+// no biases, no dropout, an output layer of its own, a constant learning rate (clipping is
+// optimizer.clip_grad, which --clip-grad sets by name).
 const std::vector<MegatronFlag>& table() {
   static const std::vector<MegatronFlag> t = {
       // --- the model NodeEmu builds ---

@@ -40,7 +40,8 @@ void reduce_step_statistics(Group& mp, std::optional<Group> dp_cp, int microbatc
       -reduce_host_value(mp, -1.0f, Reduction::MaxF32, 1, "update_successful", s);
   NE_CHECK(all_succeeded == 1.0f,
            "reduce_step_statistics: a rank's optimizer step did not succeed");
-  // The gradient norm (0.0 without clipping): MAX, read twice.
+  // The gradient norm: MAX, read twice. Its value is only logged, so 0.0 stands in for it
+  // (the optimizer reports the real one, Optimizer::last_grad_norm); the timing is the same.
   reduce_host_value(mp, 0.0f, Reduction::MaxF32, 2, "grad_norm", s);
   if (!dp_cp) return;
   Device& dev = s.device();

@@ -7,7 +7,7 @@
 //   for the step's last kernel three times before the next step can issue anything;
 // - on the last pipeline stage, the loss and token count of every micro-batch stacked, summed and
 //   all-reduced over DP x CP, and divided (the `losses_reduced` branch).
-// With clipping off (the only setting NodeEmu takes) the norm Megatron reduces is 0.0.
+// The norm's value is only logged: 0.0 stands in for it (the optimizer works out the real one).
 #pragma once
 #include <functional>
 #include <optional>
